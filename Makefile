@@ -1,0 +1,59 @@
+# cloudshell-mutex: every task starts from a fresh clone; the Makefile installs what it needs.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+# Execution servers run Python 3.9: the library is also installed and unit-tested there.
+PYTHON39 ?= $(shell command -v python3.9 2>/dev/null || ls -d $$HOME/.pyenv/versions/3.9*/bin/python3.9 2>/dev/null | tail -n 1)
+VENV := .venv
+VENV39 := .venv39
+BIN := $(VENV)/bin
+# cloudshell-orch-core 4.5 pins old automation-api/logging; it is installed without its pins for the tests
+# of the real Sandbox class (see ../shared/cloudshell-facts.md).
+ORCH_CORE := cloudshell-orch-core==4.5.0.5000
+PYTEST_ARGS ?=
+
+.PHONY: help venv venv39 test test-py39 lint clean emulator
+
+help:
+	@echo "make emulator   run the CloudShell API emulator on 127.0.0.1:8029 (Quali API on 9000)"
+	@echo "make test       lint, the whole test suite, and the unit tests under Python 3.9"
+	@echo "make lint       ruff"
+	@echo "make clean      remove the virtualenvs and build outputs"
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --no-deps $(ORCH_CORE)
+	touch $@
+
+venv: $(BIN)/.installed
+
+$(VENV39)/bin/.installed: pyproject.toml
+	@test -n "$(PYTHON39)" || { echo "Python 3.9 not found: install it (pyenv install 3.9) or set PYTHON39=/path/to/python3.9"; exit 1; }
+	$(PYTHON39) -m venv $(VENV39)
+	$(VENV39)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV39)/bin/python -m pip install --quiet '.[driver]' 'pytest>=8,<9' 'pytest-timeout>=2.2,<3'
+	touch $@
+
+venv39: $(VENV39)/bin/.installed
+
+lint: venv
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
+
+test: lint test-py39
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# A non-editable install, so that what is tested is what a wheel ships.
+test-py39: venv39
+	$(VENV39)/bin/python -m pip install --quiet --no-deps --force-reinstall .
+	$(VENV39)/bin/python -m pytest -p no:cacheprovider -q tests/unit
+
+emulator: venv
+	$(BIN)/cloudshell-mutex emulator
+
+clean:
+	rm -rf $(VENV) $(VENV39) dist build .pytest_cache .ruff_cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,39 @@
+"""The ``cloudshell-mutex`` command line.
+
+Each subcommand lives next to the code it drives; this module only collects them. A command module
+exposes ``register(subparsers)``, which adds its parser(s) and sets ``func`` to a callable that takes the
+parsed arguments and returns the exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Optional, Sequence
+
+#: Modules that contribute subcommands, in help order.
+COMMAND_MODULES = (
+    "cloudshell_mutex.packaging.command",
+    "cloudshell_mutex.emulator.command",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the parser with every subcommand registered."""
+    parser = argparse.ArgumentParser(prog="cloudshell-mutex", description=__doc__.splitlines()[0])
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(subparsers)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the CLI and return its exit code."""
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""Shared test fixtures. Must import on Python 3.9 with only the library and its [driver] extra."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ASSETS = Path(__file__).parent / "assets"
+
+
+def zip_folder(folder: Path) -> bytes:
+    """Zip a package folder as CloudShell expects: its files at the zip root."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in sorted(folder.rglob("*")):
+            if path.is_file():
+                archive.write(path, path.relative_to(folder).as_posix())
+    return buffer.getvalue()
+
+
+@pytest.fixture
+def original_package_zip(tmp_path: Path) -> Path:
+    """The original, datamodel-only Mutex_Package.zip (only the Mutex Owner attribute)."""
+    path = tmp_path / "Mutex_Package_original.zip"
+    path.write_bytes(zip_folder(ASSETS / "original_mutex_package"))
+    return path
