@@ -4,7 +4,9 @@ SHELL := /bin/bash
 
 PYTHON ?= python3
 # Execution servers run Python 3.9: the library is also installed and unit-tested there.
-PYTHON39 ?= $(shell command -v python3.9 2>/dev/null || ls -d $$HOME/.pyenv/versions/3.9*/bin/python3.9 2>/dev/null | tail -n 1)
+# The first candidate that really runs 3.9 (a pyenv shim may exist without 3.9 being selected).
+PYTHON39 ?= $(shell for p in $(wildcard $(HOME)/.pyenv/versions/3.9*/bin/python3.9) python3.9; do \
+	$$p -c 'import sys; sys.exit(sys.version_info[:2] != (3, 9))' 2>/dev/null && { echo $$p; break; }; done)
 VENV := .venv
 VENV39 := .venv39
 BIN := $(VENV)/bin
@@ -13,11 +15,12 @@ BIN := $(VENV)/bin
 ORCH_CORE := cloudshell-orch-core==4.5.0.5000
 PYTEST_ARGS ?=
 
-.PHONY: help venv venv39 test test-py39 lint clean emulator
+.PHONY: help venv venv39 test test-py39 lint clean emulator package
 
 help:
 	@echo "make emulator   run the CloudShell API emulator on 127.0.0.1:8029 (Quali API on 9000)"
 	@echo "make test       lint, the whole test suite, and the unit tests under Python 3.9"
+	@echo "make package    build dist/Mutex_Package.zip and the library wheel (both reproducible)"
 	@echo "make lint       ruff"
 	@echo "make clean      remove the virtualenvs and build outputs"
 
@@ -53,6 +56,13 @@ test-py39: venv39
 
 emulator: venv
 	$(BIN)/cloudshell-mutex emulator
+
+# The package zip's entries carry no build time; the wheel's take SOURCE_DATE_EPOCH (the last commit's
+# time unless set), so the same commit gives the same sha256 for both (docs/package.md).
+package: venv
+	$(BIN)/cloudshell-mutex package --output dist/Mutex_Package.zip
+	SOURCE_DATE_EPOCH=$${SOURCE_DATE_EPOCH:-$$(git log -1 --format=%ct 2>/dev/null || echo 1580601600)} \
+		$(BIN)/python -m build --quiet --wheel --outdir dist .
 
 clean:
 	rm -rf $(VENV) $(VENV39) dist build .pytest_cache .ruff_cache

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["cloudshell_mutex.emulator.pytest_plugin"]
+
 ASSETS = Path(__file__).parent / "assets"
 
 

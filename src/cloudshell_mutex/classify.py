@@ -1,0 +1,136 @@
+"""Sort an exception from the CloudShell API client into what the lock should do about it.
+
+The original snippet treated every exception as "busy". Here each failure gets one kind:
+
+* ``CONTENTION``: the alias is taken (code "100" *and* "already exists"); pace and retry.
+* ``TRANSIENT``: HTTP 5xx, connection errors, timeouts; back off, then settle with a fresh read,
+  because the call may have committed before its response was lost.
+* everything else is fatal for the lock and raised at once.
+
+Only the "already exists" text of the real server is known. The other fragments below match the
+emulator's messages and plausible server wording; callers confirm "reservation gone" with
+``GetReservationStatus`` instead of trusting message text alone.
+"""
+
+from __future__ import annotations
+
+import enum
+import http.client
+import re
+import socket
+from dataclasses import dataclass
+from typing import Optional
+
+from cloudshell.api.common_cloudshell_api import CloudShellAPIError, UnauthorizedError
+
+from . import protocol
+
+try:  # the API client depends on urllib3; stay importable if a caller passes a look-alike API object
+    from urllib3.exceptions import ConnectTimeoutError as _ConnectTimeout
+    from urllib3.exceptions import HTTPError as _Urllib3Error
+    from urllib3.exceptions import MaxRetryError as _MaxRetryError
+    from urllib3.exceptions import NewConnectionError as _NewConnectionError
+except ImportError:  # pragma: no cover
+    _Urllib3Error = _MaxRetryError = _NewConnectionError = _ConnectTimeout = ()  # type: ignore
+
+
+class ErrorKind(enum.Enum):
+    """What a failed API call means for the lock."""
+
+    CONTENTION = "contention"
+    TRANSIENT = "transient"
+    NOT_INSTALLED = "not_installed"
+    NOT_ACTIVE = "not_active"
+    PERMISSION = "permission"
+    ALIAS_MISSING = "alias_missing"
+    FATAL = "fatal"
+
+
+@dataclass(frozen=True)
+class Classification:
+    """The kind of a failure, plus what the caller needs to report it.
+
+    ``maybe_committed`` is False only when the request provably never reached the server
+    (connection refused, connect timeout); then a failed add needs no settling read.
+    """
+
+    kind: ErrorKind
+    code: Optional[str]
+    message: str
+    maybe_committed: bool = True
+
+
+#: The client raises a plain Exception("(Internal Server Error) [500] reason:...") for non-2xx statuses.
+_HTTP_5XX = re.compile(r"\[5\d\d\]")
+
+_NOT_ACTIVE_FRAGMENTS = ("has ended", "has been ended", "is not active", "already ended")
+_PERMISSION_FRAGMENTS = (
+    "permission",
+    "not authorized",
+    "unauthorized",
+    "access denied",
+    "not allowed",
+    "privilege",
+    "forbidden",
+)
+#: Server-side hiccups that a retry fixes (SQL Server deadlock victims, timeouts inside the server).
+_TRANSIENT_API_FRAGMENTS = ("deadlock", "timeout expired", "timed out", "try again")
+
+
+def classify(exc: BaseException) -> Classification:
+    """Return the :class:`Classification` of an exception raised by a CloudShell API call."""
+    if isinstance(exc, CloudShellAPIError):
+        return _classify_api_error(exc)
+    message = str(exc)
+    if isinstance(exc, UnauthorizedError):
+        # The client already logged on again once and retried; a second 401 will not heal.
+        return Classification(ErrorKind.PERMISSION, None, message)
+    if _is_transport_error(exc):
+        return Classification(ErrorKind.TRANSIENT, None, message, maybe_committed=not _never_sent(exc))
+    if type(exc) is Exception and _HTTP_5XX.search(message):
+        return Classification(ErrorKind.TRANSIENT, None, message)
+    return Classification(ErrorKind.FATAL, None, f"{type(exc).__name__}: {message}")
+
+
+def _classify_api_error(exc: CloudShellAPIError) -> Classification:
+    code = None if exc.code is None else str(exc.code)
+    message = exc.message or ""
+    text = message.lower()
+
+    def kind_of() -> ErrorKind:
+        if code == protocol.CONTENTION_ERROR_CODE and protocol.CONTENTION_MESSAGE_FRAGMENT in text:
+            return ErrorKind.CONTENTION
+        if any(fragment in text for fragment in _TRANSIENT_API_FRAGMENTS):
+            return ErrorKind.TRANSIENT
+        if "not found" in text and ("catalog" in text or "service model" in text):
+            return ErrorKind.NOT_INSTALLED
+        if "is not defined on service model" in text or ("attribute" in text and "not defined" in text):
+            return ErrorKind.NOT_INSTALLED
+        if "not found" in text and "alias" in text:
+            return ErrorKind.ALIAS_MISSING
+        if "reservation" in text and ("not found" in text or "does not exist" in text):
+            return ErrorKind.NOT_ACTIVE
+        if any(fragment in text for fragment in _NOT_ACTIVE_FRAGMENTS):
+            return ErrorKind.NOT_ACTIVE
+        if any(fragment in text for fragment in _PERMISSION_FRAGMENTS):
+            return ErrorKind.PERMISSION
+        return ErrorKind.FATAL
+
+    return Classification(kind_of(), code, message)
+
+
+def _is_transport_error(exc: BaseException) -> bool:
+    # socket.timeout and ConnectionError are OSError subclasses; http.client raises
+    # RemoteDisconnected/IncompleteRead when the server closes without a full response.
+    transport = (socket.timeout, TimeoutError, ConnectionError, http.client.HTTPException)
+    if isinstance(exc, transport):
+        return True
+    return bool(_Urllib3Error) and isinstance(exc, _Urllib3Error)
+
+
+def _never_sent(exc: BaseException) -> bool:
+    """True when the request cannot have reached the server (so it cannot have committed)."""
+    if not _Urllib3Error:  # pragma: no cover
+        return isinstance(exc, ConnectionRefusedError)
+    reason = exc.reason if isinstance(exc, _MaxRetryError) else exc
+    return isinstance(reason, (_NewConnectionError, _ConnectTimeout, ConnectionRefusedError))

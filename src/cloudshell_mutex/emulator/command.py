@@ -1,0 +1,132 @@
+"""``cloudshell-mutex emulator``: run the CloudShell API emulator in the foreground until Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from typing import Any, Dict, Optional, Tuple
+
+
+def _latency(text: str) -> Optional[Dict[str, Any]]:
+    """``LOW_MS[:HIGH_MS]``: a fixed or uniform per-call latency in milliseconds."""
+    try:
+        parts = [float(p) / 1000.0 for p in text.split(":")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"latency must be LOW_MS or LOW_MS:HIGH_MS, got {text!r}") from None
+    if len(parts) == 1:
+        return {"distribution": "fixed", "seconds": parts[0]}
+    if len(parts) == 2:
+        return {"distribution": "uniform", "low": parts[0], "high": parts[1]}
+    raise argparse.ArgumentTypeError(f"latency must be LOW_MS or LOW_MS:HIGH_MS, got {text!r}")
+
+
+def _fault(text: str) -> Tuple[str, str, int]:
+    """``METHOD:KIND[:COUNT]``."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or not all(parts):
+        raise argparse.ArgumentTypeError(f"fault must be METHOD:KIND[:COUNT], got {text!r}")
+    try:
+        count = int(parts[2]) if len(parts) == 3 else 1
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"fault count must be a number, got {parts[2]!r}") from None
+    return parts[0], parts[1], count
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``emulator`` subcommand."""
+    parser = subparsers.add_parser(
+        "emulator",
+        help="run the CloudShell API emulator (Automation API and Quali API package import)",
+        description="Run the CloudShell API emulator in the foreground until Ctrl-C. It binds loopback by "
+        "default; the control endpoint /_emulator/ answers loopback clients only.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8029, help="Automation API port (default: 8029; 0: free)")
+    parser.add_argument(
+        "--quali-port", type=int, default=9000, help="Quali API port (default: 9000; 0: free)"
+    )
+    parser.add_argument("--admin-user", default="admin", help="admin user name (default: admin)")
+    parser.add_argument("--admin-password", default="admin", help="admin password (default: admin)")
+    parser.add_argument("--admin-domain", default="Global", help="admin domain (default: Global)")
+    parser.add_argument(
+        "--package",
+        action="append",
+        default=[],
+        metavar="ZIP",
+        help="import this package at start (repeatable)",
+    )
+    parser.add_argument(
+        "--latency-ms",
+        type=_latency,
+        default=None,
+        metavar="LOW[:HIGH]",
+        help="per-call latency in milliseconds",
+    )
+    parser.add_argument(
+        "--commit-fraction",
+        type=float,
+        default=0.5,
+        help="where inside the latency a call takes effect, 0..1 (default: 0.5)",
+    )
+    parser.add_argument(
+        "--details-cache-seconds",
+        type=float,
+        default=5.0,
+        help="how long GetReservationDetails answers from its snapshot (default: 5, as the real server)",
+    )
+    parser.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        type=_fault,
+        metavar="METHOD:KIND[:COUNT]",
+        help="queue a fault at start: KIND is error_before_commit or drop_after_commit; METHOD may be *",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start the emulator and block until interrupted."""
+    from cloudshell_mutex.emulator import Emulator
+
+    latency = args.latency_ms
+    if latency is not None:
+        latency = dict(latency, commit_fraction=args.commit_fraction)
+    try:
+        emulator = Emulator(
+            host=args.host,
+            port=args.port,
+            quali_port=args.quali_port,
+            admin_user=args.admin_user,
+            admin_password=args.admin_password,
+            admin_domain=args.admin_domain,
+            packages=args.package,
+            latency=latency,
+            details_cache_seconds=args.details_cache_seconds,
+            faults=args.fault,
+        )
+        emulator.start()
+    except (OSError, ValueError) as error:
+        print(f"cloudshell-mutex emulator: cannot start: {error}", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        print(f"CloudShell Automation API: {emulator.api_url}/ResourceManagerApiService/", flush=True)
+        print(f"Quali API:                 {emulator.quali_url}/API/", flush=True)
+        print(f"Control endpoint:          {emulator.api_url}/_emulator/ (loopback only)", flush=True)
+        print(
+            f"Admin user: {emulator.admin_user} (domain {emulator.admin_domain}); press Ctrl-C to stop",
+            flush=True,
+        )
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        emulator.stop()
+        print("emulator stopped", flush=True)
+    return 0

@@ -1,0 +1,185 @@
+"""The :class:`Emulator`: both servers, started and stopped together, plus test conveniences."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+
+from .control import EmulatorControl
+from .runtime import DEFAULT_SERVER_VERSION, Runtime
+from .server import ApiServer, QualiServer
+from .state import DEFAULT_DETAILS_CACHE_SECONDS, AttributeSpec, CatalogModel, EmulatorState
+
+PackageSource = Union[str, Path, bytes]
+
+
+class Emulator:
+    """A CloudShell Automation API (XML over HTTP) and Quali API package-import emulator.
+
+    ``port=0`` / ``quali_port=0`` pick free ports; :attr:`port` and :attr:`quali_port` are the bound
+    ones after :meth:`start`. ``packages`` (paths or zip bytes) are imported at start, through the same
+    code as the Quali API import. ``latency`` is a :class:`~cloudshell_mutex.emulator.faults.LatencyModel`
+    settings dict and ``faults`` a list of ``(method, kind[, count])`` queued at start (see
+    :meth:`EmulatorControl.inject_fault`). Use it as a context manager, or call :meth:`start` and
+    :meth:`stop`.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 8029,
+        quali_port: int = 9000,
+        admin_user: str = "admin",
+        admin_password: str = "admin",
+        admin_domain: str = "Global",
+        packages: Iterable[PackageSource] = (),
+        latency: Optional[Mapping[str, Any]] = None,
+        details_cache_seconds: float = DEFAULT_DETAILS_CACHE_SECONDS,
+        server_version: str = DEFAULT_SERVER_VERSION,
+        faults: Iterable[Sequence[Any]] = (),
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.quali_port = quali_port
+        self.admin_user = admin_user
+        self.admin_password = admin_password
+        self.admin_domain = admin_domain
+        self._packages = list(packages)
+        state = EmulatorState(admin_user, admin_password, admin_domain, details_cache_seconds)
+        self.runtime = Runtime(state, latency=latency, server_version=server_version)
+        for fault in faults:  # (method, kind) or (method, kind, count)
+            self.runtime.faults.inject(*fault)
+        self._api: Optional[ApiServer] = None
+        self._quali: Optional[QualiServer] = None
+        self._threads: List[threading.Thread] = []
+        self._own_session: Any = None
+
+    def __repr__(self) -> str:  # never the password
+        return f"Emulator(host={self.host!r}, port={self.port}, quali_port={self.quali_port})"
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> Emulator:
+        """Import the start packages, bind both ports and serve in background threads."""
+        if self._api is not None:
+            raise RuntimeError("the emulator is already running")
+        for package in self._packages:
+            self.import_package(package)
+        api = ApiServer((self.host, self.port), self.runtime)
+        try:
+            quali = QualiServer((self.host, self.quali_port), self.runtime)
+        except BaseException:
+            api.server_close()
+            raise
+        self._api, self._quali = api, quali
+        self.port = api.server_address[1]
+        self.quali_port = quali.server_address[1]
+        for server, name in ((api, "api"), (quali, "quali")):
+            thread = threading.Thread(
+                target=server.serve_forever,
+                kwargs={"poll_interval": 0.1},
+                name=f"emulator-{name}",
+                daemon=True,
+            )
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close every open connection."""
+        for server in (self._api, self._quali):
+            if server is not None:
+                server.shutdown()
+                server.close_connections()
+                server.server_close()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        self._api = self._quali = None
+        self._threads = []
+        self._own_session = None
+
+    def __enter__(self) -> Emulator:
+        return self.start()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.stop()
+
+    @property
+    def running(self) -> bool:
+        """True between start and stop."""
+        return self._api is not None
+
+    # ------------------------------------------------------------------ addresses and clients
+    @property
+    def url_host(self) -> str:
+        """The host as it goes into a URL (IPv6 addresses in brackets)."""
+        return f"[{self.host}]" if ":" in self.host else self.host
+
+    @property
+    def api_url(self) -> str:
+        """Base URL of the Automation API (and of the control endpoint)."""
+        return f"http://{self.url_host}:{self.port}"
+
+    @property
+    def quali_url(self) -> str:
+        """Base URL of the Quali API."""
+        return f"http://{self.url_host}:{self.quali_port}"
+
+    @property
+    def control(self) -> EmulatorControl:
+        """A client of the control endpoint (picklable)."""
+        return EmulatorControl(self.api_url)
+
+    def session(self, **kwargs: Any):
+        """A real ``CloudShellAPISession`` logged on as the admin (keyword arguments go to it)."""
+        from cloudshell.api.cloudshell_api import CloudShellAPISession
+
+        options = {
+            "host": self.url_host,
+            "username": self.admin_user,
+            "password": self.admin_password,
+            "domain": self.admin_domain,
+            "port": self.port,
+        }
+        options.update(kwargs)
+        return CloudShellAPISession(**options)
+
+    def create_reservation(self, name: str = "test", owner: Optional[str] = None, minutes: int = 60) -> str:
+        """Create a reservation through the real API call and return its id."""
+        if self._own_session is None:
+            self._own_session = self.session()
+        response = self._own_session.CreateImmediateReservation(name, owner or self.admin_user, minutes)
+        return response.Reservation.Id
+
+    def issue_token(self, user: Optional[str] = None) -> str:
+        """A SecureLogon token (what CloudShell passes to drivers as ``admin_auth_token``)."""
+        return self.runtime.state.issue_auth_token(user)
+
+    # ------------------------------------------------------------------ catalog
+    def import_package(self, package: PackageSource) -> Dict[str, Any]:
+        """Import a package zip (path or bytes) with the Quali API import's validation and registration."""
+        if isinstance(package, bytes):
+            return self.runtime.import_package(package)
+        try:
+            return self.runtime.import_package(Path(package).read_bytes())
+        except ValueError as error:  # PackageError: say which zip it is about
+            raise type(error)(f"{package}: {error}") from None
+
+    def add_service_model(
+        self,
+        name: str,
+        attributes: Optional[Mapping[str, str]] = None,
+        family: str = "Custom Service Family",
+        category: str = "",
+    ) -> None:
+        """Register a service model directly (attribute name -> default), without a package."""
+        specs = OrderedDict((n, AttributeSpec(n, "String", str(v))) for n, v in (attributes or {}).items())
+        self.runtime.state.register_model(CatalogModel(name, family, True, specs, category=category))
+
+    def add_resource_model(
+        self, name: str, family: str = "Generic Family", attributes: Optional[Mapping[str, str]] = None
+    ) -> None:
+        """Register a resource model directly (for CreateResource), without a package."""
+        specs = OrderedDict((n, AttributeSpec(n, "String", str(v))) for n, v in (attributes or {}).items())
+        self.runtime.state.register_model(CatalogModel(name, family, False, specs))

@@ -1,0 +1,470 @@
+"""The emulated Automation API methods: decode parameters, act on the state, render the answer.
+
+Each handler returns None (the client then returns the raw response bytes, as for the real
+``AddServiceToReservation``) or ``(ResponseInfo type name, child elements)``; the type name is the
+class in ``cloudshell.api.cloudshell_api`` that the client builds from the answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Tuple
+from xml.etree.ElementTree import Element
+
+from .state import (
+    GENERIC_ERROR,
+    UNKNOWN_COMMAND_ERROR,
+    ApiError,
+    CatalogModel,
+    EmulatorState,
+    Reservation,
+    ResourceRecord,
+    Session,
+    utcnow,
+)
+from .wire import Params, RequestError, failure_response, format_datetime, node, success_response
+
+Info = Optional[Tuple[str, List[Element]]]
+
+#: Methods callable without a session token (everything else gets HTTP 401 without one).
+PUBLIC_METHODS = frozenset({"Logon", "SecureLogon"})
+
+
+@dataclass
+class CallContext:
+    """Who calls, and how they want times formatted."""
+
+    state: EmulatorState
+    session: Optional[Session]
+    datetime_format: Optional[str]
+
+    @property
+    def user(self) -> str:
+        """The calling user ('' before logon)."""
+        return self.session.user if self.session else ""
+
+    def time(self, value) -> str:
+        """A time in the client's ``DateTimeFormat``."""
+        return format_datetime(value, self.datetime_format)
+
+
+Handler = Callable[[CallContext, Params], Info]
+METHODS: Dict[str, Handler] = {}
+
+
+def api_method(func: Handler) -> Handler:
+    """Register ``func`` as the API method of the same name."""
+    METHODS[func.__name__] = func
+    return func
+
+
+def dispatch(ctx: CallContext, method: str, params: Params) -> bytes:
+    """Run one API call and return the response envelope (failures included)."""
+    handler = METHODS.get(method)
+    if handler is None:
+        return failure_response(method, UNKNOWN_COMMAND_ERROR, f"Command '{method}' does not exist")
+    try:
+        return success_response(method, handler(ctx, params))
+    except ApiError as error:
+        return failure_response(method, error.code, error.message)
+    except RequestError as error:
+        return failure_response(method, GENERIC_ERROR, f"Invalid request: {error}")
+
+
+# ---------------------------------------------------------------------- rendering
+def _reservation_fields(ctx: CallContext, reservation: Reservation) -> Dict[str, object]:
+    now = utcnow()
+    ended = reservation.is_ended(now)
+    return {
+        "Id": reservation.id,
+        "Name": reservation.name,
+        "Description": "",
+        "StartTime": ctx.time(reservation.start),
+        "EndTime": ctx.time(reservation.end),
+        "TeardownTime": ctx.time(reservation.end),
+        "RecurrenceType": "None",
+        "Owner": reservation.owner,
+        "Booked": True,
+        "Status": reservation.status(now),
+        "ProvisioningStatus": "Ready",
+        "ActualEndTime": ctx.time(reservation.ended_at or reservation.end) if ended else "",
+        "CreateDate": ctx.time(reservation.created),
+        "ModificationDate": ctx.time(reservation.created),
+        "DomainName": reservation.domain,
+    }
+
+
+def _attribute_list(tag: str, values) -> Element:
+    return node(tag, children=[node("Attribute", {"Name": n, "Value": v}) for n, v in values.items()])
+
+
+def _render_details(ctx: CallContext, reservation: Reservation) -> List[Element]:
+    state = ctx.state
+    fields = _reservation_fields(ctx, reservation)
+    fields.update({"SetupStage": "None", "SavedSandboxId": ""})
+    children = []
+    if reservation.services:
+        children.append(
+            node(
+                "Services",
+                children=[
+                    node(
+                        "Service",
+                        {
+                            "ServiceName": s.model,
+                            "Alias": s.alias,
+                            "Address": "",
+                            "ResourceLiveStatusName": "",
+                        },
+                        [_attribute_list("Attributes", s.attributes)],
+                    )
+                    for s in reservation.services.values()
+                ],
+            )
+        )
+    if reservation.resources:
+        children.append(
+            node(
+                "Resources",
+                children=[
+                    _reserved_resource(state.resources[name], reservation) for name in reservation.resources
+                ],
+            )
+        )
+    if reservation.connectors:
+        children.append(
+            node(
+                "Connectors",
+                children=[
+                    node(
+                        "Connector",
+                        {
+                            "Alias": c.alias,
+                            "Type": "",
+                            "Direction": c.direction,
+                            "Source": c.source,
+                            "Target": c.target,
+                            "State": "Disconnected",
+                        },
+                    )
+                    for c in reservation.connectors
+                ],
+            )
+        )
+    return [node("ReservationDescription", fields, children)]
+
+
+def _reserved_resource(resource: ResourceRecord, reservation: Reservation) -> Element:
+    return node(
+        "ReservedResource",
+        {
+            "Name": resource.name,
+            "FolderFullPath": resource.folder,
+            "FullAddress": resource.address,
+            "Shared": False,
+            "Availability": "Available",
+            "Locked": False,
+            "Released": False,
+            "ResourceFamilyName": resource.family,
+            "ResourceModelName": resource.model,
+            "CreatedByUser": resource.created_by,
+            "CreatedInDomain": reservation.domain,
+            "CreatedInReservation": "",
+        },
+    )
+
+
+def _service_info(model: CatalogModel) -> Element:
+    return node(
+        "Service",
+        {"Name": model.name, "CategoryFullPath": model.category, "Description": ""},
+        [
+            node(
+                "Attributes",
+                children=[
+                    node(
+                        "Attribute",
+                        {
+                            "Name": spec.name,
+                            "Type": spec.type,
+                            "IsRequired": False,
+                            "DefaultValue": spec.default,
+                            "PossibleValues": "",
+                            "RestrictedValues": "",
+                        },
+                    )
+                    for spec in model.attributes.values()
+                ],
+            )
+        ],
+    )
+
+
+# ---------------------------------------------------------------------- logon and time
+def _logon_info(ctx: CallContext, token: str, user: str, domain: str) -> Info:
+    is_admin = ctx.state.is_admin(user)
+    return (
+        "LogonResponseInfo",
+        [
+            node("Token", {"Token": token}),
+            node(
+                "User",
+                {
+                    "Name": user,
+                    "IsAdmin": is_admin,
+                    "IsActive": True,
+                    "DomainName": domain,
+                    "IsDomainAdmin": is_admin,
+                    "Email": "",
+                    "Timezone": "UTC",
+                },
+            ),
+            node("Domain", {"Name": domain, "Description": "", "DomainId": domain}),
+        ],
+    )
+
+
+@api_method
+def Logon(ctx: CallContext, p: Params) -> Info:
+    """Logon(username, password, domainName) -> LogonResponseInfo."""
+    user, domain = p.text("username"), p.text("domainName") or ctx.state.admin_domain
+    token = ctx.state.logon(user, p.text("password"), domain)
+    return _logon_info(ctx, token, user, domain)
+
+
+@api_method
+def SecureLogon(ctx: CallContext, p: Params) -> Info:
+    """SecureLogon(token, domainName) -> LogonResponseInfo."""
+    domain = p.text("domainName") or ctx.state.admin_domain
+    session_token = ctx.state.secure_logon(p.text("token"), domain)
+    session = ctx.state.session_for(session_token)
+    return _logon_info(ctx, session_token, session.user if session else "", domain)
+
+
+@api_method
+def GetServerDateAndTime(ctx: CallContext, p: Params) -> Info:
+    """GetServerDateAndTime() -> ServerTimeInfo (UTC, in the client's DateTimeFormat)."""
+    return ("ServerTimeInfo", [_text_node("ServerDateTime", ctx.time(utcnow()))])
+
+
+def _text_node(tag: str, text: str) -> Element:
+    element = node(tag)
+    element.text = text
+    return element
+
+
+# ---------------------------------------------------------------------- reservations
+@api_method
+def CreateImmediateReservation(ctx: CallContext, p: Params) -> Info:
+    """CreateImmediateReservation(reservationName, owner, durationInMinutes, ...).
+
+    Returns CreateReservationResponseInfo.
+    """
+    reservation = ctx.state.create_reservation(
+        name=p.text("reservationName"),
+        owner=p.text("owner") or ctx.user,
+        minutes=p.number("durationInMinutes"),
+        domain=ctx.session.domain if ctx.session else ctx.state.admin_domain,
+    )
+    return ("CreateReservationResponseInfo", [node("Reservation", _reservation_fields(ctx, reservation))])
+
+
+@api_method
+def EndReservation(ctx: CallContext, p: Params) -> Info:
+    """EndReservation(reservationId, unmap)."""
+    ctx.state.end_reservation(p.text("reservationId"))
+    return None
+
+
+@api_method
+def GetReservationDetails(ctx: CallContext, p: Params) -> Info:
+    """GetReservationDetails(reservationId, disableCache) -> GetReservationDescriptionResponseInfo."""
+    children = ctx.state.details(
+        p.text("reservationId"), p.flag("disableCache"), lambda r: _render_details(ctx, r)
+    )
+    return ("GetReservationDescriptionResponseInfo", children)
+
+
+@api_method
+def GetReservationStatus(ctx: CallContext, p: Params) -> Info:
+    """GetReservationStatus(reservationId) -> ReservationSlimStatusInfo."""
+    with ctx.state.lock:
+        reservation = ctx.state.reservation(p.text("reservationId"))
+        fields = _reservation_fields(ctx, reservation)
+    return (
+        "ReservationSlimStatusInfo",
+        [
+            node(
+                "ReservationSlimStatus",
+                {
+                    "ReservationId": reservation.id,
+                    "StartTime": fields["StartTime"],
+                    "EndTime": fields["EndTime"],
+                    "Status": fields["Status"],
+                    "ProvisioningStatus": fields["ProvisioningStatus"],
+                    "Booked": True,
+                    "SetupStage": "None",
+                },
+            )
+        ],
+    )
+
+
+@api_method
+def GetCurrentReservations(ctx: CallContext, p: Params) -> Info:
+    """GetCurrentReservations(reservationOwner) -> GetActiveReservationsResponseInfo."""
+    reservations = ctx.state.current_reservations(p.text("reservationOwner"))
+    items = [node("Reservation", _reservation_fields(ctx, r)) for r in reservations]
+    return ("GetActiveReservationsResponseInfo", [node("Reservations", children=items)] if items else [])
+
+
+# ---------------------------------------------------------------------- services
+@api_method
+def GetServices(ctx: CallContext, p: Params) -> Info:
+    """GetServices(categoryName, serviceName) -> ServicesListInfo with attribute definitions."""
+    models = ctx.state.services(p.text("categoryName"), p.text("serviceName"))
+    items = [_service_info(m) for m in models]
+    return ("ServicesListInfo", [node("Services", children=items)] if items else [])
+
+
+@api_method
+def AddServiceToReservation(ctx: CallContext, p: Params) -> Info:
+    """AddServiceToReservation(reservationId, serviceName, alias, attributes)."""
+    ctx.state.add_service(
+        p.text("reservationId"), p.text("serviceName"), p.text("alias"), p.name_values("attributes"), ctx.user
+    )
+    return None
+
+
+@api_method
+def RemoveServicesFromReservation(ctx: CallContext, p: Params) -> Info:
+    """RemoveServicesFromReservation(reservationId, services)."""
+    ctx.state.remove_services(p.text("reservationId"), p.strings("services"), ctx.user)
+    return None
+
+
+@api_method
+def SetServiceAttributesValues(ctx: CallContext, p: Params) -> Info:
+    """SetServiceAttributesValues(reservationId, serviceAlias, attributeRequests)."""
+    ctx.state.set_service_attributes(
+        p.text("reservationId"), p.text("serviceAlias"), p.name_values("attributeRequests"), ctx.user
+    )
+    return None
+
+
+@api_method
+def GetReservationServicesPositions(ctx: CallContext, p: Params) -> Info:
+    """GetReservationServicesPositions(reservationId) -> ReservationDiagramLayoutResponseInfo.
+
+    Services only, as the real server answers.
+    """
+    with ctx.state.lock:
+        reservation = ctx.state.reservation(p.text("reservationId"))
+        items = [
+            node("ResourceDiagramLayout", {"ResourceName": s.alias, "X": s.position[0], "Y": s.position[1]})
+            for s in reservation.services.values()
+        ]
+    return (
+        "ReservationDiagramLayoutResponseInfo",
+        [node("ResourceDiagramLayouts", children=items)] if items else [],
+    )
+
+
+@api_method
+def WriteMessageToReservationOutput(ctx: CallContext, p: Params) -> Info:
+    """WriteMessageToReservationOutput(reservationId, message)."""
+    ctx.state.write_output(p.text("reservationId"), p.text("message"))
+    return None
+
+
+# ---------------------------------------------------------------------- resources and connectors
+@api_method
+def CreateResource(ctx: CallContext, p: Params) -> Info:
+    """CreateResource(resourceFamily, resourceModel, resourceName, resourceAddress, ...) -> ResourceInfo."""
+    resource = ctx.state.create_resource(
+        family=p.text("resourceFamily"),
+        model_name=p.text("resourceModel"),
+        name=p.text("resourceName"),
+        address=p.text("resourceAddress"),
+        folder=p.text("folderFullPath"),
+        parent=p.text("parentResourceFullPath"),
+        description=p.text("resourceDescription"),
+        user=ctx.user,
+    )
+    now = ctx.time(utcnow())
+    model = ctx.state.catalog[resource.model]
+    attributes = [
+        node("ResourceAttribute", {"Name": n, "Value": v, "Type": model.attributes[n].type})
+        for n, v in resource.attributes.items()
+    ]
+    fields = {
+        "Name": resource.name,
+        "DriverName": model.drivers[0] if model.drivers else "",
+        "FolderFullPath": resource.folder,
+        "Address": resource.address,
+        "FullAddress": resource.address,
+        "RootAddress": resource.address,
+        "ResourceFamilyName": resource.family,
+        "ResourceModelName": resource.model,
+        "Locked": False,
+        "Excluded": False,
+        "Description": resource.description,
+        "Permission": "RW",
+        "CreatedByUser": resource.created_by,
+        "CreateDate": now,
+        "ModificationDate": now,
+        "Version": 1,
+    }
+    return ("ResourceInfo", _resource_info_children(fields, attributes))
+
+
+def _resource_info_children(fields: Dict[str, object], attributes: List[Element]) -> List[Element]:
+    # ResourceInfo is the ResponseInfo element itself: its fields are attributes of that element, which
+    # success_response cannot set, so they travel as child elements (the client reads either form).
+    children = [_text_node(name, _plain(value)) for name, value in fields.items()]
+    if attributes:
+        children.append(node("ResourceAttributes", children=attributes))
+    return children
+
+
+def _plain(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _conflicts(conflicts: List[Tuple[str, str]]) -> Info:
+    items = [
+        node("ResourceConflict", {"ResourceName": name, "ConflictType": "Reservation", "ConflictWith": other})
+        for name, other in conflicts
+    ]
+    return ("ReserveResourcesResponseInfo", [node("Conflicts", children=items)] if items else [])
+
+
+@api_method
+def AddResourcesToReservation(ctx: CallContext, p: Params) -> Info:
+    """AddResourcesToReservation(reservationId, resourcesFullPath, shared) -> ReserveResourcesResponseInfo."""
+    return _conflicts(
+        ctx.state.add_resources(p.text("reservationId"), p.strings("resourcesFullPath"), p.flag("shared"))
+    )
+
+
+@api_method
+def RemoveResourcesFromReservation(ctx: CallContext, p: Params) -> Info:
+    """RemoveResourcesFromReservation(reservationId, resourcesFullPath, deleteDeployedApps)."""
+    ctx.state.remove_resources(p.text("reservationId"), p.strings("resourcesFullPath"))
+    return _conflicts([])
+
+
+@api_method
+def SetConnectorsInReservation(ctx: CallContext, p: Params) -> Info:
+    """SetConnectorsInReservation(reservationId, connectors: [SetConnectorRequest])."""
+    ctx.state.set_connectors(p.text("reservationId"), p.records("connectors"))
+    return None
+
+
+@api_method
+def RemoveConnectorsFromReservation(ctx: CallContext, p: Params) -> Info:
+    """RemoveConnectorsFromReservation(reservationId, endpoints: [source, target, ...])."""
+    ctx.state.remove_connectors(p.text("reservationId"), p.strings("endpoints"))
+    return None

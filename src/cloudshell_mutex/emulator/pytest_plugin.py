@@ -1,0 +1,47 @@
+"""pytest fixtures that start the CloudShell API emulator on free loopback ports.
+
+Enable in a ``conftest.py`` with ``pytest_plugins = ["cloudshell_mutex.emulator.pytest_plugin"]``, then::
+
+    def test_lock(cloudshell_emulator):
+        api = cloudshell_emulator.session()
+
+    def test_with_package(cloudshell_emulator_factory, tmp_path):
+        emu = cloudshell_emulator_factory(packages=["Mutex_Package.zip"], latency={"distribution": "fixed",
+                                                                                    "seconds": 0.01})
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, List
+
+import pytest
+
+from .instance import Emulator
+
+
+@pytest.fixture
+def cloudshell_emulator_factory() -> Iterator[Callable[..., Emulator]]:
+    """A callable ``(**Emulator kwargs) -> started Emulator``; every emulator it made stops at teardown.
+
+    ``host`` defaults to 127.0.0.1 and both ports to 0 (free ports).
+    """
+    started: List[Emulator] = []
+
+    def make(**kwargs: Any) -> Emulator:
+        kwargs.setdefault("host", "127.0.0.1")
+        kwargs.setdefault("port", 0)
+        kwargs.setdefault("quali_port", 0)
+        emulator = Emulator(**kwargs)
+        emulator.start()
+        started.append(emulator)
+        return emulator
+
+    yield make
+    for emulator in reversed(started):
+        emulator.stop()
+
+
+@pytest.fixture
+def cloudshell_emulator(cloudshell_emulator_factory: Callable[..., Emulator]) -> Emulator:
+    """A fresh, started emulator on free loopback ports, with an empty catalog (no packages)."""
+    return cloudshell_emulator_factory()

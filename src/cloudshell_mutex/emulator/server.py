@@ -1,0 +1,304 @@
+"""The HTTP front ends: the Automation API (with the control endpoint) and the Quali API.
+
+Both are stdlib ``ThreadingHTTPServer``s speaking HTTP/1.1 with keep-alive, which is what the clients'
+connection pools (urllib3, requests) expect: one thread per open connection, so 64 concurrent
+clients are 64 threads. The servers remember their open connections, so that stopping the emulator
+also ends idle keep-alive connections instead of leaving them served by a stopped emulator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import socket
+import sys
+import threading
+import time
+import traceback
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Optional, Set, Tuple
+from urllib.parse import parse_qs, urlsplit
+
+from .faults import DROP_AFTER_COMMIT, ERROR_BEFORE_COMMIT
+from .methods import PUBLIC_METHODS, CallContext, dispatch
+from .quali import QualiTokens, first_file_part
+from .runtime import Runtime
+from .wire import RequestError, failure_response, parse_authorization, parse_request
+
+API_PREFIX = "/resourcemanagerapiservice/"
+CONTROL_PREFIX = "/_emulator/"
+QUALI_PREFIX = "/api/"
+
+#: Largest request body accepted (a package zip is the largest thing anyone sends).
+MAX_BODY_BYTES = 64 * 1024 * 1024
+
+
+def is_loopback(address: str) -> bool:
+    """True for a loopback client address."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
+
+
+class _TrackingServer(ThreadingHTTPServer):
+    """A threading HTTP server that can close its open connections when it stops."""
+
+    daemon_threads = True
+    request_queue_size = 256
+
+    def __init__(self, address: Tuple[str, int], handler: type, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self._connections: Set[socket.socket] = set()
+        self._connections_lock = threading.Lock()
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        super().__init__(address, handler)
+
+    def handle_error(self, request, client_address) -> None:  # type: ignore[override]
+        """Clients that hang up mid-answer are normal (timeouts, killed processes): stay quiet then."""
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return
+        super().handle_error(request, client_address)
+
+    def process_request(self, request, client_address) -> None:  # type: ignore[override]
+        with self._connections_lock:
+            self._connections.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request) -> None:  # type: ignore[override]
+        with self._connections_lock:
+            self._connections.discard(request)
+        super().shutdown_request(request)
+
+    def close_connections(self) -> None:
+        """End every open connection (idle keep-alive ones included)."""
+        with self._connections_lock:
+            connections = list(self._connections)
+        for connection in connections:
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """Shared plumbing: HTTP/1.1, quiet logs, bodies and answers."""
+
+    protocol_version = "HTTP/1.1"
+    # Headers and body are written separately: with Nagle on, the client's delayed ACK adds ~40 ms a call.
+    disable_nagle_algorithm = True
+    server: _TrackingServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Stay quiet: request lines could carry tokens, and tests run thousands of calls."""
+
+    def read_body(self) -> Optional[bytes]:
+        """The request body, or None after answering 400/413 for a bad length."""
+        length_header = self.headers.get("Content-Length")
+        try:
+            length = int(length_header) if length_header is not None else 0
+        except ValueError:
+            self.send_text(400, "Content-Length is not a number")
+            return None
+        if length < 0 or length > MAX_BODY_BYTES:
+            self.send_text(413, "request body too large")
+            return None
+        return self.rfile.read(length) if length else b""
+
+    def send_body(self, status: int, body: bytes, content_type: str) -> None:
+        """Answer with a body (keep-alive stays on)."""
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def send_text(self, status: int, text: str) -> None:
+        """Answer with plain text."""
+        self.send_body(status, text.encode("utf-8"), "text/plain; charset=utf-8")
+
+    def send_json(self, status: int, value: Any) -> None:
+        """Answer with JSON."""
+        self.send_body(status, json.dumps(value).encode("utf-8"), "application/json; charset=utf-8")
+
+    def drop_connection(self) -> None:
+        """Close the connection without any response (the client sees it disconnect)."""
+        self.close_connection = True
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+
+class ApiRequestHandler(_Handler):
+    """``POST /ResourceManagerApiService/<Method>`` and the control endpoint ``/_emulator/<op>``."""
+
+    def do_POST(self) -> None:
+        path = urlsplit(self.path).path
+        if path.startswith(CONTROL_PREFIX):
+            self._control(path[len(CONTROL_PREFIX) :])
+            return
+        if not path.lower().startswith(API_PREFIX) or "/" in path[len(API_PREFIX) :].strip("/"):
+            body = self.read_body()
+            if body is not None:
+                self.send_text(404, f"No such endpoint: {path}")
+            return
+        started = time.perf_counter()
+        body = self.read_body()
+        if body is not None:
+            self._api_call(path[len(API_PREFIX) :].strip("/"), body, started)
+
+    def do_GET(self) -> None:
+        path = urlsplit(self.path).path
+        if path.startswith(CONTROL_PREFIX):
+            self._control(path[len(CONTROL_PREFIX) :])
+        else:
+            self.send_text(404, f"No such endpoint: {path}")
+
+    def _api_call(self, method: str, body: bytes, started: float) -> None:
+        """Answer one API call and record the emulator's own time on it (from the parsed request headers
+        to the written response, injected latency excluded)."""
+        slept = self._api_call_inner(method, body)
+        if slept is not None:
+            self.server.runtime.state.record_overhead(time.perf_counter() - started - slept)
+
+    def _api_call_inner(self, method: str, body: bytes) -> Optional[float]:
+        """Answer one API call; return the injected latency slept (None: not a measured call)."""
+        runtime = self.server.runtime
+        state = runtime.state
+        state.count_call(method)
+        session = state.session_for(parse_authorization(self.headers.get("Authorization")))
+        if method not in PUBLIC_METHODS and session is None:
+            self.send_text(401, "Unauthorized: the token is missing, unknown or expired; log on again")
+            return None
+        try:
+            params = parse_request(body, method)
+        except RequestError as error:
+            self.send_body(200, failure_response(method, "100", f"Invalid request: {error}"), "text/xml")
+            return None
+
+        fault = runtime.faults.take(method)
+        before, after = runtime.latency.split()
+        if before:
+            time.sleep(before)
+        if fault == ERROR_BEFORE_COMMIT:
+            self.send_text(500, "Internal Server Error (injected fault before commit)")
+            return None
+        try:
+            response = dispatch(
+                CallContext(state, session, self.headers.get("DateTimeFormat")), method, params
+            )
+        except Exception as error:  # an emulator bug: say so instead of dropping the connection
+            traceback.print_exc()
+            self.send_text(500, f"emulator internal error in {method}: {error!r}")
+            return None
+        if fault == DROP_AFTER_COMMIT:
+            self.drop_connection()
+            return None
+        if after:
+            time.sleep(after)
+        self.send_body(200, response, "text/xml; charset=utf-8")
+        return before + after
+
+    def _control(self, op: str) -> None:
+        if not is_loopback(self.client_address[0]):
+            self.read_body()
+            self.send_json(403, {"error": "the control endpoint answers loopback clients only"})
+            return
+        payload: Any = {}
+        if self.command == "POST":
+            body = self.read_body()
+            if body is None:
+                return
+            if body:
+                try:
+                    payload = json.loads(body.decode("utf-8"))
+                except ValueError:
+                    self.send_json(400, {"error": "the body must be JSON"})
+                    return
+        else:
+            payload = {k: v[-1] for k, v in parse_qs(urlsplit(self.path).query).items()}
+        from .control import handle_control
+
+        status, result = handle_control(self.server.runtime, op.strip("/"), payload)
+        self.send_json(status, result)
+
+
+class QualiRequestHandler(_Handler):
+    """The Quali API subset the packaging client uses."""
+
+    server: QualiServer
+
+    def do_PUT(self) -> None:
+        path = urlsplit(self.path).path.lower().rstrip("/")
+        body = self.read_body()
+        if body is None:
+            return
+        if path != QUALI_PREFIX + "auth/login":
+            self.send_text(404, f"No such endpoint: {path}")
+            return
+        form = {k: v[-1] for k, v in parse_qs(body.decode("utf-8"), keep_blank_values=True).items()}
+        if self.headers.get("Content-Type", "").startswith("application/json") and body:
+            try:
+                form = {str(k): str(v) for k, v in json.loads(body.decode("utf-8")).items()}
+            except (ValueError, AttributeError):
+                form = {}
+        state = self.server.runtime.state
+        user = form.get("username", "")
+        token = form.get("token", "")
+        if token:
+            user = state.auth_token_user(token) or ""
+            ok = bool(user)
+        else:
+            ok = state.check_password(user, form.get("password", ""))
+        if not ok:
+            self.send_text(401, "Login failed: the username or password is not correct")
+            return
+        self.send_json(200, self.server.tokens.issue(user))
+
+    def do_POST(self) -> None:
+        path = urlsplit(self.path).path.lower().rstrip("/")
+        body = self.read_body()
+        if body is None:
+            return
+        if path != QUALI_PREFIX + "package/importpackage":
+            self.send_text(404, f"No such endpoint: {path}")
+            return
+        user = self.server.tokens.user(self.headers.get("Authorization"))
+        if user is None:
+            self.send_text(401, "Unauthorized: log in through /API/Auth/Login first")
+            return
+        runtime = self.server.runtime
+        if not runtime.state.is_admin(user):
+            self.send_json(
+                200, {"Success": False, "ErrorMessage": "Importing packages requires a system administrator"}
+            )
+            return
+        data = first_file_part(self.headers.get("Content-Type", ""), body)
+        if data is None:
+            self.send_json(
+                200,
+                {"Success": False, "ErrorMessage": "No package file in the request (multipart field 'file')"},
+            )
+            return
+        try:
+            runtime.import_package(data)
+        except ValueError as error:  # PackageError names the file and the problem
+            self.send_json(200, {"Success": False, "ErrorMessage": str(error)})
+            return
+        self.send_json(200, {"Success": True, "ErrorMessage": None})
+
+
+class ApiServer(_TrackingServer):
+    """The Automation API server (port 8029)."""
+
+    def __init__(self, address: Tuple[str, int], runtime: Runtime) -> None:
+        super().__init__(address, ApiRequestHandler, runtime)
+
+
+class QualiServer(_TrackingServer):
+    """The Quali API server (port 9000)."""
+
+    def __init__(self, address: Tuple[str, int], runtime: Runtime) -> None:
+        self.tokens = QualiTokens()
+        super().__init__(address, QualiRequestHandler, runtime)

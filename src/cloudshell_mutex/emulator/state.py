@@ -1,0 +1,599 @@
+"""The emulated server's data: users and tokens, the catalog, resources, reservations and the event log.
+
+Every change and every read of reservation data happens under one lock, so a check and the change it
+guards (for example "alias free?" then "insert service") are one atomic step, as on the real server.
+Operations raise :class:`ApiError`, which the wire layer turns into a ``Success="false"`` envelope.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import secrets
+import threading
+import time
+import uuid
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Deque, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+GENERIC_ERROR = "100"
+UNKNOWN_COMMAND_ERROR = "101"
+CONNECTOR_NOT_FOUND_ERROR = "123"
+
+DUPLICATE_ALIAS = "Service with given alias already exists"
+
+#: How long GetReservationDetails answers from its per-reservation snapshot (the real server: 5 s).
+DEFAULT_DETAILS_CACHE_SECONDS = 5.0
+
+CONNECTOR_DIRECTIONS = ("bi", "uni")
+
+
+class ApiError(Exception):
+    """An API-level failure: the client raises ``CloudShellAPIError(code, message)`` for it."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+def utcnow() -> _dt.datetime:
+    """The server's wall clock (UTC)."""
+    return _dt.datetime.now(_dt.timezone.utc)
+
+
+@dataclass
+class AttributeSpec:
+    """An attribute of a catalog model: its type and default value."""
+
+    name: str
+    type: str = "String"
+    default: str = ""
+
+
+@dataclass
+class CatalogModel:
+    """A service or resource model from an imported package."""
+
+    name: str
+    family: str
+    is_service: bool
+    attributes: OrderedDict[str, AttributeSpec]
+    drivers: Tuple[str, ...] = ()
+    category: str = ""
+    admin_only: bool = False
+
+
+@dataclass
+class ServiceRecord:
+    """A service instance in a reservation."""
+
+    alias: str
+    model: str
+    attributes: OrderedDict[str, str]
+    position: Tuple[float, float]
+
+
+@dataclass
+class ResourceRecord:
+    """A resource in the inventory (CreateResource)."""
+
+    name: str
+    family: str
+    model: str
+    address: str
+    folder: str
+    description: str
+    created_by: str
+    attributes: OrderedDict[str, str]
+
+
+@dataclass
+class ConnectorRecord:
+    """A connector between two endpoints (resources or service aliases) in a reservation."""
+
+    source: str
+    target: str
+    direction: str
+    alias: str
+
+
+@dataclass
+class Reservation:
+    """A reservation and its components."""
+
+    id: str
+    name: str
+    owner: str
+    domain: str
+    created: _dt.datetime
+    start: _dt.datetime
+    end: _dt.datetime
+    ended_at: Optional[_dt.datetime] = None
+    services: OrderedDict[str, ServiceRecord] = field(default_factory=OrderedDict)
+    resources: List[str] = field(default_factory=list)
+    connectors: List[ConnectorRecord] = field(default_factory=list)
+    output: List[str] = field(default_factory=list)
+    #: GetReservationDetails snapshot: (monotonic time taken, serialized answer).
+    details_cache: Optional[Tuple[float, Any]] = None
+    next_position: int = 0
+
+    def is_ended(self, now: _dt.datetime) -> bool:
+        """True once EndReservation ran or the reservation's end time passed."""
+        return self.ended_at is not None or now >= self.end
+
+    def status(self, now: _dt.datetime) -> str:
+        """The reservation status as the API reports it."""
+        return "Completed" if self.is_ended(now) else "Started"
+
+
+@dataclass
+class Session:
+    """A logged-on session (the token in the ``Authorization`` header)."""
+
+    user: str
+    domain: str
+    issued: float
+    expires: Optional[float]
+
+
+class EmulatorState:
+    """Everything the emulated server knows, guarded by one lock."""
+
+    def __init__(
+        self,
+        admin_user: str,
+        admin_password: str,
+        admin_domain: str = "Global",
+        details_cache_seconds: float = DEFAULT_DETAILS_CACHE_SECONDS,
+    ) -> None:
+        self.lock = threading.RLock()
+        self.admin_user = admin_user
+        self.admin_domain = admin_domain
+        self._passwords: Dict[str, str] = {admin_user: admin_password}
+        self._admins = {admin_user}
+        self._sessions: Dict[str, Session] = {}
+        self._auth_tokens: Dict[str, str] = {}  # SecureLogon token -> user
+        self.token_ttl: Optional[float] = None
+        self.details_cache_seconds = float(details_cache_seconds)
+        self.catalog: OrderedDict[str, CatalogModel] = OrderedDict()
+        self.drivers: Dict[str, int] = {}  # driver name -> zip size
+        self.resources: OrderedDict[str, ResourceRecord] = OrderedDict()
+        self.reservations: OrderedDict[str, Reservation] = OrderedDict()
+        self._events: List[Dict[str, Any]] = []
+        self._call_counts: Dict[str, int] = {}
+        # The emulator's own time per API call (injected latency excluded), most recent calls only.
+        self._overheads: Deque[float] = deque(maxlen=100_000)
+
+    # ------------------------------------------------------------------ users and tokens
+    def add_user(self, name: str, password: str, admin: bool = False) -> None:
+        """Create or update a user."""
+        if not name:
+            raise ValueError("user name must not be empty")
+        with self.lock:
+            self._passwords[name] = password
+            if admin:
+                self._admins.add(name)
+            else:
+                self._admins.discard(name)
+
+    def is_admin(self, user: str) -> bool:
+        """True for system administrators."""
+        with self.lock:
+            return user in self._admins
+
+    def check_password(self, user: str, password: str) -> bool:
+        """True when ``user`` exists and ``password`` is theirs."""
+        with self.lock:
+            known = self._passwords.get(user)
+        return known is not None and secrets.compare_digest(known.encode(), password.encode())
+
+    def logon(self, user: str, password: str, domain: str) -> str:
+        """Check credentials and open a session; return its token."""
+        if not self.check_password(user, password):
+            raise ApiError(
+                GENERIC_ERROR,
+                f"Login failed for user '{user}'. Please make sure the username and password are correct.",
+            )
+        return self._open_session(user, domain or self.admin_domain)
+
+    def auth_token_user(self, token: str) -> Optional[str]:
+        """The user an auth token (see :meth:`issue_auth_token`) was issued to, or None."""
+        with self.lock:
+            return self._auth_tokens.get(token)
+
+    def secure_logon(self, token: str, domain: str) -> str:
+        """Open a session for the user an auth token was issued to; return the session token."""
+        user = self.auth_token_user(token)
+        if user is None:
+            raise ApiError(GENERIC_ERROR, "Login failed: the token is not valid. Log on with a valid token.")
+        return self._open_session(user, domain or self.admin_domain)
+
+    def _open_session(self, user: str, domain: str) -> str:
+        token = secrets.token_urlsafe(24)
+        now = time.monotonic()
+        with self.lock:
+            expires = now + self.token_ttl if self.token_ttl else None
+            self._sessions[token] = Session(user, domain, now, expires)
+        return token
+
+    def session_for(self, token: Optional[str]) -> Optional[Session]:
+        """The live session of a token, or None (the caller answers HTTP 401)."""
+        if not token:
+            return None
+        with self.lock:
+            session = self._sessions.get(token)
+            if session is not None and session.expires is not None and time.monotonic() >= session.expires:
+                del self._sessions[token]
+                return None
+            return session
+
+    def issue_auth_token(self, user: Optional[str] = None) -> str:
+        """Issue a token that SecureLogon accepts (what CloudShell puts in ``admin_auth_token``)."""
+        user = user or self.admin_user
+        with self.lock:
+            if user not in self._passwords:
+                raise ValueError(f"user {user!r} does not exist")
+            token = secrets.token_urlsafe(24)
+            self._auth_tokens[token] = user
+        return token
+
+    def revoke_sessions(self) -> int:
+        """End every logged-on session (their next call gets HTTP 401); return how many."""
+        with self.lock:
+            count = len(self._sessions)
+            self._sessions.clear()
+        return count
+
+    # ------------------------------------------------------------------ call counts
+    def count_call(self, method: str) -> None:
+        """Count one received call of ``method``."""
+        with self.lock:
+            self._call_counts[method] = self._call_counts.get(method, 0) + 1
+
+    def call_counts(self) -> Dict[str, int]:
+        """Calls received per API method."""
+        with self.lock:
+            return dict(self._call_counts)
+
+    def reset_counts(self) -> None:
+        """Start counting from zero (call counts and overhead samples)."""
+        with self.lock:
+            self._call_counts.clear()
+            self._overheads.clear()
+
+    def record_overhead(self, seconds: float) -> None:
+        """Remember how long the emulator itself spent on one call."""
+        with self.lock:
+            self._overheads.append(seconds)
+
+    def overhead(self) -> Dict[str, float]:
+        """Statistics of the emulator's own per-call time in milliseconds (injected latency excluded)."""
+        with self.lock:
+            samples = sorted(self._overheads)
+        if not samples:
+            return {"calls": 0}
+        n = len(samples)
+        return {
+            "calls": n,
+            "mean_ms": 1000.0 * sum(samples) / n,
+            "p50_ms": 1000.0 * samples[n // 2],
+            "p99_ms": 1000.0 * samples[min(n - 1, (n * 99) // 100)],
+            "max_ms": 1000.0 * samples[-1],
+        }
+
+    # ------------------------------------------------------------------ catalog
+    def register_model(self, model: CatalogModel) -> None:
+        """Add a model, or merge into the same-named one (attributes are added, never removed)."""
+        with self.lock:
+            existing = self.catalog.get(model.name)
+            if existing is not None:
+                merged = OrderedDict(existing.attributes)
+                merged.update(model.attributes)
+                model.attributes = merged
+            self.catalog[model.name] = model
+
+    def service_model(self, name: str) -> CatalogModel:
+        """The service model called ``name``, or ApiError."""
+        model = self.catalog.get(name)
+        if model is None or not model.is_service:
+            raise ApiError(GENERIC_ERROR, f"Service model '{name}' was not found in the catalog")
+        return model
+
+    def services(self, category: str = "", name: str = "") -> List[CatalogModel]:
+        """Catalog service models, optionally filtered by category and name."""
+        with self.lock:
+            return [
+                model
+                for model in self.catalog.values()
+                if model.is_service
+                and (not name or model.name == name)
+                and (not category or model.category == category)
+            ]
+
+    # ------------------------------------------------------------------ events
+    def _record(
+        self, op: str, reservation: Reservation, service: ServiceRecord, user: str, **extra: Any
+    ) -> None:
+        """Append a committed service change to the ordered log (caller holds the lock)."""
+        event = {
+            "seq": len(self._events) + 1,
+            "time": utcnow().isoformat(),
+            "monotonic": time.monotonic(),
+            "reservation_id": reservation.id,
+            "op": op,
+            "alias": service.alias,
+            "model": service.model,
+            "attributes": dict(service.attributes),
+            "user": user,
+        }
+        event.update(extra)
+        self._events.append(event)
+
+    def events(self, reservation_id: Optional[str] = None) -> List[Dict[str, Any]]:
+        """The ordered log of committed service changes."""
+        with self.lock:
+            return [dict(e) for e in self._events if reservation_id in (None, e["reservation_id"])]
+
+    # ------------------------------------------------------------------ reservations
+    def create_reservation(self, name: str, owner: str, minutes: int, domain: str) -> Reservation:
+        """Start a reservation now for ``minutes``."""
+        if minutes <= 0:
+            raise ApiError(GENERIC_ERROR, "Reservation duration must be a positive number of minutes")
+        now = utcnow()
+        reservation = Reservation(
+            id=str(uuid.uuid4()),
+            name=name,
+            owner=owner,
+            domain=domain,
+            created=now,
+            start=now,
+            end=now + _dt.timedelta(minutes=minutes),
+        )
+        with self.lock:
+            self.reservations[reservation.id] = reservation
+        return reservation
+
+    def reservation(self, reservation_id: str) -> Reservation:
+        """An active reservation, or ApiError for an unknown or ended one (caller holds the lock)."""
+        reservation = self.reservations.get(reservation_id)
+        if reservation is None:
+            raise ApiError(GENERIC_ERROR, f"Reservation '{reservation_id}' was not found")
+        if reservation.is_ended(utcnow()):
+            raise ApiError(GENERIC_ERROR, f"Reservation '{reservation_id}' has ended")
+        return reservation
+
+    def end_reservation(self, reservation_id: str) -> None:
+        """End a reservation; its later calls fail."""
+        with self.lock:
+            self.reservation(reservation_id).ended_at = utcnow()
+
+    def current_reservations(self, owner: str = "") -> List[Reservation]:
+        """Active reservations, optionally of one owner."""
+        now = utcnow()
+        with self.lock:
+            return [
+                r
+                for r in self.reservations.values()
+                if not r.is_ended(now) and (not owner or r.owner == owner)
+            ]
+
+    def details(self, reservation_id: str, disable_cache: bool, render: Callable[[Reservation], Any]) -> Any:
+        """GetReservationDetails: the rendered reservation, from the 5-second snapshot unless disabled.
+
+        The snapshot is what ``render`` returned when it was taken, so changes made after it stay
+        invisible to cached reads until it expires. A ``disableCache`` read neither uses nor refreshes it.
+        """
+        with self.lock:
+            reservation = self.reservation(reservation_id)
+            now = time.monotonic()
+            cached = reservation.details_cache
+            if not disable_cache and cached is not None and now - cached[0] < self.details_cache_seconds:
+                return cached[1]
+            rendered = render(reservation)
+            if not disable_cache:
+                reservation.details_cache = (now, rendered)
+            return rendered
+
+    def write_output(self, reservation_id: str, message: str) -> None:
+        """WriteMessageToReservationOutput."""
+        with self.lock:
+            self.reservation(reservation_id).output.append(message)
+
+    def output(self, reservation_id: str) -> List[str]:
+        """Messages written to a reservation's output (ended reservations included)."""
+        with self.lock:
+            reservation = self.reservations.get(reservation_id)
+            if reservation is None:
+                raise KeyError(f"reservation {reservation_id!r} does not exist")
+            return list(reservation.output)
+
+    # ------------------------------------------------------------------ services
+    def _check_attributes(self, model: CatalogModel, names: Iterable[str]) -> None:
+        for name in names:
+            if name not in model.attributes:
+                raise ApiError(
+                    GENERIC_ERROR, f"Attribute '{name}' is not defined on service model '{model.name}'"
+                )
+
+    def add_service(
+        self,
+        reservation_id: str,
+        model_name: str,
+        alias: str,
+        attributes: Sequence[Tuple[str, str]],
+        user: str,
+    ) -> ServiceRecord:
+        """AddServiceToReservation: the alias check and the insert are one atomic step."""
+        with self.lock:
+            reservation = self.reservation(reservation_id)
+            model = self.service_model(model_name)
+            self._check_attributes(model, (name for name, _ in attributes))
+            alias = alias or model.name
+            if alias in reservation.services:
+                raise ApiError(GENERIC_ERROR, DUPLICATE_ALIAS)
+            values = OrderedDict((name, spec.default) for name, spec in model.attributes.items())
+            values.update(attributes)
+            position = (
+                100.0 + 150.0 * (reservation.next_position % 8),
+                100.0 + 150.0 * (reservation.next_position // 8),
+            )
+            reservation.next_position += 1
+            service = ServiceRecord(alias, model.name, values, position)
+            reservation.services[alias] = service
+            self._record("service_added", reservation, service, user)
+            return service
+
+    def _service(self, reservation: Reservation, alias: str) -> ServiceRecord:
+        service = reservation.services.get(alias)
+        if service is None:
+            raise ApiError(
+                GENERIC_ERROR, f"Service with alias '{alias}' was not found in reservation '{reservation.id}'"
+            )
+        return service
+
+    def remove_services(self, reservation_id: str, aliases: Sequence[str], user: str) -> None:
+        """RemoveServicesFromReservation: all aliases must exist, else nothing is removed."""
+        with self.lock:
+            reservation = self.reservation(reservation_id)
+            services = [self._service(reservation, alias) for alias in aliases]
+            for service in services:
+                if service.alias not in reservation.services:
+                    continue  # the same alias listed twice
+                del reservation.services[service.alias]
+                reservation.connectors = [
+                    c for c in reservation.connectors if service.alias not in (c.source, c.target)
+                ]
+                self._record("service_removed", reservation, service, user)
+
+    def set_service_attributes(
+        self, reservation_id: str, alias: str, attributes: Sequence[Tuple[str, str]], user: str
+    ) -> None:
+        """SetServiceAttributesValues: overwrite values (no compare-and-set, as on the real server)."""
+        with self.lock:
+            reservation = self.reservation(reservation_id)
+            service = self._service(reservation, alias)
+            self._check_attributes(self.catalog[service.model], (name for name, _ in attributes))
+            service.attributes.update(attributes)
+            self._record("service_attributes_set", reservation, service, user, changed=dict(attributes))
+
+    # ------------------------------------------------------------------ resources and connectors
+    def create_resource(
+        self,
+        family: str,
+        model_name: str,
+        name: str,
+        address: str,
+        folder: str,
+        parent: str,
+        description: str,
+        user: str,
+    ) -> ResourceRecord:
+        """CreateResource: the model must be a resource model in the catalog; names are unique."""
+        if not name:
+            raise ApiError(GENERIC_ERROR, "Resource name must not be empty")
+        with self.lock:
+            model = self.catalog.get(model_name)
+            if model is None or model.is_service:
+                raise ApiError(GENERIC_ERROR, f"Resource model '{model_name}' was not found in the catalog")
+            if family and family != model.family:
+                raise ApiError(
+                    GENERIC_ERROR, f"Resource model '{model_name}' does not belong to family '{family}'"
+                )
+            full_name = f"{parent}/{name}" if parent else name
+            if parent and parent not in self.resources:
+                raise ApiError(GENERIC_ERROR, f"Resource '{parent}' was not found")
+            if full_name in self.resources:
+                raise ApiError(GENERIC_ERROR, f"Resource '{full_name}' already exists")
+            record = ResourceRecord(
+                name=full_name,
+                family=model.family,
+                model=model.name,
+                address=address,
+                folder=folder,
+                description=description,
+                created_by=user,
+                attributes=OrderedDict((n, spec.default) for n, spec in model.attributes.items()),
+            )
+            self.resources[full_name] = record
+            return record
+
+    def add_resources(self, reservation_id: str, names: Sequence[str], shared: bool) -> List[Tuple[str, str]]:
+        """AddResourcesToReservation; returns (resource, conflicting reservation id) pairs."""
+        with self.lock:
+            reservation = self.reservation(reservation_id)
+            for name in names:
+                if name not in self.resources:
+                    raise ApiError(GENERIC_ERROR, f"Resource '{name}' was not found")
+            conflicts: List[Tuple[str, str]] = []
+            now = utcnow()
+            for name in names:
+                if name in reservation.resources:
+                    continue
+                if not shared:
+                    for other in self.reservations.values():
+                        if other is not reservation and not other.is_ended(now) and name in other.resources:
+                            conflicts.append((name, other.id))
+                reservation.resources.append(name)
+            return conflicts
+
+    def remove_resources(self, reservation_id: str, names: Sequence[str]) -> None:
+        """RemoveResourcesFromReservation: every resource must be in the reservation."""
+        with self.lock:
+            reservation = self.reservation(reservation_id)
+            for name in names:
+                if name not in reservation.resources:
+                    raise ApiError(
+                        GENERIC_ERROR, f"Resource '{name}' is not in reservation '{reservation.id}'"
+                    )
+            for name in names:
+                if name in reservation.resources:
+                    reservation.resources.remove(name)
+                reservation.connectors = [
+                    c for c in reservation.connectors if name not in (c.source, c.target)
+                ]
+
+    def set_connectors(self, reservation_id: str, connectors: Sequence[Mapping[str, str]]) -> None:
+        """SetConnectorsInReservation: both endpoints must be in the reservation."""
+        with self.lock:
+            reservation = self.reservation(reservation_id)
+            parsed = []
+            for request in connectors:
+                source = request.get("SourceResourceFullName", "")
+                target = request.get("TargetResourceFullName", "")
+                direction = request.get("Direction", "") or "bi"
+                for endpoint in (source, target):
+                    if endpoint not in reservation.resources and endpoint not in reservation.services:
+                        raise ApiError(
+                            GENERIC_ERROR, f"Resource '{endpoint}' is not in reservation '{reservation.id}'"
+                        )
+                if direction not in CONNECTOR_DIRECTIONS:
+                    raise ApiError(
+                        GENERIC_ERROR, f"Connector direction '{direction}' is not valid; use 'bi' or 'uni'"
+                    )
+                parsed.append(ConnectorRecord(source, target, direction, request.get("Alias", "")))
+            for connector in parsed:
+                reservation.connectors = [
+                    c
+                    for c in reservation.connectors
+                    if {c.source, c.target} != {connector.source, connector.target}
+                ]
+                reservation.connectors.append(connector)
+
+    def remove_connectors(self, reservation_id: str, endpoints: Sequence[str]) -> None:
+        """RemoveConnectorsFromReservation: ``endpoints`` lists (source, target) pairs, flattened."""
+        with self.lock:
+            reservation = self.reservation(reservation_id)
+            if len(endpoints) % 2:
+                raise ApiError(
+                    GENERIC_ERROR, "Endpoints must come in pairs: source, target, source, target, ..."
+                )
+            pairs = [{endpoints[i], endpoints[i + 1]} for i in range(0, len(endpoints), 2)]
+            for pair in pairs:
+                if not any({c.source, c.target} == pair for c in reservation.connectors):
+                    a, b = sorted(pair) if len(pair) == 2 else (next(iter(pair)),) * 2
+                    raise ApiError(
+                        CONNECTOR_NOT_FOUND_ERROR,
+                        f"Connector between '{a}' and '{b}' was not found in reservation '{reservation.id}'",
+                    )
+            reservation.connectors = [c for c in reservation.connectors if {c.source, c.target} not in pairs]

@@ -1,0 +1,90 @@
+"""Exceptions raised by the reservation lock.
+
+Every error the lock raises is a :class:`MutexError`. Errors that no amount of waiting can fix
+(the model is not installed, the reservation is gone, permission is denied) are raised at once,
+and their message says what to do. None of them is ever raised while this process still holds
+the lock without saying so (see :class:`MutexTimeout.maybe_held`).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+
+class MutexError(Exception):
+    """Base class of every lock error.
+
+    ``code`` and ``api_message`` carry the CloudShell API error that caused it, when there was one
+    (``code`` is a string, as the client reports it).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reservation_id: Optional[str] = None,
+        alias: Optional[str] = None,
+        code: Optional[str] = None,
+        api_message: Optional[str] = None,
+    ) -> None:
+        super().__init__(message)
+        self.reservation_id = reservation_id
+        self.alias = alias
+        self.code = code
+        self.api_message = api_message
+
+
+class MutexTimeout(MutexError):
+    """The lock was not acquired before the deadline. Nothing was removed.
+
+    ``holder`` is the owner label seen last (or None), ``held_for`` how long this waiter saw that
+    holder keep the lock (seconds, on this process's monotonic clock), ``waited`` how long it waited.
+    ``maybe_held`` is True only when an add's outcome stayed unknown (the server could not be read);
+    then ``token`` names the owner value to look for, and the message says how to clean up.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        holder: Optional[str] = None,
+        held_for: Optional[float] = None,
+        waited: float = 0.0,
+        token: Optional[str] = None,
+        maybe_held: bool = False,
+        **kwargs: Optional[str],
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.holder = holder
+        self.held_for = held_for
+        self.waited = waited
+        self.token = token
+        self.maybe_held = maybe_held
+
+
+class MutexNotInstalled(MutexError):
+    """The server has no ``Mutex Service`` model: import Mutex_Package.zip."""
+
+
+class ReservationNotActive(MutexError):
+    """The reservation was not found or has ended; there is nothing left to lock."""
+
+
+class MutexPermissionError(MutexError):
+    """CloudShell refused the call for this user (or the session could not log on)."""
+
+
+class MutexReleaseError(MutexError):
+    """Release failed after retries: the lock may still be held. The object still holds it, so
+    ``release()`` can be called again."""
+
+
+class MutexLostError(MutexError):
+    """At release, the lock was no longer this acquisition's: someone else removed it (a protocol
+    violator, an operator's force release, or the original snippet's unconditional remove). Nothing
+    was removed. The work done under the lock may not have been exclusive."""
+
+
+class MutexUsageError(MutexError, RuntimeError):
+    """The object was used in a way that cannot be right, e.g. re-entered while held without
+    ``reentrant=True``."""

@@ -1,0 +1,228 @@
+"""``drivers.toml``: the single declaration of the driver zips in the package.
+
+Each ``[[driver]]`` table declares one ``Resource Drivers - Python/<name>.zip``::
+
+    [[driver]]
+    name = "Mutex Service Driver"          # the zip's name, drivermetadata.xml Name, <DriverName>
+    source = "drivers/mutex_service"       # folder zipped as the driver, relative to drivers.toml
+    version = "1.0.0"
+    python_version = "3"
+    main_class = "driver.MutexServiceDriver"
+    models = ["Mutex Service"]             # the data-model models this driver serves
+    requirements = ["cloudshell-mutex=={project_version}"]
+
+``{project_version}`` in a requirement is replaced by the version in the ``pyproject.toml`` next to
+``drivers.toml``, so that a driver pins the library built from the same tree.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from cloudshell_mutex.packaging.format import PackageError, parse_version
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised under Python 3.9/3.10
+    import tomli as tomllib
+
+MANIFEST_NAME = "drivers.toml"
+PROJECT_VERSION_PLACEHOLDER = "{project_version}"
+
+#: CloudShell runs Python 3 drivers with PythonVersion="3"; this library needs Python 3.9+.
+SUPPORTED_PYTHON_VERSIONS = ("3",)
+
+_DRIVER_KEYS = {"name", "source", "version", "python_version", "main_class", "models", "requirements"}
+_REQUIRED_KEYS = ("name", "source", "version", "python_version", "main_class", "models")
+_MAIN_CLASS_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
+# The name becomes a file name on Windows execution servers.
+_BAD_NAME_RE = re.compile(r'[<>:"/\\|?*\x00-\x1f]')
+
+
+@dataclass(frozen=True)
+class DriverSpec:
+    """One ``[[driver]]`` entry, with ``source`` resolved against the manifest's folder."""
+
+    name: str
+    source: Path
+    version: str
+    python_version: str
+    main_class: str
+    models: Tuple[str, ...]
+    requirements: Tuple[str, ...]
+
+    @property
+    def main_module_file(self) -> str:
+        """The file, relative to ``source``, that holds ``main_class`` (``driver.X`` -> ``driver.py``)."""
+        module = self.main_class.rsplit(".", 1)[0]
+        return module.replace(".", "/") + ".py"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A parsed ``drivers.toml``."""
+
+    path: Path
+    drivers: Tuple[DriverSpec, ...]
+
+    def drivers_for(self, model: str) -> Tuple[str, ...]:
+        """Names of the drivers that serve ``model``."""
+        return tuple(driver.name for driver in self.drivers if model in driver.models)
+
+
+def project_version(folder: Path) -> Optional[str]:
+    """The ``[project] version`` of the ``pyproject.toml`` in ``folder``, if there is one."""
+    pyproject = folder / "pyproject.toml"
+    if not pyproject.is_file():
+        return None
+    try:
+        version = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {}).get("version")
+    except tomllib.TOMLDecodeError as error:
+        raise PackageError(f"{pyproject}: invalid TOML: {error}") from None
+    return version if isinstance(version, str) else None
+
+
+def _string(entry: Dict[str, Any], key: str, where: str, source: str) -> str:
+    value = entry[key]
+    if not isinstance(value, str) or not value.strip():
+        raise PackageError(f"{source}: {where}: {key} must be a non-empty string")
+    return value
+
+
+def _strings(entry: Dict[str, Any], key: str, where: str, source: str) -> Tuple[str, ...]:
+    value = entry.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(item, str) and item.strip() for item in value):
+        raise PackageError(f"{source}: {where}: {key} must be a list of non-empty strings")
+    if len(set(value)) != len(value):
+        raise PackageError(f"{source}: {where}: {key} lists an item twice")
+    return tuple(value)
+
+
+def _parse_driver(entry: Any, index: int, base: Path, version: Optional[str], source: str) -> DriverSpec:
+    if not isinstance(entry, dict):
+        raise PackageError(f"{source}: [[driver]] #{index} must be a table")
+    named = entry.get("name")
+    where = f"driver {named!r}" if isinstance(named, str) and named else f"[[driver]] #{index}"
+    unknown = sorted(set(entry) - _DRIVER_KEYS)
+    if unknown:
+        raise PackageError(f"{source}: {where}: unknown key(s) {', '.join(unknown)}")
+    missing = [key for key in _REQUIRED_KEYS if key not in entry]
+    if missing:
+        raise PackageError(f"{source}: {where}: missing key(s) {', '.join(missing)}")
+    name = _string(entry, "name", where, source)
+    where = f"driver {name!r}"
+    if _BAD_NAME_RE.search(name) or name != name.strip() or name.endswith("."):
+        raise PackageError(f"{source}: {where}: the name must be a valid Windows file name")
+    driver_version = _string(entry, "version", where, source)
+    try:
+        parse_version(driver_version)
+    except ValueError:
+        raise PackageError(f"{source}: {where}: version {driver_version!r} is not like 1.0.0") from None
+    python_version = _string(entry, "python_version", where, source)
+    if python_version not in SUPPORTED_PYTHON_VERSIONS:
+        raise PackageError(f'{source}: {where}: python_version {python_version!r} is not supported; use "3"')
+    main_class = _string(entry, "main_class", where, source)
+    if not _MAIN_CLASS_RE.match(main_class):
+        raise PackageError(f"{source}: {where}: main_class {main_class!r} is not like driver.ClassName")
+    models = _strings(entry, "models", where, source)
+    if not models:
+        raise PackageError(f"{source}: {where}: models must name at least one model")
+    requirements = _strings(entry, "requirements", where, source)
+    if any(PROJECT_VERSION_PLACEHOLDER in requirement for requirement in requirements):
+        if version is None:
+            raise PackageError(
+                f"{source}: {where}: requirements use {PROJECT_VERSION_PLACEHOLDER} "
+                "but there is no pyproject.toml version next to the manifest"
+            )
+        requirements = tuple(r.replace(PROJECT_VERSION_PLACEHOLDER, version) for r in requirements)
+    return DriverSpec(
+        name=name,
+        source=base / _string(entry, "source", where, source),
+        version=driver_version,
+        python_version=python_version,
+        main_class=main_class,
+        models=models,
+        requirements=requirements,
+    )
+
+
+def parse_manifest(text: str, base: Path, source: str = MANIFEST_NAME) -> Manifest:
+    """Parse manifest text; ``base`` is the folder that ``source`` paths are relative to."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise PackageError(f"{source}: invalid TOML: {error}") from None
+    unknown = sorted(set(data) - {"driver"})
+    if unknown:
+        raise PackageError(f"{source}: unknown top-level key(s) {', '.join(unknown)}; expected [[driver]]")
+    entries = data.get("driver", [])
+    if not isinstance(entries, list):
+        raise PackageError(f"{source}: driver must be an array of tables: write [[driver]]")
+    version = project_version(base)
+    drivers: List[DriverSpec] = []
+    seen: Dict[str, str] = {}
+    for index, entry in enumerate(entries, start=1):
+        driver = _parse_driver(entry, index, base, version, source)
+        # Windows file systems fold case: two names differing only in case collide as zip files.
+        key = driver.name.casefold()
+        if key in seen:
+            also = (
+                "" if seen[key] == driver.name else f" (also {seen[key]!r}; names differing in case collide)"
+            )
+            raise PackageError(f"{source}: duplicate driver name {driver.name!r}{also}")
+        seen[key] = driver.name
+        drivers.append(driver)
+    served: Dict[str, str] = {}
+    for driver in drivers:
+        for model in driver.models:
+            if model in served:
+                raise PackageError(
+                    f"{source}: model {model!r} is served by both {served[model]!r} and {driver.name!r}; "
+                    "a model has one driver"
+                )
+            served[model] = driver.name
+    return Manifest(path=Path(source), drivers=tuple(drivers))
+
+
+def _shown(path: Path, base: Path) -> str:
+    try:
+        return path.relative_to(base).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def check_sources(manifest: Manifest, base: Path) -> None:
+    """Every declared driver's folder exists and holds the module of its main class."""
+    for driver in manifest.drivers:
+        if not driver.source.is_dir():
+            raise PackageError(
+                f"{manifest.path}: driver {driver.name!r}: "
+                f"source folder {_shown(driver.source, base)} does not exist"
+            )
+        module = driver.source / driver.main_module_file
+        if not module.is_file():
+            raise PackageError(
+                f"{manifest.path}: driver {driver.name!r}: {_shown(module, base)} "
+                f"(the module of {driver.main_class}) does not exist"
+            )
+
+
+def load_manifest(path: Path, display: Optional[str] = None) -> Manifest:
+    """Read, parse and check ``drivers.toml`` at ``path`` (its driver folders must exist).
+
+    ``display`` is how error messages name the file (default: ``path``).
+    """
+    shown = display or str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PackageError(f"{shown}: not found") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise PackageError(f"{shown}: cannot be read: {error}") from None
+    manifest = parse_manifest(text, path.parent, shown)
+    check_sources(manifest, path.parent)
+    return manifest

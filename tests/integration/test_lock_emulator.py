@@ -1,0 +1,346 @@
+"""ReservationMutex against the emulator, with the real CloudShellAPISession (single process).
+
+Most tests install the *original* Mutex_Package (only ``Mutex Owner``): that also proves the lock
+works on a server that never got our package. Multi-process exclusion is in test_lock_exclusion.py.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+from original_protocol import OriginalMutex
+
+from cloudshell_mutex import (
+    DefaultPacing,
+    MutexLostError,
+    MutexNotInstalled,
+    MutexTimeout,
+    ReservationMutex,
+    ReservationNotActive,
+    catalog,
+    protocol,
+)
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+FAST = DefaultPacing(first=0.01, base=0.02, cap=0.1)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_catalog():
+    # Emulators come and go on reused loopback ports; the catalog cache is per host:port.
+    catalog.forget()
+    yield
+    catalog.forget()
+
+
+@pytest.fixture
+def emu(cloudshell_emulator_factory, original_package_zip):
+    return cloudshell_emulator_factory(packages=[original_package_zip])
+
+
+@pytest.fixture
+def rid(emu):
+    return emu.create_reservation("lock tests")
+
+
+def mutex(api, rid, **kwargs) -> ReservationMutex:
+    kwargs.setdefault("pacing", FAST)
+    kwargs.setdefault("owner", "test driver")
+    return ReservationMutex(api, rid, **kwargs)
+
+
+def lock_events(emu, rid, alias=protocol.DEFAULT_ALIAS):
+    return [
+        (e["op"], e["attributes"].get(protocol.ATTR_OWNER))
+        for e in emu.control.events(rid)
+        if e["alias"] == alias
+    ]
+
+
+def current_owner(emu, rid, alias=protocol.DEFAULT_ALIAS):
+    for service in emu.control.reservation(rid)["services"]:
+        if service["alias"] == alias:
+            return service["attributes"].get(protocol.ATTR_OWNER)
+    return None
+
+
+# ---------------------------------------------------------------- the common case
+
+
+def test_uncontended_cycle_costs_two_api_calls(emu, rid):
+    api = emu.session()
+    control = emu.control
+    control.reset_counts()
+    with mutex(api, rid) as first:
+        assert current_owner(emu, rid) == first.token
+    assert control.call_counts() == {
+        "GetServices": 1,
+        "AddServiceToReservation": 1,
+        "RemoveServicesFromReservation": 1,
+    }
+
+    for _ in range(3):  # the catalog read happens once per process and server
+        control.reset_counts()
+        with mutex(api, rid):
+            pass
+        assert control.call_counts() == {"AddServiceToReservation": 1, "RemoveServicesFromReservation": 1}
+    assert current_owner(emu, rid) is None
+
+
+def test_writes_only_mutex_owner_on_a_server_with_the_original_package(emu, rid):
+    with mutex(emu.session(), rid) as held:
+        (service,) = emu.control.reservation(rid)["services"]
+        assert service["attributes"] == {protocol.ATTR_OWNER: held.token}
+
+
+def test_writes_lease_attributes_when_the_installed_model_has_them(cloudshell_emulator_factory):
+    package = io.BytesIO()
+    with zipfile.ZipFile(package, "w") as archive:
+        archive.write(ROOT / "package" / "metadata.xml", "metadata.xml")
+        archive.write(ROOT / "DataModel" / "datamodel.xml", "DataModel/datamodel.xml")
+    emu = cloudshell_emulator_factory(packages=[package.getvalue()])
+    rid = emu.create_reservation()
+    api = emu.session()
+    emu.control.reset_counts()
+    with mutex(api, rid, owner="Router A driver") as held:
+        (service,) = emu.control.reservation(rid)["services"]
+        attributes = service["attributes"]
+        assert attributes[protocol.ATTR_OWNER] == held.token
+        assert attributes[protocol.ATTR_LABEL] == "Router A driver"
+        assert attributes[protocol.ATTR_LEASE_SECONDS] == "0"
+    counts = emu.control.call_counts()
+    assert counts == {"GetServices": 1, "AddServiceToReservation": 1, "RemoveServicesFromReservation": 1}
+
+
+def test_holder_reads_fresh_and_names_the_owner(emu, rid):
+    api = emu.session()
+    lock = mutex(api, rid, owner="Router A driver")
+    assert lock.holder() is None
+    with lock:
+        holder = lock.holder()
+        assert holder.token == lock.token and holder.label.startswith("Router A driver")
+    with OriginalMutex(
+        emu.session(), rid, variant="v2", my_unique_name="legacy driver 7", sleep_range=(0.01, 0.02)
+    ):
+        assert lock.holder().token == "legacy driver 7"
+    with OriginalMutex(emu.session(), rid, variant="v1", sleep_range=(0.01, 0.02)):
+        holder = lock.holder()
+        assert holder.token == "" and "original protocol v1" in holder.label
+
+
+# ---------------------------------------------------------------- ambiguity and transient faults
+
+
+def test_dropped_after_commit_add_resolves_to_acquired(emu, rid):
+    """The add commits, the connection closes without a response, the real client retries by
+    itself and its retry gets "already exists" - caused by our own add."""
+    api = emu.session()
+    control = emu.control
+    lock = mutex(api, rid)
+    catalog.detect_model(api)  # the once-per-process catalog read
+    seen = []
+    lock.on_event = seen.append
+    control.inject_fault("AddServiceToReservation", "drop_after_commit")
+    control.reset_counts()
+    assert lock.acquire(timeout=20) is True
+    assert current_owner(emu, rid) == lock.token
+    assert [e.kind for e in seen] == ["resolved", "acquired"]
+    # The client sent the add twice (its own retry); the lock added one fresh read.
+    assert control.call_counts() == {"AddServiceToReservation": 2, "GetReservationDetails": 1}
+    token = lock.token
+    lock.release()
+    assert lock_events(emu, rid) == [("service_added", token), ("service_removed", token)]
+
+
+def test_error_before_commit_backs_off_and_acquires(emu, rid):
+    api = emu.session()
+    control = emu.control
+    lock = mutex(api, rid)
+    seen = []
+    lock.on_event = seen.append
+    control.inject_fault("AddServiceToReservation", "error_before_commit", count=2)
+    assert lock.acquire(timeout=20) is True
+    assert [e.kind for e in seen] == ["transient", "transient", "acquired"]
+    token = lock.token
+    lock.release()
+    assert lock_events(emu, rid) == [("service_added", token), ("service_removed", token)]
+
+
+def test_dropped_after_commit_remove_counts_as_released(emu, rid):
+    api = emu.session()
+    lock = mutex(api, rid)
+    lock.acquire()
+    emu.control.inject_fault("RemoveServicesFromReservation", "drop_after_commit")
+    lock.release()
+    assert not lock.locked()
+    assert current_owner(emu, rid) is None
+    lock.release()  # idempotent
+
+
+# ---------------------------------------------------------------- fatal errors
+
+
+def test_missing_model_raises_at_once_with_the_fix(cloudshell_emulator):
+    emu = cloudshell_emulator  # no package imported
+    rid = emu.create_reservation()
+    api = emu.session()
+    started = time.monotonic()
+    with pytest.raises(MutexNotInstalled, match=r"import Mutex_Package\.zip"):
+        mutex(api, rid, timeout=60).acquire()
+    assert time.monotonic() - started < 2.0
+    assert emu.control.call_counts().get("AddServiceToReservation") == 1
+
+
+def test_ended_reservation_raises(emu, rid):
+    api = emu.session()
+    api.EndReservation(rid)
+    started = time.monotonic()
+    with pytest.raises(ReservationNotActive, match="has ended"):
+        mutex(api, rid, timeout=60).acquire()
+    assert time.monotonic() - started < 2.0
+
+
+def test_unknown_reservation_raises(emu):
+    with pytest.raises(ReservationNotActive, match="not found"):
+        mutex(emu.session(), "00000000-0000-0000-0000-000000000000", timeout=60).acquire()
+
+
+# ---------------------------------------------------------------- waiting, timeout, release safety
+
+
+def test_timeout_raises_names_the_holder_and_removes_nothing(emu, rid):
+    holder = mutex(emu.session(), rid, owner="Router B driver")
+    holder.acquire()
+    waiter = mutex(emu.session(), rid, owner="Router A driver")
+    started = time.monotonic()
+    with pytest.raises(MutexTimeout) as caught:
+        waiter.acquire(timeout=0.6)
+    elapsed = time.monotonic() - started
+    assert 0.6 <= elapsed < 1.5
+    assert "Router B driver" in str(caught.value) and "nothing was removed" in str(caught.value)
+    assert caught.value.held_for >= 0.5 and not caught.value.maybe_held
+    assert not waiter.locked()
+    assert current_owner(emu, rid) == holder.token
+    assert lock_events(emu, rid) == [("service_added", holder.token)]
+    waiter.release()  # not held: removes nothing
+    assert current_owner(emu, rid) == holder.token
+    holder.release()
+
+
+def test_non_blocking_makes_one_attempt(emu, rid):
+    holder = mutex(emu.session(), rid)
+    holder.acquire()
+    api = emu.session()
+    other = mutex(api, rid)
+    catalog.detect_model(api)  # the once-per-process catalog read
+    emu.control.reset_counts()
+    assert other.acquire(blocking=False) is False
+    assert emu.control.call_counts() == {"AddServiceToReservation": 1, "GetReservationDetails": 1}
+    holder.release()
+    assert other.acquire(blocking=False) is True
+    other.release()
+
+
+def test_waiter_gets_the_lock_when_the_holder_releases_and_writes_progress(emu, rid):
+    import threading
+
+    holder = mutex(emu.session(), rid, owner="Router B driver")
+    holder.acquire()
+    timer = threading.Timer(0.8, holder.release)
+    timer.start()
+    waiter = mutex(emu.session(), rid, owner="Router A driver", progress=True, progress_interval=0.3)
+    try:
+        assert waiter.acquire(timeout=10) is True
+    finally:
+        timer.join()
+    waiter.release()
+    output = emu.control.output(rid)
+    assert output, "no progress message was written"
+    assert output[0].startswith("Router A driver: waiting for MUTEX held by Router B driver")
+    assert len(output) <= 3  # rate-limited
+
+
+def test_release_never_removes_another_owners_mutex(emu, rid):
+    """The original snippet gives up after N tries, runs unlocked and removes MUTEX on exit - ours.
+    Then someone else takes the lock. Our release must find that out and remove nothing."""
+    ours = mutex(emu.session(), rid, owner="Router A driver", release_check_after=0)
+    ours.acquire()
+    our_token = ours.token
+    with OriginalMutex(emu.session(), rid, variant="v1", attempts=2, sleep_range=(0.01, 0.02)) as legacy:
+        assert legacy.gave_up  # ran without the lock: the defect this project fixes
+    assert current_owner(emu, rid) is None  # ... and removed our MUTEX on exit
+    successor = mutex(emu.session(), rid, owner="Router B driver")
+    successor.acquire()
+    successor_token = successor.token
+    with pytest.raises(MutexLostError, match="Nothing was removed"):
+        ours.release()
+    assert not ours.locked()
+    assert current_owner(emu, rid) == successor.token
+    ours.release()  # idempotent: still removes nothing
+    assert current_owner(emu, rid) == successor.token
+    successor.release()
+    removed = [owner for op, owner in lock_events(emu, rid) if op == "service_removed"]
+    assert removed == [our_token, successor_token]  # the first removal was the original snippet's
+
+
+def test_release_after_the_check_window_reads_the_owner_first(emu, rid):
+    api = emu.session()
+    lock = mutex(api, rid, release_check_after=0.2)
+    lock.acquire()
+    time.sleep(0.3)
+    emu.control.reset_counts()
+    lock.release()
+    assert emu.control.call_counts() == {"GetReservationDetails": 1, "RemoveServicesFromReservation": 1}
+
+
+def test_verify_mode_costs_one_more_call(emu, rid):
+    api = emu.session()
+    lock = mutex(api, rid, verify=True)
+    catalog.detect_model(api)  # the once-per-process catalog read
+    emu.control.reset_counts()
+    with lock:
+        pass
+    assert emu.control.call_counts() == {
+        "AddServiceToReservation": 1,
+        "GetReservationDetails": 1,
+        "RemoveServicesFromReservation": 1,
+    }
+
+
+def test_v2_stale_cache_stall_still_excludes(emu, rid):
+    """The original v2 reads *cached* details after its add. A stale cache shows the previous owner,
+    so v2 thinks it "lost the race" while its own MUTEX is in place, retries until it gives up and
+    then runs - still holding MUTEX. Exclusion holds (we are kept out) though v2 stalls."""
+    first = OriginalMutex(
+        emu.session(), rid, variant="v2", my_unique_name="legacy A", sleep_range=(0.01, 0.02)
+    )
+    with first:
+        assert first.acquired  # its cached read now shows legacy A as the owner for 5 s
+    stalled = OriginalMutex(
+        emu.session(), rid, variant="v2", my_unique_name="legacy B", attempts=3, sleep_range=(0.01, 0.02)
+    )
+    ours = mutex(emu.session(), rid)
+    with stalled:
+        assert stalled.gave_up and not stalled.acquired
+        assert current_owner(emu, rid) == "legacy B"
+        assert ours.acquire(blocking=False) is False
+    assert ours.acquire(blocking=False) is True
+    ours.release()
+
+
+def test_release_after_the_reservation_ended_is_quiet(emu, rid):
+    api = emu.session()
+    lock = mutex(api, rid, release_check_after=0)
+    seen = []
+    lock.on_event = seen.append
+    lock.acquire()
+    api.EndReservation(rid)
+    lock.release()  # the lock went with the reservation: nothing is leaked, nothing to raise
+    assert not lock.locked()
+    assert seen[-1].kind == "released" and "ended" in seen[-1].error

@@ -1,0 +1,715 @@
+"""Unit tests of ReservationMutex's decisions against a small in-memory fake of the API.
+
+The fake is deliberately tiny (atomic add by alias, remove, fresh reads, scripted faults) and the
+clock is virtual, so these tests are fast and deterministic. The proof that the lock works is the
+integration suite against the emulator with the real client (tests/integration/test_lock*.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from types import SimpleNamespace
+from typing import Any, Callable, Dict, List, Optional
+
+import pytest
+from cloudshell.api.common_cloudshell_api import CloudShellAPIError
+from urllib3.exceptions import NewConnectionError, ProtocolError
+
+from cloudshell_mutex import (
+    FixedPacing,
+    MutexError,
+    MutexLostError,
+    MutexNotInstalled,
+    MutexPermissionError,
+    MutexReleaseError,
+    MutexTimeout,
+    MutexUsageError,
+    ReservationMutex,
+    ReservationNotActive,
+    catalog,
+    protocol,
+)
+from cloudshell_mutex.owner_token import parse_token
+from cloudshell_mutex.pacing import CallBudget
+
+RES = "res-1"
+
+
+def api_error(message: str, code: str = "100") -> CloudShellAPIError:
+    return CloudShellAPIError(code, message, b"")
+
+
+def http_500() -> Exception:
+    return Exception("(Internal Server Error) [500] reason:Internal Server Error")
+
+
+class Clock:
+    """Virtual monotonic time: sleeping advances it."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.sleeps: List[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        assert seconds >= 0
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+class FakeApi:
+    """Atomic add-by-alias, remove, fresh reads; `faults[method]` is a list of callables run in order
+    before the real behaviour: each gets the call's args and may raise or commit itself."""
+
+    def __init__(self, attributes=(protocol.ATTR_OWNER,), listed: bool = True) -> None:
+        self.host, self.port = f"fake-{id(self)}", 8029
+        self.services: Dict[str, Dict[str, str]] = {}
+        self.model_attributes = list(attributes)
+        self.listed = listed
+        self.ended = False
+        self.status = "Started"
+        self.calls: List[str] = []
+        self.faults: Dict[str, List[Callable[..., Any]]] = {}
+        self.output: List[str] = []
+        self.on_call: Optional[Callable[[str], None]] = None
+
+    def _enter(self, method: str, *args: Any) -> bool:
+        self.calls.append(method)
+        if self.on_call:
+            self.on_call(method)
+        queue = self.faults.get(method)
+        if queue:
+            return queue.pop(0)(*args)
+        return False
+
+    def _check_reservation(self, reservation_id: str) -> None:
+        if reservation_id != RES:
+            raise api_error(f"Reservation '{reservation_id}' was not found")
+        if self.ended:
+            raise api_error(f"Reservation '{reservation_id}' has ended")
+
+    # -- API methods (signatures of CloudShellAPISession)
+    def GetServices(self, categoryName: str = "", serviceName: str = "") -> Any:
+        self._enter("GetServices")
+        services = []
+        if self.listed:
+            attrs = [SimpleNamespace(Name=n) for n in self.model_attributes]
+            services.append(SimpleNamespace(Name=protocol.SERVICE_MODEL, Attributes=attrs))
+        return SimpleNamespace(Services=services)
+
+    def commit_add(self, reservation_id: str, model: str, alias: str, attributes: list) -> None:
+        self._check_reservation(reservation_id)
+        if model != protocol.SERVICE_MODEL or (not self.listed and not self.model_attributes):
+            raise api_error(f"Service model '{model}' was not found in the catalog")
+        if alias in self.services:
+            raise api_error(protocol.DUPLICATE_ALIAS_MESSAGE)
+        for a in attributes:
+            if a.Name not in self.model_attributes:
+                raise api_error(f"Attribute '{a.Name}' is not defined on service model '{model}'")
+        self.services[alias] = {a.Name: a.Value for a in attributes}
+
+    def AddServiceToReservation(self, reservationId="", serviceName="", alias="", attributes=()) -> Any:
+        if self._enter("AddServiceToReservation", reservationId, serviceName, alias, attributes):
+            return b"<ok/>"
+        self.commit_add(reservationId, serviceName, alias, list(attributes))
+        return b"<ok/>"
+
+    def RemoveServicesFromReservation(self, reservationId="", services=()) -> Any:
+        if self._enter("RemoveServicesFromReservation", reservationId, services):
+            return b"<ok/>"
+        self.commit_remove(reservationId, services)
+        return b"<ok/>"
+
+    def commit_remove(self, reservation_id: str, aliases) -> None:
+        self._check_reservation(reservation_id)
+        for alias in aliases:
+            if alias not in self.services:
+                raise api_error(
+                    f"Service with alias '{alias}' was not found in reservation '{reservation_id}'"
+                )
+        for alias in aliases:
+            del self.services[alias]
+
+    def GetReservationDetails(self, reservationId="", disableCache=False) -> Any:
+        assert disableCache is True, "ownership reads must bypass the cache"
+        self._enter("GetReservationDetails", reservationId)
+        self._check_reservation(reservationId)
+        services = [
+            SimpleNamespace(
+                Alias=alias,
+                ServiceName=protocol.SERVICE_MODEL,
+                Attributes=[SimpleNamespace(Name=k, Value=v) for k, v in attrs.items()],
+            )
+            for alias, attrs in self.services.items()
+        ]
+        return SimpleNamespace(ReservationDescription=SimpleNamespace(Services=services))
+
+    def GetReservationStatus(self, reservationId="") -> Any:
+        self._enter("GetReservationStatus", reservationId)
+        if reservationId != RES:
+            raise api_error(f"Reservation '{reservationId}' was not found")
+        return SimpleNamespace(
+            ReservationSlimStatus=SimpleNamespace(Status="Completed" if self.ended else self.status)
+        )
+
+    def WriteMessageToReservationOutput(self, reservationId="", message="") -> Any:
+        self._enter("WriteMessageToReservationOutput", reservationId)
+        self.output.append(message)
+
+    def count(self, method: str) -> int:
+        return self.calls.count(method)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_catalog():
+    catalog.forget()
+    yield
+    catalog.forget()
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+def make(api: FakeApi, clock: Clock, warm: bool = True, **kwargs: Any) -> ReservationMutex:
+    """A mutex on the fake with a virtual clock; ``warm`` runs the once-per-process catalog read
+    first and forgets the calls, so tests count only the lock's own calls."""
+    kwargs.setdefault("pacing", FixedPacing(0.1))
+    kwargs.setdefault("budget", CallBudget(rate=1000, burst=1000, clock=clock))
+    mutex = ReservationMutex(
+        api, RES, owner="Router A driver", clock=clock, sleep=clock.sleep, rng=random.Random(1), **kwargs
+    )
+    if warm:
+        catalog.detect_model(api)
+        api.calls.clear()
+    return mutex
+
+
+def other_holds(api: FakeApi, token: str = "Other@host:1:deadbeef") -> None:
+    api.services[protocol.DEFAULT_ALIAS] = {protocol.ATTR_OWNER: token}
+
+
+# ---------------------------------------------------------------- the common case
+
+
+def test_uncontended_cycle_costs_two_calls_after_one_catalog_read(clock):
+    api = FakeApi()
+    for _ in range(3):
+        mutex = make(api, clock, warm=False)
+        with mutex:
+            assert mutex.locked()
+            assert api.services[protocol.DEFAULT_ALIAS][protocol.ATTR_OWNER] == mutex.token
+        assert not mutex.locked()
+        assert protocol.DEFAULT_ALIAS not in api.services
+    assert api.count("GetServices") == 1
+    assert api.calls[1:] == ["AddServiceToReservation", "RemoveServicesFromReservation"] * 3
+
+
+def test_token_is_unique_per_acquisition_and_readable(clock):
+    api = FakeApi()
+    mutex = make(api, clock)
+    tokens = set()
+    for _ in range(5):
+        mutex.acquire()
+        tokens.add(mutex.token)
+        info = parse_token(mutex.token)
+        assert info is not None and info.label == "Router A driver"
+        mutex.release()
+    assert len(tokens) == 5
+
+
+def test_lease_attributes_only_when_the_model_has_them(clock):
+    api = FakeApi(attributes=(protocol.ATTR_OWNER, *protocol.LEASE_ATTRIBUTES))
+    with make(api, clock) as mutex:
+        written = api.services[protocol.DEFAULT_ALIAS]
+        assert written[protocol.ATTR_OWNER] == mutex.token
+        assert written[protocol.ATTR_LABEL] == "Router A driver"
+        assert written[protocol.ATTR_LEASE_SECONDS] == "0"
+    catalog.forget()
+    original = FakeApi()  # only Mutex Owner: writing more would fail on such a server
+    with make(original, clock):
+        assert list(original.services[protocol.DEFAULT_ALIAS]) == [protocol.ATTR_OWNER]
+
+
+def test_custom_alias_and_holder(clock):
+    api = FakeApi()
+    mutex = make(api, clock, name="MUTEX-connectors")
+    assert mutex.holder() is None
+    with mutex:
+        holder = mutex.holder()
+        assert holder.alias == "MUTEX-connectors" and holder.token == mutex.token
+        assert "Router A driver" in holder.label
+    assert "MUTEX-connectors" not in api.services
+
+
+# ---------------------------------------------------------------- contention and pacing
+
+
+def test_non_blocking_makes_one_attempt_and_reads_once(clock):
+    api = FakeApi()
+    other_holds(api)
+    mutex = make(api, clock)
+    api.calls.clear()
+    assert mutex.acquire(blocking=False) is False
+    assert api.calls == ["AddServiceToReservation", "GetReservationDetails"]
+    assert not mutex.locked()
+    assert api.services[protocol.DEFAULT_ALIAS][protocol.ATTR_OWNER] == "Other@host:1:deadbeef"
+
+
+def test_waits_until_the_holder_releases(clock):
+    api = FakeApi()
+    other_holds(api)
+    seen = []
+    mutex = make(api, clock, on_event=seen.append)
+
+    def release_later(method: str) -> None:
+        if method == "AddServiceToReservation" and api.count(method) == 6:
+            del api.services[protocol.DEFAULT_ALIAS]
+
+    api.on_call = release_later
+    assert mutex.acquire(timeout=30) is True
+    assert [e.kind for e in seen] == ["contended", "acquired"]
+    assert seen[0].holder.startswith("Other")
+    acquired = seen[1]
+    assert acquired.attempts == 6
+    assert (acquired.reservation_id, acquired.alias, acquired.token) == (RES, "MUTEX", mutex.token)
+    assert acquired.waited == pytest.approx(0.5) and acquired.calls == 7  # 6 adds + the first holder read
+    assert all(abs(s - 0.1) < 1e-9 for s in clock.sleeps)
+
+
+def test_timeout_raises_names_holder_and_removes_nothing(clock):
+    api = FakeApi()
+    other_holds(api)
+    mutex = make(api, clock, holder_check_interval=1.0)
+    with pytest.raises(MutexTimeout) as caught:
+        mutex.acquire(timeout=2.0)
+    error = caught.value
+    assert "Other" in str(error) and "nothing was removed" in str(error)
+    assert error.holder.startswith("Other") and error.held_for == pytest.approx(2.0, abs=0.2)
+    assert not error.maybe_held
+    assert api.count("RemoveServicesFromReservation") == 0
+    assert api.services[protocol.DEFAULT_ALIAS][protocol.ATTR_OWNER] == "Other@host:1:deadbeef"
+    assert sum(clock.sleeps) <= 2.0 + 1e-9  # never sleeps past the deadline
+    assert not mutex.locked()
+
+
+def test_never_sleeps_past_the_deadline_with_slow_pacing(clock):
+    api = FakeApi()
+    other_holds(api)
+    mutex = make(api, clock, pacing=FixedPacing(50.0))
+    with pytest.raises(MutexTimeout):
+        mutex.acquire(timeout=3.0)
+    assert sum(clock.sleeps) == pytest.approx(3.0)
+
+
+def test_holder_reads_are_rate_limited(clock):
+    api = FakeApi()
+    other_holds(api)
+    mutex = make(api, clock, holder_check_interval=1.0)
+    with pytest.raises(MutexTimeout):
+        mutex.acquire(timeout=5.0)
+    adds, reads = api.count("AddServiceToReservation"), api.count("GetReservationDetails")
+    assert adds >= 40
+    assert 4 <= reads <= 7, reads
+
+
+def test_final_read_before_timeout_finds_our_own_add(clock):
+    """The add committed, its reply was lost, the client's own retry saw "already exists", and the
+    first holder read failed: the final read at the deadline must report acquired, not raise."""
+    api = FakeApi()
+    mutex = make(api, clock, holder_check_interval=100.0)
+
+    def commit_then_client_retry(*args):
+        api.commit_add(*args)
+        raise api_error(protocol.DUPLICATE_ALIAS_MESSAGE)
+
+    def read_fails(*args):
+        raise http_500()
+
+    api.faults["AddServiceToReservation"] = [commit_then_client_retry]
+    api.faults["GetReservationDetails"] = [read_fails]
+    assert mutex.acquire(timeout=2.0) is True
+    assert api.count("GetReservationDetails") == 2
+    assert api.count("AddServiceToReservation") > 2
+    mutex.release()
+    assert protocol.DEFAULT_ALIAS not in api.services
+
+
+# ---------------------------------------------------------------- ambiguity
+
+
+def test_dropped_after_commit_is_resolved_as_acquired(clock):
+    """What the real client does: the add commits, the connection drops, the client retries by
+    itself and the retry fails with "already exists" - our own add."""
+    api = FakeApi()
+    events = []
+
+    def commit_then_client_retry(*args):
+        api.commit_add(*args)
+        raise api_error(protocol.DUPLICATE_ALIAS_MESSAGE)
+
+    api.faults["AddServiceToReservation"] = [commit_then_client_retry]
+    mutex = make(api, clock, on_event=events.append)
+    api.calls.clear()
+    assert mutex.acquire(timeout=10) is True
+    assert api.calls == ["AddServiceToReservation", "GetReservationDetails"]
+    assert [e.kind for e in events] == ["resolved", "acquired"]
+    mutex.release()
+    assert api.services == {}
+
+
+def test_transient_failure_after_commit_is_resolved_by_one_read(clock):
+    api = FakeApi()
+
+    def commit_then_drop(*args):
+        api.commit_add(*args)
+        raise ProtocolError("Connection aborted.", ConnectionResetError())
+
+    api.faults["AddServiceToReservation"] = [commit_then_drop]
+    mutex = make(api, clock)
+    api.calls.clear()
+    assert mutex.acquire() is True
+    assert api.calls == ["AddServiceToReservation", "GetReservationDetails"]
+    assert len(clock.sleeps) == 1  # the transient backoff, nothing else
+
+
+def test_transient_failure_before_commit_retries_the_add(clock):
+    api = FakeApi()
+
+    def fail(*args):
+        raise http_500()
+
+    api.faults["AddServiceToReservation"] = [fail, fail]
+    mutex = make(api, clock)
+    api.calls.clear()
+    assert mutex.acquire() is True
+    assert api.calls == ["AddServiceToReservation", "GetReservationDetails"] * 2 + ["AddServiceToReservation"]
+
+
+def test_connection_refused_needs_no_settling_read(clock):
+    api = FakeApi()
+
+    def refused(*args):
+        raise NewConnectionError(None, "Connection refused")
+
+    api.faults["AddServiceToReservation"] = [refused]
+    mutex = make(api, clock)
+    api.calls.clear()
+    assert mutex.acquire() is True
+    assert api.calls == ["AddServiceToReservation", "AddServiceToReservation"]
+
+
+def test_unsettled_ambiguity_at_deadline_says_maybe_held(clock):
+    api = FakeApi()
+
+    def commit_then_fail(*args):
+        api.commit_add(*args)
+        raise http_500()
+
+    def fail(*args):
+        raise http_500()
+
+    api.faults["AddServiceToReservation"] = [commit_then_fail] + [fail] * 100
+    api.faults["GetReservationDetails"] = [fail] * 100
+    mutex = make(api, clock)
+    with pytest.raises(MutexTimeout) as caught:
+        mutex.acquire(timeout=3.0)
+    assert caught.value.maybe_held and caught.value.token in str(caught.value)
+    assert api.count("RemoveServicesFromReservation") == 0
+
+
+def test_verify_mode_costs_one_more_call_and_rejects_a_foreign_owner(clock):
+    api = FakeApi()
+    mutex = make(api, clock, verify=True)
+    api.calls.clear()
+    mutex.acquire()
+    mutex.release()
+    assert api.calls == ["AddServiceToReservation", "GetReservationDetails", "RemoveServicesFromReservation"]
+
+    def wrong_grant(reservation_id, model, alias, attributes):
+        api.services[alias] = {protocol.ATTR_OWNER: "Other@host:1:deadbeef"}  # server "granted twice"
+        return True
+
+    api.faults["AddServiceToReservation"] = [wrong_grant]
+    with pytest.raises(MutexTimeout):
+        mutex.acquire(timeout=1.0)
+    assert not mutex.locked()
+    assert api.services[protocol.DEFAULT_ALIAS][protocol.ATTR_OWNER] == "Other@host:1:deadbeef"
+
+
+# ---------------------------------------------------------------- fatal errors
+
+
+def test_missing_model_raises_at_once(clock):
+    api = FakeApi(attributes=(), listed=False)
+    mutex = make(api, clock)
+    with pytest.raises(MutexNotInstalled, match=r"import Mutex_Package\.zip"):
+        mutex.acquire()
+    assert clock.sleeps == []
+    assert api.count("AddServiceToReservation") == 1
+
+
+def test_a_stale_catalog_cache_heals_itself_once(clock):
+    api = FakeApi(attributes=(protocol.ATTR_OWNER, protocol.ATTR_LABEL))
+    mutex = make(api, clock)  # caches the model with Mutex Label
+    api.model_attributes.remove(protocol.ATTR_LABEL)  # the original package re-imported meanwhile
+    api.calls.clear()
+    with mutex:
+        assert list(api.services[protocol.DEFAULT_ALIAS]) == [protocol.ATTR_OWNER]
+    assert api.calls == [
+        "AddServiceToReservation",
+        "GetServices",
+        "AddServiceToReservation",
+        "RemoveServicesFromReservation",
+    ]
+
+
+def test_an_attribute_the_fresh_catalog_lists_but_the_add_refuses_is_not_installed(clock):
+    api = FakeApi(attributes=(protocol.ATTR_OWNER, protocol.ATTR_LABEL))
+    mutex = make(api, clock, warm=False)
+
+    def refuse(*args):
+        raise api_error("Attribute 'Mutex Label' is not defined on service model 'Mutex Service'")
+
+    api.faults["AddServiceToReservation"] = [refuse]
+    with pytest.raises(MutexNotInstalled):
+        mutex.acquire()
+    assert catalog._cache == {}  # the next acquisition detects the model again
+
+
+def test_ended_reservation_raises_reservation_not_active(clock):
+    api = FakeApi()
+    api.ended = True
+    with pytest.raises(ReservationNotActive, match="has ended"):
+        make(api, clock).acquire()
+    assert clock.sleeps == []
+
+
+def test_unknown_reservation_raises_reservation_not_active(clock):
+    api = FakeApi()
+    mutex = ReservationMutex(api, "no-such", clock=clock, sleep=clock.sleep)
+    with pytest.raises(ReservationNotActive, match="not found"):
+        mutex.acquire()
+
+
+def test_permission_denied_raises_at_once(clock):
+    api = FakeApi()
+
+    def denied(*args):
+        raise api_error("User 'bob' does not have permission to add services", code="100")
+
+    api.faults["AddServiceToReservation"] = [denied]
+    with pytest.raises(MutexPermissionError, match="admin"):
+        make(api, clock).acquire()
+
+
+def test_unknown_api_error_keeps_code_and_message(clock):
+    api = FakeApi()
+
+    def odd(*args):
+        raise api_error("Something unusual happened", code="151")
+
+    api.faults["AddServiceToReservation"] = [odd]
+    with pytest.raises(MutexError) as caught:
+        make(api, clock).acquire()
+    assert type(caught.value) is MutexError
+    assert caught.value.code == "151" and caught.value.api_message == "Something unusual happened"
+    assert api.count("GetReservationStatus") == 1  # confirmed the reservation is still active
+
+
+def test_hook_failures_do_not_break_the_lock(clock, caplog):
+    api = FakeApi()
+
+    def bad_hook(event):
+        raise RuntimeError("hook bug")
+
+    logger = logging.getLogger("test-mutex")
+    with (
+        caplog.at_level(logging.DEBUG, logger="test-mutex"),
+        make(api, clock, on_event=bad_hook, logger=logger),
+    ):
+        pass
+    assert "hook failed" in caplog.text
+    assert "acquired MUTEX" in caplog.text and "released MUTEX" in caplog.text
+
+
+# ---------------------------------------------------------------- release
+
+
+def test_release_is_idempotent_and_no_op_when_not_held(clock):
+    api = FakeApi()
+    other_holds(api)
+    mutex = make(api, clock)
+    mutex.release()
+    assert api.calls == []
+    assert api.services  # the other owner's lock is untouched
+    del api.services[protocol.DEFAULT_ALIAS]
+    mutex.acquire()
+    mutex.release()
+    mutex.release()
+    assert api.count("RemoveServicesFromReservation") == 1
+
+
+def test_release_reads_first_when_confirmation_is_old_and_never_removes_another_owner(clock):
+    api = FakeApi()
+    events = []
+    mutex = make(api, clock, release_check_after=5.0, on_event=events.append)
+    mutex.acquire()
+    clock.now += 6.0
+    other_holds(api)  # someone removed ours and took it (e.g. the original snippet's unconditional remove)
+    with pytest.raises(MutexLostError, match="Nothing was removed"):
+        mutex.release()
+    assert api.services[protocol.DEFAULT_ALIAS][protocol.ATTR_OWNER] == "Other@host:1:deadbeef"
+    assert api.count("RemoveServicesFromReservation") == 0
+    assert not mutex.locked()
+    assert events[-1].kind == "lost"
+    mutex.release()  # idempotent afterwards
+    assert api.count("RemoveServicesFromReservation") == 0
+
+
+def test_release_check_after_zero_always_reads(clock):
+    api = FakeApi()
+    mutex = make(api, clock, release_check_after=0)
+    api.calls.clear()
+    with mutex:
+        pass
+    assert api.calls == ["AddServiceToReservation", "GetReservationDetails", "RemoveServicesFromReservation"]
+
+
+def test_recent_fresh_read_renews_the_confirmation(clock):
+    api = FakeApi()
+    mutex = make(api, clock, release_check_after=5.0)
+    mutex.acquire()
+    clock.now += 4.0
+    assert mutex.holder().token == mutex.token
+    clock.now += 4.0  # 8 s after the add, 4 s after the read
+    api.calls.clear()
+    mutex.release()
+    assert api.calls == ["RemoveServicesFromReservation"]
+
+
+def test_release_retries_transient_failures_and_settles_committed_removes(clock):
+    api = FakeApi()
+    mutex = make(api, clock)
+    mutex.acquire()
+
+    def commit_then_drop(reservation_id, aliases):
+        api.commit_remove(reservation_id, aliases)
+        raise ProtocolError("Connection aborted.", ConnectionResetError())
+
+    api.faults["RemoveServicesFromReservation"] = [commit_then_drop]
+    api.calls.clear()
+    mutex.release()
+    assert api.calls == ["RemoveServicesFromReservation", "GetReservationDetails"]
+    assert not mutex.locked() and api.services == {}
+
+
+def test_release_not_found_after_own_committed_remove_counts_as_released(clock):
+    api = FakeApi()
+    mutex = make(api, clock)
+    mutex.acquire()
+
+    def commit_then_client_retry(reservation_id, aliases):
+        api.commit_remove(reservation_id, aliases)
+        api.commit_remove(reservation_id, aliases)  # the client's retry: "not found"
+
+    api.faults["RemoveServicesFromReservation"] = [commit_then_client_retry]
+    mutex.release()
+    assert not mutex.locked() and api.count("GetReservationDetails") == 1
+
+
+def test_release_that_keeps_failing_raises_and_stays_held(clock):
+    api = FakeApi()
+    mutex = make(api, clock, release_attempts=3)
+    mutex.acquire()
+
+    def fail(*args):
+        raise http_500()
+
+    api.faults["RemoveServicesFromReservation"] = [fail] * 3
+    with pytest.raises(MutexReleaseError, match="may still be held"):
+        mutex.release()
+    assert mutex.locked() and protocol.DEFAULT_ALIAS in api.services
+    mutex.release()  # the server answers again
+    assert not mutex.locked() and api.services == {}
+
+
+def test_release_after_reservation_ended_is_quiet(clock):
+    api = FakeApi()
+    mutex = make(api, clock)
+    mutex.acquire()
+    api.ended = True
+    mutex.release()
+    assert not mutex.locked()
+
+
+def test_with_block_exception_still_releases(clock):
+    api = FakeApi()
+    with pytest.raises(ZeroDivisionError), make(api, clock):
+        1 / 0  # noqa: B018
+    assert api.services == {}
+
+
+# ---------------------------------------------------------------- usage
+
+
+def test_reentry_is_an_error_unless_reentrant(clock):
+    api = FakeApi()
+    mutex = make(api, clock)
+    with mutex, pytest.raises(MutexUsageError, match="reentrant=True"):
+        mutex.acquire()
+    assert api.services == {}
+
+    nested = make(api, clock, reentrant=True)
+    with nested:
+        with nested:
+            assert nested.locked()
+        assert nested.locked() and protocol.DEFAULT_ALIAS in api.services
+    assert not nested.locked() and api.services == {}
+    assert api.count("AddServiceToReservation") == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"reservation_id": ""}, "reservation_id"),
+        ({"name": " "}, "name"),
+        ({"timeout": -1}, "timeout"),
+        ({"release_attempts": 0}, "release_attempts"),
+    ],
+)
+def test_bad_arguments_are_refused_clearly(kwargs, message):
+    args = {"api": FakeApi(), "reservation_id": RES, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        ReservationMutex(**args)
+
+
+def test_api_must_look_like_a_session():
+    with pytest.raises(TypeError, match="CloudShellAPISession"):
+        ReservationMutex(object(), RES)
+
+
+def test_progress_is_written_to_the_reservation_output_rate_limited(clock):
+    api = FakeApi()
+    other_holds(api)
+    mutex = make(api, clock, progress=True, progress_interval=2.0)
+    with pytest.raises(MutexTimeout):
+        mutex.acquire(timeout=7.0)
+    assert 2 <= len(api.output) <= 3, api.output
+    assert api.output[0].startswith("Router A driver: waiting for MUTEX held by Other")
+    assert api.output[0].endswith(" s")
+
+
+def test_call_budget_slows_a_waiter(clock):
+    api = FakeApi()
+    other_holds(api)
+    budget = CallBudget(rate=2.0, burst=2, clock=clock)
+    mutex = make(api, clock, pacing=FixedPacing(0.0), budget=budget, holder_check_interval=100)
+    with pytest.raises(MutexTimeout):
+        mutex.acquire(timeout=10.0)
+    calls = len(api.calls) - 1  # minus GetServices
+    assert calls <= 2 + 2 * 10 + 1, calls
