@@ -3,8 +3,8 @@
 The original snippet treated every exception as "busy". Here each failure gets one kind:
 
 * ``CONTENTION``: the alias is taken (code "100" *and* "already exists"); pace and retry.
-* ``TRANSIENT``: HTTP 5xx, connection errors, timeouts; back off, then settle with a fresh read,
-  because the call may have committed before its response was lost.
+* ``TRANSIENT``: HTTP 5xx (and 408, 429), connection errors, timeouts; back off, then settle with
+  a fresh read, because the call may have committed before its response was lost.
 * everything else is fatal for the lock and raised at once.
 
 Only the "already exists" text of the real server is known. The other fragments below match the
@@ -50,8 +50,9 @@ class ErrorKind(enum.Enum):
 class Classification:
     """The kind of a failure, plus what the caller needs to report it.
 
-    ``maybe_committed`` is False only when the request provably never reached the server
-    (connection refused, connect timeout); then a failed add needs no settling read.
+    ``maybe_committed`` is False only when the call provably changed nothing: the request never
+    reached the server (connection refused, connect timeout, bad host), or the server refused it
+    (a ``Success="false"`` answer, 401, other 4xx). Then a failed add needs no settling read.
     """
 
     kind: ErrorKind
@@ -60,8 +61,10 @@ class Classification:
     maybe_committed: bool = True
 
 
-#: The client raises a plain Exception("(Internal Server Error) [500] reason:...") for non-2xx statuses.
-_HTTP_5XX = re.compile(r"\[5\d\d\]")
+#: The client raises a plain Exception("(Internal Server Error) [500] reason:...") for non-2xx statuses
+#: other than 401. Server errors, "request timeout" and "too many requests" heal with time.
+_HTTP_RETRYABLE = re.compile(r"\[(5\d\d|408|429)\]")
+_HTTP_4XX = re.compile(r"\[4\d\d\]")
 
 _NOT_ACTIVE_FRAGMENTS = ("has ended", "has been ended", "is not active", "already ended")
 _PERMISSION_FRAGMENTS = (
@@ -72,6 +75,14 @@ _PERMISSION_FRAGMENTS = (
     "not allowed",
     "privilege",
     "forbidden",
+    # The client logs on again after a 401; a failed logon (expired admin token, changed password)
+    # raises the server's logon error, whose wording is not documented.
+    "login",
+    "logon",
+    "log on",
+    "credential",
+    "password",
+    "authenticat",
 )
 #: Server-side hiccups that a retry fixes (SQL Server deadlock victims, timeouts inside the server).
 _TRANSIENT_API_FRAGMENTS = ("deadlock", "timeout expired", "timed out", "try again")
@@ -81,15 +92,26 @@ def classify(exc: BaseException) -> Classification:
     """Return the :class:`Classification` of an exception raised by a CloudShell API call."""
     if isinstance(exc, CloudShellAPIError):
         return _classify_api_error(exc)
-    message = str(exc)
+    # An unreadable reply comes as Exception("... reason:OK data:b'<raw reply>'"); the raw reply
+    # of a (re-)logon holds the session token, so it never goes into messages or logs.
+    message = str(exc).split(" data:", 1)[0]
     if isinstance(exc, UnauthorizedError):
         # The client already logged on again once and retried; a second 401 will not heal.
-        return Classification(ErrorKind.PERMISSION, None, message)
+        return Classification(ErrorKind.PERMISSION, None, message, maybe_committed=False)
+    if isinstance(exc, ValueError) and _Urllib3Error and isinstance(exc, _Urllib3Error):
+        # A bad host (LocationValueError): configuration, not a hiccup, so fatal at once rather
+        # than retried until the timeout. Nothing was sent.
+        return Classification(ErrorKind.FATAL, None, message, maybe_committed=False)
     if _is_transport_error(exc):
         return Classification(ErrorKind.TRANSIENT, None, message, maybe_committed=not _never_sent(exc))
-    if type(exc) is Exception and _HTTP_5XX.search(message):
+    if type(exc) is Exception and _HTTP_RETRYABLE.search(message):
         return Classification(ErrorKind.TRANSIENT, None, message)
-    return Classification(ErrorKind.FATAL, None, f"{type(exc).__name__}: {message}")
+    # Other statuses: refused before anything happened. A 2xx whose body is empty or unreadable
+    # (also a plain Exception) is another matter: the call may well have committed.
+    refused = type(exc) is Exception and _HTTP_4XX.search(message) is not None
+    return Classification(
+        ErrorKind.FATAL, None, f"{type(exc).__name__}: {message}", maybe_committed=not refused
+    )
 
 
 def _classify_api_error(exc: CloudShellAPIError) -> Classification:
@@ -116,7 +138,10 @@ def _classify_api_error(exc: CloudShellAPIError) -> Classification:
             return ErrorKind.PERMISSION
         return ErrorKind.FATAL
 
-    return Classification(kind_of(), code, message)
+    kind = kind_of()
+    # The server answered Success="false": it refused the call, unless the failure was a hiccup
+    # inside it (a deadlock victim, a timeout), which may strike after the change.
+    return Classification(kind, code, message, maybe_committed=kind is ErrorKind.TRANSIENT)
 
 
 def _is_transport_error(exc: BaseException) -> bool:

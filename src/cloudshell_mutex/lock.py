@@ -7,7 +7,8 @@ The protocol (docs/protocol.md explains it step by step):
   The token, unique per acquisition, is written *in the same call*, so the service itself says
   who added it: any later doubt ("did my add commit?") is settled by one fresh read.
 * release = ``RemoveServicesFromReservation(res, [alias])``, but only while the alias is ours.
-  The remove cannot check the owner itself, so ownership is checked just before it.
+  The remove cannot check the owner itself, so ownership is checked just before it, and it is
+  sent once: the client's own re-send of a dropped remove could delete a successor's lock.
 
 Compatible with the original snippet (QualiSystemsLab/Reservation-Mutex-Lock): same model, alias and
 "success of the add = held" rule, so old and new code exclude each other.
@@ -15,10 +16,13 @@ Compatible with the original snippet (QualiSystemsLab/Reservation-Mutex-Lock): s
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
+import threading
 import time
-from typing import Any, Callable, List, Optional, Tuple
+import weakref
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 from cloudshell.api.cloudshell_api import AttributeNameValue
 
@@ -42,6 +46,37 @@ from .pacing import CallBudget, DefaultPacing, ExponentialBackoff, PacingPolicy,
 #: Reservation states (GetReservationStatus ... .Status) in which nothing can be locked any more.
 _ENDED_STATES = frozenset({"completed", "ended", "cancelled", "canceled", "terminated"})
 
+#: CloudShellAPISession re-sends a request whose connection failed, after 1 s, then 2 s
+#: (common_cloudshell_api.retry, max_attempts=3). A call that took this long may hide such a re-send,
+#: so an earlier copy of it may have committed.
+_CLIENT_RETRY_DELAY = 1.0
+
+_send_once_locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_send_once_guard = threading.Lock()
+
+
+@contextlib.contextmanager
+def _sent_once(api: Any) -> Iterator[bool]:
+    """Turn off the client's own re-send for one call (the remove); yield whether one may still happen.
+
+    If a remove commits and its reply is lost, the client re-sends it 1 s later; by then a waiter
+    may have added the alias, and the re-sent remove deletes the *waiter's* lock. So the remove goes
+    out once, and the lock retries it itself, only after a fresh read shows the alias is still ours.
+    ``_attempts`` is the session's private copy of ``max_attempts``; it is set back afterwards, under
+    a per-session lock so that concurrent removes on one session cannot restore the wrong value.
+    """
+    if not isinstance(getattr(api, "_attempts", None), int):
+        yield True  # not a CloudShellAPISession: whatever it does, it cannot be turned off
+        return
+    with _send_once_guard:
+        lock = _send_once_locks.setdefault(api, threading.Lock())
+    with lock:
+        saved, api._attempts = api._attempts, 1
+        try:
+            yield False
+        finally:
+            api._attempts = saved
+
 
 class _Attempt:
     """Book-keeping of one acquire() or release() call."""
@@ -60,6 +95,8 @@ class _Attempt:
         self.ambiguous = False
         # True when a successful fresh read happened after the last add: nothing new to learn.
         self.read_since_add = False
+        # Calls wait on the call budget only while polling: never the first add, never a release.
+        self.paced = False
         self.last_read_at: Optional[float] = None  # last successful fresh read
         self.last_read_attempt: Optional[float] = None  # last read tried, successful or not
         self.contended_since: Optional[float] = None
@@ -82,7 +119,8 @@ class ReservationMutex:
 
     * ``pacing``: policy between contended attempts (default :class:`DefaultPacing`);
       ``backoff``: policy after transient failures (default :class:`ExponentialBackoff`);
-      ``budget``: a :class:`CallBudget` (default: one shared by all locks on this ``api``).
+      ``budget``: a :class:`CallBudget` for the calls made while waiting (default: one shared by
+      all locks on this ``api`` in this process).
     * ``verify``: read the owner back after a successful add (one more call per acquisition).
     * ``reentrant``: let the holding object acquire again (counted; released by the outermost release).
       Without it, re-entering raises :class:`MutexUsageError`.
@@ -124,7 +162,10 @@ class ReservationMutex:
         rng: Optional[random.Random] = None,
     ) -> None:
         if api is None or not callable(getattr(api, "AddServiceToReservation", None)):
-            raise TypeError(f"api must be a CloudShellAPISession (or have its methods), got {api!r}")
+            # The type only: a mistaken argument (a dict of settings) may hold a password.
+            raise TypeError(
+                f"api must be a CloudShellAPISession (or have its methods), got {type(api).__name__}"
+            )
         if not isinstance(reservation_id, str) or not reservation_id.strip():
             raise ValueError("reservation_id must be the reservation's id (a non-empty string)")
         if not isinstance(name, str) or not name.strip():
@@ -208,6 +249,17 @@ class ReservationMutex:
         start = self._clock()
         deadline = start if not blocking else (None if timeout is None else start + timeout)
         op = _Attempt(make_token(self.owner), start, deadline)
+        try:
+            return self._acquire(op, blocking)
+        except Exception:
+            raise
+        except BaseException:
+            # Ctrl-C (or SystemExit) while an add was on the wire, or just after it: the add may
+            # have committed with nobody left to release it. Undo it if a fresh read shows it.
+            self._abandon(op)
+            raise
+
+    def _acquire(self, op: _Attempt, blocking: bool) -> bool:
         model, calls = catalog.detect_model(self._api, self.model, self.logger)
         self.calls += calls
         model_from_cache = calls == 0
@@ -224,12 +276,14 @@ class ReservationMutex:
                 )
             except Exception as exc:
                 failure = classify(exc)
+                # The client re-sends a dropped request by itself, 1 s later: a call that took that
+                # long may have committed an earlier copy of this add.
+                resent = self._clock() - sent_at >= _CLIENT_RETRY_DELAY
                 if failure.kind is ErrorKind.CONTENTION:
-                    # Step 2: contention. It may be our own add: the client retries a dropped
-                    # connection by itself, and the retry of an add that had committed fails with
-                    # "already exists". So the first contention (and any after an unknown outcome)
-                    # reads the owner, and later ones do so every holder_check_interval.
-                    if self._on_contention(op, sent_at):
+                    # Step 2: contention. It may be our own add, re-sent by the client after it had
+                    # committed. So the first contention, a slow one, or any after an unknown outcome
+                    # reads the owner; later ones do so every holder_check_interval.
+                    if self._on_contention(op, sent_at, resent):
                         return self._acquired(op, op.last_read_at or sent_at, resolved=True)
                     # Freed since the add failed (the read found nobody): retry at once.
                     freed = op.read_since_add and op.holder is None
@@ -237,7 +291,7 @@ class ReservationMutex:
                 elif failure.kind is ErrorKind.TRANSIENT:
                     # Step 3: transient failure (5xx, dropped connection, timeout). Back off on a
                     # separate schedule, then settle with one fresh read: the add may have committed.
-                    if self._on_transient(op, failure, sent_at):
+                    if self._on_transient(op, failure, sent_at, resent):
                         return self._acquired(op, op.last_read_at or sent_at, resolved=True)
                     delay = 0.0  # already backed off
                 elif failure.kind is ErrorKind.NOT_INSTALLED and model_from_cache and model.listed:
@@ -251,18 +305,48 @@ class ReservationMutex:
                     attributes = self._add_attributes(model, op.token)
                     continue
                 else:
+                    # Step 4: fatal. A refusal by the server committed nothing, but another failure
+                    # (a 2xx reply without a readable body), or an earlier unknown outcome, may have
+                    # left our add in place: never raise while holding. Settle with one read first.
+                    op.ambiguous = op.ambiguous or failure.maybe_committed or resent
+                    if op.ambiguous and self._settled_as_ours(op):
+                        return self._acquired(op, op.last_read_at or sent_at, resolved=True)
                     raise self._fatal(op, exc, failure, model, "adding the lock service") from exc
             else:
                 if not self.verify or self._verified(op):
                     return self._acquired(op, sent_at)
                 delay = self._next_delay(op)
+            op.paced = True  # from here on, this acquisition polls: its calls wait on the budget
 
-            # Step 4: never proceed without the lock. At the deadline, settle and raise.
+            # Step 5: never proceed without the lock. At the deadline, settle and raise.
             now = self._clock()
             if op.deadline is not None and now >= op.deadline:
                 return self._give_up(op, blocking)
             self._write_progress(op, now)
             self._sleep(clip(delay, now, op.deadline))
+
+    def _abandon(self, op: _Attempt) -> None:
+        """Best-effort undo after an interrupt inside acquire(): remove our add if it committed."""
+        self._token = None
+        self._depth = 0
+        if op.attempts == 0:
+            return
+        try:
+            holder = read_holder(self._api, self.reservation_id, self.name)
+            if holder is not None and holder.token == op.token:
+                with _sent_once(self._api):
+                    self._api.RemoveServicesFromReservation(self.reservation_id, [self.name])
+                self._log(logging.WARNING, "acquire interrupted; removed its add of %s", self.name)
+        except Exception as exc:
+            self._log(
+                logging.WARNING,
+                "acquire interrupted and the clean-up failed (%s): if %s in reservation %s has "
+                "Mutex Owner %s, remove it",
+                classify(exc).message,
+                self.name,
+                self.reservation_id,
+                op.token,
+            )
 
     def release(self) -> None:
         """Release the lock if this object holds it; otherwise do nothing (idempotent).
@@ -278,18 +362,55 @@ class ReservationMutex:
             self._depth -= 1
             return
         op = _Attempt(self._token, self._clock(), None)
-        # Step 5: release only what you hold. The remove cannot check the owner, so read first,
-        # unless ownership was confirmed a moment ago (the add itself, or a later fresh read). That
-        # skip is what makes an uncontended acquire + release cost 2 calls; the window it leaves
-        # open (a protocol violator removing and re-adding within it) is documented.
-        age = op.start - self._confirmed_at
-        if self.release_check_after <= 0 or age >= self.release_check_after:
-            owned = self._owned_for_release(op)
-            if owned is None:  # the reservation has ended: nothing is left to release
+        # Release only what you hold. The remove cannot check the owner, so read first, unless
+        # ownership was confirmed a moment ago (the add itself, or a later fresh read). That skip is
+        # what makes an uncontended acquire + release cost 2 calls; the window it leaves open (a
+        # protocol violator removing and re-adding within it) is documented.
+        check = self.release_check_after <= 0 or op.start - self._confirmed_at >= self.release_check_after
+        removed = False  # True once a remove of ours may have taken effect (its reply was lost)
+        for attempt in range(1, self.release_attempts + 1):
+            retry = attempt < self.release_attempts
+            if check:
+                try:
+                    op.holder = self._read(op)
+                except Exception as exc:
+                    if self._release_failure(op, exc, retry, "checking the lock owner before removing it"):
+                        return
+                    continue
+                if op.holder is None or op.holder.token != op.token:
+                    # Gone, or someone else's: our earlier remove took effect, or the lock was
+                    # taken from us. Either way nothing of ours is left to remove.
+                    if removed:
+                        self._released(op)
+                        return
+                    raise self._lost(op)
+            sent_at = self._clock()
+            may_resend = True
+            try:
+                with _sent_once(self._api) as may_resend:
+                    self._call(op, "RemoveServicesFromReservation", self.reservation_id, [self.name])
+            except Exception as exc:
+                failure = classify(exc)
+                resent = may_resend and self._clock() - sent_at >= _CLIENT_RETRY_DELAY
+                if failure.kind is ErrorKind.ALIAS_MISSING:
+                    # "Not found" after a re-send of ours: our remove took effect. Otherwise the
+                    # alias was gone before we removed it: the lock had been taken from us.
+                    if removed or resent:
+                        self._released(op)
+                        return
+                    op.holder = None
+                    raise self._lost(op) from exc
+                if failure.kind is ErrorKind.TRANSIENT:
+                    # It may have committed. Never remove again before a fresh read shows the alias
+                    # is still ours: in between, a waiter may have taken it.
+                    removed = removed or failure.maybe_committed or resent
+                    check = True
+                if self._release_failure(op, exc, retry, "removing the lock service"):
+                    return
+            else:
+                self._released(op)
                 return
-            if not owned:
-                raise self._lost(op)
-        self._remove(op)
+        raise self._release_failed(op, None, None, f"releasing the lock ({self.release_attempts} attempts)")
 
     def __enter__(self) -> ReservationMutex:
         self.acquire()
@@ -316,7 +437,7 @@ class ReservationMutex:
             attributes.append(AttributeNameValue(protocol.ATTR_LEASE_SECONDS, "0"))
         return attributes
 
-    def _on_contention(self, op: _Attempt, sent_at: float) -> bool:
+    def _on_contention(self, op: _Attempt, sent_at: float, resent: bool) -> bool:
         """Handle "already exists"; return True when the holder turns out to be this acquisition."""
         op.contentions += 1
         if op.contended_since is None:
@@ -325,6 +446,7 @@ class ReservationMutex:
         due = (
             op.contentions == 1
             or op.ambiguous
+            or resent
             or op.last_read_attempt is None
             or now - op.last_read_attempt >= self.holder_check_interval
         )
@@ -347,11 +469,12 @@ class ReservationMutex:
             )
         return False
 
-    def _on_transient(self, op: _Attempt, failure: Classification, sent_at: float) -> bool:
+    def _on_transient(self, op: _Attempt, failure: Classification, sent_at: float, resent: bool) -> bool:
         """Back off after a transient failure, then settle an unknown outcome with one fresh read."""
         op.transients += 1
         op.last_error = failure.message
-        op.ambiguous = op.ambiguous or failure.maybe_committed
+        # "Never sent" describes the client's last copy only; an earlier, re-sent one may have committed.
+        op.ambiguous = op.ambiguous or failure.maybe_committed or resent
         self._emit(events.TRANSIENT, op, error=failure.message)
         self._log(logging.WARNING, "transient CloudShell API failure (%s); backing off", failure.message)
         op.backoff_delay = self.backoff.next_delay(op.transients, op.backoff_delay, self._rng)
@@ -368,6 +491,19 @@ class ReservationMutex:
             if op.contended_since is None:
                 op.contended_since = sent_at
             self._note_holder(op, holder)
+        return False
+
+    def _settled_as_ours(self, op: _Attempt) -> bool:
+        """Before raising a fatal error: one fresh read, its own failure ignored. True when it shows
+        our token (an earlier add committed after all); a read showing anything else ends the doubt."""
+        try:
+            holder = self._read(op)
+        except Exception as exc:
+            op.last_error = classify(exc).message
+            return False
+        if holder is not None and holder.token == op.token:
+            return True
+        op.ambiguous = False
         return False
 
     def _verified(self, op: _Attempt) -> bool:
@@ -407,7 +543,10 @@ class ReservationMutex:
                 self._note_holder(op, holder)
         now = self._clock()
         waited = now - op.start
-        if not blocking and not op.ambiguous:
+        # blocking=False answers False only for "busy". A failing API is not "busy" (the original's
+        # mistake): that raises, like a blocking acquire that ran out of time.
+        busy = op.contentions > 0 or op.holder is not None
+        if not blocking and busy and not op.ambiguous:
             self._log(logging.DEBUG, "%s is busy; not waiting (blocking=False)", self.name)
             return False
         raise self._timeout(op, now, waited)
@@ -482,64 +621,20 @@ class ReservationMutex:
 
     # ------------------------------------------------------------------ release steps
 
-    def _owned_for_release(self, op: _Attempt) -> Optional[bool]:
-        """Whether the alias is still ours (fresh read, transient errors retried); None = reservation gone."""
-        for attempt in range(1, self.release_attempts + 1):
-            try:
-                holder = self._read(op)
-            except Exception as exc:
-                failure = classify(exc)
-                if failure.kind is ErrorKind.TRANSIENT and attempt < self.release_attempts:
-                    op.transients += 1
-                    self._sleep(self.backoff.next_delay(attempt, 0.0, self._rng))
-                    continue
-                if self._reservation_gone(op, failure):
-                    self._released(op, note="the reservation has ended; the lock went with it")
-                    return None
-                raise self._release_failed(
-                    op, exc, failure, "checking the lock owner before removing it"
-                ) from exc
-            op.holder = holder
-            return holder is not None and holder.token == op.token
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    def _remove(self, op: _Attempt) -> None:
-        for attempt in range(1, self.release_attempts + 1):
-            try:
-                self._call(op, "RemoveServicesFromReservation", self.reservation_id, [self.name])
-            except Exception as exc:
-                failure = classify(exc)
-                if failure.kind in (ErrorKind.TRANSIENT, ErrorKind.ALIAS_MISSING):
-                    # The remove may have committed before its reply was lost, and the client's own
-                    # retry then reports "not found". Only a fresh read can tell: released means
-                    # "not ours any more".
-                    if failure.kind is ErrorKind.TRANSIENT:
-                        op.transients += 1
-                        self._emit(events.TRANSIENT, op, error=failure.message)
-                        self._sleep(self.backoff.next_delay(attempt, 0.0, self._rng))
-                    try:
-                        holder = self._read(op)
-                    except Exception as read_exc:
-                        if classify(read_exc).kind is ErrorKind.TRANSIENT:
-                            op.last_error = failure.message
-                            continue
-                        failure = classify(read_exc)
-                        exc = read_exc
-                    else:
-                        if holder is None or holder.token != op.token:
-                            self._released(op)
-                            return
-                        continue
-                if self._reservation_gone(op, failure):
-                    self._released(op, note="the reservation has ended; the lock went with it")
-                    return
-                raise self._release_failed(op, exc, failure, "removing the lock service") from exc
-            else:
-                self._released(op)
-                return
-        raise self._release_failed(
-            op, None, None, f"removing the lock service ({self.release_attempts} attempts)"
-        )
+    def _release_failure(self, op: _Attempt, exc: Exception, retry: bool, doing: str) -> bool:
+        """A failed call in release(): back off and return False to try again (transient), return
+        True when the reservation has ended (released: the lock went with it), raise otherwise."""
+        failure = classify(exc)
+        if failure.kind is ErrorKind.TRANSIENT and retry:
+            op.transients += 1
+            op.last_error = failure.message
+            self._emit(events.TRANSIENT, op, error=failure.message)
+            self._sleep(self.backoff.next_delay(op.transients, 0.0, self._rng))
+            return False
+        if self._reservation_gone(op, failure):
+            self._released(op, note="the reservation has ended; the lock went with it")
+            return True
+        raise self._release_failed(op, exc, failure, doing) from exc
 
     def _released(self, op: _Attempt, note: Optional[str] = None) -> None:
         token = self._token
@@ -595,21 +690,22 @@ class ReservationMutex:
 
     # ------------------------------------------------------------------ shared helpers
 
-    def _call(self, op: _Attempt, method: str, *args: Any) -> Any:
-        wait = self.budget.reserve()
-        if wait > 0:
-            self._sleep(clip(wait, self._clock(), op.deadline))
+    def _count_call(self, op: _Attempt) -> None:
+        """Book one API call; while polling, first wait for the call budget (never past the deadline)."""
+        if op.paced:
+            wait = self.budget.reserve()
+            if wait > 0:
+                self._sleep(clip(wait, self._clock(), op.deadline))
         op.calls += 1
         self.calls += 1
+
+    def _call(self, op: _Attempt, method: str, *args: Any) -> Any:
+        self._count_call(op)
         return getattr(self._api, method)(*args)
 
     def _read(self, op: _Attempt) -> Optional[Holder]:
         """One fresh read of the holder. Records when ownership was last confirmed."""
-        wait = self.budget.reserve()
-        if wait > 0:
-            self._sleep(clip(wait, self._clock(), op.deadline))
-        op.calls += 1
-        self.calls += 1
+        self._count_call(op)
         sent_at = op.last_read_attempt = self._clock()
         holder = read_holder(self._api, self.reservation_id, self.name)
         op.last_read_at = sent_at
@@ -661,6 +757,11 @@ class ReservationMutex:
         doing: str,
     ) -> MutexError:
         error = self._diagnose(op, exc, failure, doing, model)
+        if op.ambiguous:  # an add of ours may have committed, and no read could tell
+            error.args = (
+                f"{error}. An earlier add may have succeeded: if {self.name!r} has Mutex Owner "
+                f"{op.token!r}, it is this process's; remove it (cloudshell-mutex release)",
+            )
         self._emit(events.ERROR, op, error=str(error))
         self._log(logging.ERROR, "%s", error)
         error.__cause__ = exc

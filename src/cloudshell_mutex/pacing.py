@@ -128,8 +128,10 @@ class ExponentialBackoff:
 class CallBudget:
     """A token bucket: at most ``rate`` API calls per second on average, bursts up to ``burst``.
 
-    Shared by every lock that uses the same API session (see :func:`budget_for`), so a process with
-    many waiters stays polite to the server. Thread-safe.
+    The lock spends it on the calls it makes while waiting (re-adds, holder reads, progress); the
+    first add and the release never wait on it. Shared by every lock that uses the same API session
+    in one process (see :func:`budget_for`), so a process with many waiters stays polite to the
+    server. Thread-safe.
     """
 
     def __init__(

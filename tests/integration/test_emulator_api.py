@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import time
+from collections import OrderedDict
 
 import pytest
 from cloudshell.api.cloudshell_api import (
@@ -105,9 +107,11 @@ def test_reservation_lifecycle(emu: Emulator, api: CloudShellAPISession):
 
 def test_ended_and_unknown_reservations_fail_every_reservation_call(emu: Emulator, api: CloudShellAPISession):
     rid = emu.create_reservation()
+    api.GetReservationDetails(rid)  # a cached snapshot must not outlive the reservation either
     api.EndReservation(rid)
     calls = [
         (api.GetReservationDetails, rid, True),
+        (api.GetReservationDetails, rid, False),
         (api.GetReservationStatus, rid),
         (api.AddServiceToReservation, rid, SERVICE_MODEL, DEFAULT_ALIAS, []),
         (api.RemoveServicesFromReservation, rid, [DEFAULT_ALIAS]),
@@ -159,6 +163,62 @@ def test_details_are_typed_and_defaults_fill_missing_attributes(emu: Emulator, a
     assert (service.ServiceName, service.Alias) == (SERVICE_MODEL, DEFAULT_ALIAS)
     assert {a.Name: a.Value for a in service.Attributes} == {ATTR_OWNER: "me", "Mutex Label": "none"}
     assert service.Attributes[0].Name == ATTR_OWNER and service.Attributes[0].Value == "me"
+
+
+def test_details_have_the_shape_of_an_answer_captured_from_a_real_server(
+    emu: Emulator, api: CloudShellAPISession
+):
+    """Scalars as attributes, SetupStage as a child element, ReservationLiveStatus, and list elements
+    present even when empty (as in the GetReservationDetails answer in cloudshell-orch-core's tests)."""
+    import urllib.request
+    from xml.etree import ElementTree
+
+    rid = emu.create_reservation("shape")
+    request = urllib.request.Request(
+        f"{emu.api_url}/ResourceManagerApiService/GetReservationDetails",
+        data=f"<GetReservationDetails><reservationId>{rid}</reservationId></GetReservationDetails>".encode(),
+        headers={"Authorization": f"MachineName=test;Token={api.authentication.xmlrpc_token}"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        root = ElementTree.fromstring(response.read())
+    ns = "{http://schemas.qualisystems.com/ResourceManagement/ApiCommandResult.xsd}"
+    description = root.find(f"{ns}ResponseInfo/{ns}ReservationDescription")
+    assert (description.get("Id"), description.get("Booked"), description.get("Status")) == (
+        rid,
+        "true",
+        "Started",
+    )
+    assert description.find(f"{ns}SetupStage").text == "None"
+    assert description.find(f"{ns}ReservationLiveStatus").get("ReservationId") == rid
+    for empty_list in ("Resources", "Conflicts", "Connectors", "Services"):
+        element = description.find(f"{ns}{empty_list}")
+        assert element is not None and len(element) == 0, empty_list
+    typed = api.GetReservationDetails(rid, True).ReservationDescription
+    assert (typed.SetupStage, typed.ReservationLiveStatus.ReservationId) == ("None", rid)
+    assert (typed.Services, typed.Resources, typed.Connectors, typed.Conflicts) == ([], [], [], [])
+
+
+def test_cached_details_answer_each_caller_in_its_own_datetime_format(emu: Emulator):
+    """The cache keeps the reservation, not the first caller's rendered answer."""
+    rid = emu.create_reservation()
+    us = emu.session(datetimeformat="MM/dd/yyyy HH:mm")
+    iso = emu.session(datetimeformat="yyyy-MM-dd HH:mm:ss")
+    assert re.fullmatch(
+        r"\d\d/\d\d/\d{4} \d\d:\d\d", us.GetReservationDetails(rid).ReservationDescription.StartTime
+    )
+    start = iso.GetReservationDetails(rid).ReservationDescription.StartTime  # from the cache
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", start), start
+
+
+def test_missing_parameters_are_clear_api_errors(api: CloudShellAPISession):
+    error = api_error(
+        api.generateAPIRequest,
+        OrderedDict([("method_name", "AddServiceToReservation"), ("serviceName", SERVICE_MODEL)]),
+    )
+    assert (error.code, error.message) == ("100", "Invalid request: parameter 'reservationId' is missing")
+    error = api_error(api.generateAPIRequest, OrderedDict([("method_name", "RemoveServicesFromReservation"),
+                                                            ("reservationId", "r")]))  # fmt: skip
+    assert error.message == "Invalid request: parameter 'services' is missing"
 
 
 def test_details_cache_is_a_five_second_snapshot(emu: Emulator, api: CloudShellAPISession):
@@ -241,7 +301,10 @@ def test_resources_and_connectors(emu: Emulator, api: CloudShellAPISession):
     created = api.CreateResource("Switch", "Switch Model", "sw1", "10.0.0.1", "", "", "a switch")
     assert (created.Name, created.ResourceModelName, created.Address) == ("sw1", "Switch Model", "10.0.0.1")
     assert [(a.Name, a.Value) for a in created.ResourceAttributes] == [("Vendor", "acme")]
-    api.CreateResource("Switch", "Switch Model", "sw2", "10.0.0.2", "", "", "")
+    bare = api.CreateResource("Switch", "Switch Model", "sw2", "10.0.0.2", "", "", "")
+    # Empty fields arrive as '' (not None) and the domain is the caller's, as from a real server.
+    assert (bare.Description, bare.FolderFullPath, bare.DriverName) == ("", "", "")
+    assert (bare.CreatedInDomain, bare.Locked, bare.Version) == ("Global", False, 1)
     assert (
         "already exists" in api_error(api.CreateResource, "", "Switch Model", "sw1", "", "", "", "").message
     )
@@ -287,6 +350,32 @@ def test_control_rejects_bad_settings_clearly(emu: Emulator):
         emu.control.configure(colour="red")
     with pytest.raises(EmulatorControlError, match="fault kind"):
         emu.control.inject_fault("AddServiceToReservation", "explode")
+    with pytest.raises(EmulatorControlError, match="latency must be a mapping"):
+        emu.control.configure(latency=[0.1])
+    with pytest.raises(EmulatorControlError, match="details_cache_seconds must be a number, got 'soon'"):
+        emu.control.configure(details_cache_seconds="soon")
+    with pytest.raises(EmulatorControlError, match="fault count must be a whole number"):
+        emu.control.inject_fault("AddServiceToReservation", "drop_after_commit", "2")  # type: ignore[arg-type]
+    assert emu.control.faults() == {}  # nothing was half-applied
+
+
+@pytest.mark.parametrize(
+    "op, body, message",
+    [
+        ("inject_fault", b'{"kind": "x"}', "the field 'method' is missing"),
+        ("import_package", b'{"zip_base64": "not base64!"}', "zip_base64 must be the package zip in base64"),
+    ],
+)
+def test_control_says_what_is_wrong_with_a_request(emu: Emulator, op: str, body: bytes, message: str):
+    import json
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(f"{emu.api_url}/_emulator/{op}", data=body)
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(request, timeout=10)
+    assert info.value.code == 400
+    assert json.loads(info.value.read()) == {"error": message}
 
 
 def test_stop_closes_keep_alive_connections(cloudshell_emulator_factory):

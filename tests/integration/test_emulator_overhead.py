@@ -57,6 +57,36 @@ def test_overhead_from_one_client(cloudshell_emulator: Emulator):
     assert round_trip_ms < 20.0
 
 
+def test_overhead_of_the_lock_calls_from_one_client(cloudshell_emulator: Emulator):
+    """The calls a lock makes: add the service, read details uncached, remove it."""
+    from cloudshell.api.cloudshell_api import AttributeNameValue
+
+    from cloudshell_mutex.protocol import ATTR_OWNER, DEFAULT_ALIAS, SERVICE_MODEL
+
+    emu = cloudshell_emulator
+    emu.add_service_model(SERVICE_MODEL, {ATTR_OWNER: ""})
+    api = emu.session()
+    rid = emu.create_reservation()
+    emu.control.reset_counts()
+    cycles = CALLS // 4
+    started = time.perf_counter()
+    for n in range(cycles):
+        api.AddServiceToReservation(
+            rid, SERVICE_MODEL, DEFAULT_ALIAS, [AttributeNameValue(ATTR_OWNER, str(n))]
+        )
+        assert api.GetReservationDetails(rid, True).ReservationDescription.Services
+        api.RemoveServicesFromReservation(rid, [DEFAULT_ALIAS])
+    round_trip_ms = 1000 * (time.perf_counter() - started) / (3 * cycles)
+    server = emu.control.overhead()
+    print(
+        f"\none client, {cycles} add/details/remove cycles: client round trip {round_trip_ms:.2f} ms/call; "
+        f"emulator's own time mean {server['mean_ms']:.3f} ms, p50 {server['p50_ms']:.3f} ms, "
+        f"p99 {server['p99_ms']:.3f} ms"
+    )
+    assert server["calls"] == 3 * cycles
+    assert server["p50_ms"] < 5.0
+
+
 @pytest.mark.slow
 def test_overhead_from_many_processes(cloudshell_emulator: Emulator):
     emu = cloudshell_emulator

@@ -344,3 +344,37 @@ def test_release_after_the_reservation_ended_is_quiet(emu, rid):
     lock.release()  # the lock went with the reservation: nothing is leaked, nothing to raise
     assert not lock.locked()
     assert seen[-1].kind == "released" and "ended" in seen[-1].error
+
+
+def test_a_dropped_remove_is_not_resent_into_a_successors_lock(emu, rid):
+    """The remove commits, the connection drops, and a waiter takes the lock at once. The real client
+    re-sends a dropped request 1 s later; for the remove that would delete the *waiter's* MUTEX."""
+    import threading
+
+    holder = mutex(emu.session(), rid, owner="Router A driver")
+    holder.acquire()
+    holder_token = holder.token
+    waiter = mutex(emu.session(), rid, owner="Router B driver")
+    seen = {}
+
+    def wait_then_hold() -> None:
+        waiter.acquire(timeout=10)
+        seen["token"] = waiter.token
+        time.sleep(1.5)  # longer than the client's 1 s retry delay
+        seen["owner during hold"] = current_owner(emu, rid)
+        waiter.release()
+
+    thread = threading.Thread(target=wait_then_hold)
+    thread.start()
+    time.sleep(0.2)  # the waiter is polling
+    emu.control.inject_fault("RemoveServicesFromReservation", "drop_after_commit")
+    holder.release()
+    thread.join(timeout=20)
+    assert not holder.locked() and not waiter.locked()
+    assert seen["owner during hold"] == seen["token"]
+    assert lock_events(emu, rid) == [
+        ("service_added", holder_token),
+        ("service_removed", holder_token),
+        ("service_added", seen["token"]),
+        ("service_removed", seen["token"]),
+    ]

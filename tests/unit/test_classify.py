@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import http.client
 import socket
 
 import pytest
 from cloudshell.api.common_cloudshell_api import CloudShellAPIError, UnauthorizedError
-from urllib3.exceptions import MaxRetryError, NewConnectionError, ProtocolError, ReadTimeoutError
+from urllib3.exceptions import (
+    LocationValueError,
+    MaxRetryError,
+    NewConnectionError,
+    ProtocolError,
+    ReadTimeoutError,
+)
 
 from cloudshell_mutex.classify import ErrorKind, classify
 
@@ -40,6 +47,13 @@ def api(message: str, code: str = "100") -> CloudShellAPIError:
         (socket.timeout("timed out"), ErrorKind.TRANSIENT),
         (ConnectionResetError(), ErrorKind.TRANSIENT),
         (ValueError("bad"), ErrorKind.FATAL),
+        (Exception("(Too Many Requests) [429] reason:Too Many Requests"), ErrorKind.TRANSIENT),
+        (Exception("(Request Timeout) [408] reason:Request Timeout"), ErrorKind.TRANSIENT),
+        (Exception("OK"), ErrorKind.FATAL),  # a 2xx without a body: unknown, settled by the lock
+        (api("Login failed: the token has expired"), ErrorKind.PERMISSION),
+        (api("Username or password is incorrect"), ErrorKind.PERMISSION),
+        (LocationValueError("No host specified."), ErrorKind.FATAL),  # configuration: never heals
+        (http.client.RemoteDisconnected("Remote end closed connection"), ErrorKind.TRANSIENT),
     ],
 )
 def test_kinds(exc, kind):
@@ -58,3 +72,27 @@ def test_requests_that_never_left_cannot_have_committed():
     dropped = ProtocolError("Connection aborted.", ConnectionResetError())
     assert classify(dropped).maybe_committed is True
     assert classify(Exception("(Internal Server Error) [500] reason:x")).maybe_committed is True
+
+
+@pytest.mark.parametrize(
+    ("exc", "maybe_committed"),
+    [
+        (api("Service with given alias already exists"), False),  # the server refused the call
+        (api("User does not have permission to perform this operation"), False),
+        (api("Transaction (Process ID 52) was deadlocked on lock resources"), True),
+        (UnauthorizedError("(Unauthorized) [401] reason:Unauthorized"), False),
+        (Exception("(Not Found) [404] reason:Not Found"), False),
+        (Exception("OK"), True),  # a 2xx reply without a body: the call may have committed
+        (LocationValueError("No host specified."), False),
+    ],
+)
+def test_which_failed_calls_may_have_committed(exc, maybe_committed):
+    assert classify(exc).maybe_committed is maybe_committed
+
+
+def test_a_raw_reply_never_reaches_the_message():
+    """The client's unreadable-reply error embeds the raw body; a logon reply holds the session token."""
+    raw = b'<Response CommandName="Logon"><ResponseInfo><Token Token="SESSION-TOKEN-123"/>'
+    failure = classify(Exception(f"OK (OK) [200] reason:OK data:{raw!s}"))
+    assert "SESSION-TOKEN-123" not in failure.message
+    assert failure.kind is ErrorKind.FATAL and failure.maybe_committed

@@ -105,16 +105,29 @@ def test_details_snapshot_is_stale_until_it_expires_unless_cache_disabled():
     state = make_state(details_cache_seconds=0.2)
     rid = state.create_reservation("r", "admin", 10, "Global").id
 
-    def render(reservation):
-        return sorted(reservation.services)
+    def aliases(disable_cache: bool):
+        return sorted(state.details(rid, disable_cache).services)
 
-    assert state.details(rid, False, render) == []
-    state.add_service(rid, SERVICE_MODEL, "MUTEX", [], "admin")
-    assert state.details(rid, False, render) == []  # the snapshot
-    assert state.details(rid, True, render) == ["MUTEX"]
-    assert state.details(rid, False, render) == []  # a disableCache read does not refresh it
+    assert aliases(False) == []
+    state.add_service(rid, SERVICE_MODEL, "MUTEX", [(ATTR_OWNER, "a")], "admin")
+    assert aliases(False) == []  # the snapshot
+    assert aliases(True) == ["MUTEX"]
+    assert aliases(False) == []  # a disableCache read does not refresh it
     time.sleep(0.25)
-    assert state.details(rid, False, render) == ["MUTEX"]
+    assert aliases(False) == ["MUTEX"]
+
+
+def test_details_snapshot_is_a_copy_that_later_changes_do_not_reach():
+    state = make_state()
+    rid = state.create_reservation("r", "admin", 10, "Global").id
+    state.add_service(rid, SERVICE_MODEL, "MUTEX", [(ATTR_OWNER, "a")], "admin")
+    snapshot = state.details(rid, False)
+    state.set_service_attributes(rid, "MUTEX", [(ATTR_OWNER, "b")], "admin")
+    state.add_service(rid, SERVICE_MODEL, "OTHER", [], "admin")
+    assert list(snapshot.services) == ["MUTEX"]
+    assert snapshot.services["MUTEX"].attributes[ATTR_OWNER] == "a"
+    assert state.details(rid, False) is snapshot
+    assert state.details(rid, True).services["MUTEX"].attributes[ATTR_OWNER] == "b"
 
 
 def test_events_are_ordered_and_carry_owner_and_user():

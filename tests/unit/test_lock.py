@@ -362,6 +362,98 @@ def test_dropped_after_commit_is_resolved_as_acquired(clock):
     assert api.services == {}
 
 
+def test_a_slow_contention_is_read_at_once_it_may_be_our_own_resent_add(clock):
+    """Waiting behind another holder (holder reads not due for 100 s), our add commits just as the
+    holder leaves, the reply is lost and the client re-sends it 1 s later: "already exists". That
+    call's duration gives it away; without reading at once we would sit on our own lock."""
+    api = FakeApi()
+    other_holds(api)
+    mutex = make(api, clock, holder_check_interval=100.0)
+
+    def holder_leaves_then_commit_and_resend(*args):
+        del api.services[protocol.DEFAULT_ALIAS]
+        api.commit_add(*args)
+        clock.now += 1.0  # the client's retry delay
+        raise api_error(protocol.DUPLICATE_ALIAS_MESSAGE)
+
+    def on_call(method: str) -> None:
+        if method == "AddServiceToReservation" and api.count(method) == 3:
+            api.faults["AddServiceToReservation"] = [holder_leaves_then_commit_and_resend]
+
+    api.on_call = on_call
+    started = clock.now
+    assert mutex.acquire(timeout=30) is True
+    assert clock.now - started < 2.0
+    assert api.count("AddServiceToReservation") == 3
+    mutex.release()
+    assert api.services == {}
+
+
+def test_a_fatal_error_of_unknown_outcome_is_settled_before_raising(clock):
+    """A 2xx reply without a body (the client raises a plain Exception) may follow a committed add:
+    raising MutexError then would leak the lock. One read shows the add was ours."""
+    api = FakeApi()
+    mutex = make(api, clock)
+
+    def commit_then_empty_reply(*args):
+        api.commit_add(*args)
+        raise Exception("OK")  # _check_http_response: "if not response.data: raise Exception(reason)"
+
+    api.faults["AddServiceToReservation"] = [commit_then_empty_reply]
+    assert mutex.acquire(timeout=5) is True
+    mutex.release()
+    assert api.services == {}
+
+
+def test_a_fatal_error_that_committed_nothing_still_raises_after_the_read(clock):
+    api = FakeApi()
+    mutex = make(api, clock)
+
+    def empty_reply(*args):
+        raise Exception("OK")
+
+    api.faults["AddServiceToReservation"] = [empty_reply]
+    with pytest.raises(MutexError, match="unexpected CloudShell error"):
+        mutex.acquire(timeout=5)
+    assert api.count("GetReservationDetails") == 1 and api.services == {}
+
+
+def test_interrupt_during_acquire_removes_a_committed_add(clock):
+    """Ctrl-C while the add's reply is on its way: the add committed, nobody would release it."""
+    api = FakeApi()
+    mutex = make(api, clock)
+
+    def commit_then_interrupt(*args):
+        api.commit_add(*args)
+        raise KeyboardInterrupt
+
+    api.faults["AddServiceToReservation"] = [commit_then_interrupt]
+    with pytest.raises(KeyboardInterrupt):
+        mutex.acquire()
+    assert api.services == {} and not mutex.locked()
+    other_holds(api)  # an interrupt with someone else's lock in place removes nothing
+
+    def interrupt(*args):
+        raise KeyboardInterrupt
+
+    api.faults["AddServiceToReservation"] = [interrupt]
+    with pytest.raises(KeyboardInterrupt):
+        mutex.acquire()
+    assert api.services[protocol.DEFAULT_ALIAS][protocol.ATTR_OWNER] == "Other@host:1:deadbeef"
+
+
+def test_non_blocking_raises_when_the_api_fails_rather_than_answering_busy(clock):
+    api = FakeApi()
+
+    def refused(*args):
+        raise NewConnectionError(None, "Connection refused")
+
+    api.faults["AddServiceToReservation"] = [refused]
+    api.faults["GetReservationDetails"] = [refused]
+    with pytest.raises(MutexTimeout, match="kept failing"):
+        make(api, clock).acquire(blocking=False)
+
+
 def test_transient_failure_after_commit_is_resolved_by_one_read(clock):
     api = FakeApi()
 
@@ -615,11 +707,84 @@ def test_release_not_found_after_own_committed_remove_counts_as_released(clock):
 
     def commit_then_client_retry(reservation_id, aliases):
         api.commit_remove(reservation_id, aliases)
-        api.commit_remove(reservation_id, aliases)  # the client's retry: "not found"
+        clock.now += 1.0  # a client without the re-send turned off re-sends 1 s later: "not found"
+        api.commit_remove(reservation_id, aliases)
 
     api.faults["RemoveServicesFromReservation"] = [commit_then_client_retry]
     mutex.release()
-    assert not mutex.locked() and api.count("GetReservationDetails") == 1
+    assert not mutex.locked() and api.services == {}
+
+
+def test_release_that_finds_the_alias_already_gone_reports_it_lost(clock):
+    """Inside the check window someone removed our MUTEX (the original snippet's unconditional
+    remove): our remove answers "not found" at once. That is a lost lock, not a quiet release."""
+    api = FakeApi()
+    mutex = make(api, clock)
+    mutex.acquire()
+    del api.services[protocol.DEFAULT_ALIAS]
+    with pytest.raises(MutexLostError, match="Nothing was removed"):
+        mutex.release()
+    assert not mutex.locked()
+
+
+def test_release_never_re_sends_a_remove_without_a_fresh_read(clock):
+    """The remove commits and its reply is lost; the read that should follow fails; meanwhile a waiter
+    takes the lock. Removing again on the strength of the old read would delete the waiter's lock."""
+    api = FakeApi()
+    mutex = make(api, clock)
+    mutex.acquire()
+
+    def commit_then_drop(reservation_id, aliases):
+        api.commit_remove(reservation_id, aliases)
+        raise ProtocolError("Connection aborted.", ConnectionResetError())
+
+    def fail_while_a_waiter_acquires(*args):
+        other_holds(api)
+        raise http_500()
+
+    api.faults["RemoveServicesFromReservation"] = [commit_then_drop]
+    api.faults["GetReservationDetails"] = [fail_while_a_waiter_acquires]
+    mutex.release()
+    assert not mutex.locked()
+    assert api.services[protocol.DEFAULT_ALIAS][protocol.ATTR_OWNER] == "Other@host:1:deadbeef"
+    assert api.count("RemoveServicesFromReservation") == 1
+
+
+def test_with_the_client_re_send_off_a_slow_not_found_is_still_a_lost_lock(clock):
+    """Only a client that may re-send explains "not found" by a re-send; with it off, a slow server
+    answering "not found" means the lock was taken from us, and that must not pass silently."""
+    api = FakeApi()
+    api._attempts = 3
+    mutex = make(api, clock)
+    mutex.acquire()
+
+    def slow_not_found(reservation_id, aliases):
+        del api.services[protocol.DEFAULT_ALIAS]  # a violator removed it meanwhile
+        clock.now += 1.5
+        return False  # the real remove: "not found"
+
+    api.faults["RemoveServicesFromReservation"] = [slow_not_found]
+    with pytest.raises(MutexLostError):
+        mutex.release()
+
+
+def test_remove_is_sent_once_by_the_client(clock):
+    """CloudShellAPISession re-sends a dropped request after 1 s (its ``_attempts``); for the remove
+    that re-send could delete a successor's lock, so the lock turns it off for that call only."""
+    api = FakeApi()
+    api._attempts = 3
+    seen = []
+
+    def record(*args):
+        seen.append(api._attempts)
+        return False  # then the real remove
+
+    mutex = make(api, clock)
+    mutex.acquire()
+    api.faults["RemoveServicesFromReservation"] = [record]
+    mutex.release()
+    assert seen == [1] and api._attempts == 3
+    assert api.services == {}
 
 
 def test_release_that_keeps_failing_raises_and_stays_held(clock):
@@ -691,6 +856,9 @@ def test_bad_arguments_are_refused_clearly(kwargs, message):
 def test_api_must_look_like_a_session():
     with pytest.raises(TypeError, match="CloudShellAPISession"):
         ReservationMutex(object(), RES)
+    with pytest.raises(TypeError) as caught:  # a mistaken settings dict: its secrets stay out
+        ReservationMutex({"host": "cs", "password": "s3cret"}, RES)
+    assert "s3cret" not in str(caught.value)
 
 
 def test_progress_is_written_to_the_reservation_output_rate_limited(clock):
@@ -704,6 +872,19 @@ def test_progress_is_written_to_the_reservation_output_rate_limited(clock):
     assert api.output[0].endswith(" s")
 
 
+def test_call_budget_never_delays_an_uncontended_cycle_or_a_release(clock):
+    """The budget limits polling. The first add and the release are not polling: delaying a release
+    because waiters in the same process used up the budget would hold everyone up."""
+    api = FakeApi()
+    budget = CallBudget(rate=0.1, burst=1, clock=clock)
+    for _ in range(3):
+        budget.reserve()  # other waiters in this process used it up
+    mutex = make(api, clock, budget=budget, release_check_after=0)
+    with mutex:
+        pass
+    assert clock.sleeps == []
+
+
 def test_call_budget_slows_a_waiter(clock):
     api = FakeApi()
     other_holds(api)
@@ -712,4 +893,4 @@ def test_call_budget_slows_a_waiter(clock):
     with pytest.raises(MutexTimeout):
         mutex.acquire(timeout=10.0)
     calls = len(api.calls) - 1  # minus GetServices
-    assert calls <= 2 + 2 * 10 + 1, calls
+    assert calls <= 1 + 2 + 2 * 10 + 1, calls  # the first add, the burst, 2/s, the final read

@@ -8,6 +8,7 @@ server saw: the ordered log of committed service changes, reservation output and
 from __future__ import annotations
 
 import base64
+import binascii
 import json
 import urllib.error
 import urllib.request
@@ -46,13 +47,24 @@ def _reservation_snapshot(runtime: Runtime, reservation_id: str) -> Dict[str, An
 
 
 def _import(runtime: Runtime, p: Dict[str, Any]) -> Dict[str, Any]:
-    return runtime.import_package(base64.b64decode(p["zip_base64"]))
+    try:
+        data = base64.b64decode(p["zip_base64"], validate=True)
+    except (TypeError, binascii.Error):
+        raise ValueError("zip_base64 must be the package zip in base64") from None
+    return runtime.import_package(data)
+
+
+class _Payload(dict):
+    """A request's JSON object; a missing field is a ValueError that names it."""
+
+    def __missing__(self, key: str) -> Any:
+        raise ValueError(f"the field {key!r} is missing")
 
 
 _OPS: Dict[str, Callable[[Runtime, Dict[str, Any]], Any]] = {
     "settings": lambda rt, p: rt.settings(),
     "configure": lambda rt, p: rt.configure(**p),
-    "inject_fault": lambda rt, p: rt.faults.inject(p["method"], p["kind"], int(p.get("count", 1))),
+    "inject_fault": lambda rt, p: rt.faults.inject(p["method"], p["kind"], p.get("count", 1)),
     "clear_faults": lambda rt, p: rt.faults.clear(),
     "faults": lambda rt, p: rt.faults.pending(),
     "events": lambda rt, p: rt.state.events(p.get("reservation_id")),
@@ -76,7 +88,7 @@ def handle_control(runtime: Runtime, op: str, payload: Any) -> Tuple[int, Any]:
     if not isinstance(payload, dict):
         return 400, {"error": "the body must be a JSON object"}
     try:
-        return 200, {"result": handler(runtime, payload)}
+        return 200, {"result": handler(runtime, _Payload(payload))}
     except KeyError as error:
         return 404 if op in ("output", "reservation") else 400, {"error": str(error.args[0])}
     except (ValueError, TypeError) as error:

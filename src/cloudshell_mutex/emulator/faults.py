@@ -31,6 +31,14 @@ _DISTRIBUTIONS = {
 }
 
 
+def number(name: str, value: Any) -> float:
+    """``value`` as a float, or a ValueError that names the setting."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
+
+
 class LatencyModel:
     """A delay distribution (seconds) and where inside the delay the call commits.
 
@@ -41,13 +49,18 @@ class LatencyModel:
     """
 
     def __init__(self, settings: Optional[Mapping[str, Any]] = None) -> None:
+        if settings is not None and not isinstance(settings, Mapping):
+            raise ValueError(
+                f"latency must be a mapping such as {{'distribution': 'fixed', 'seconds': 0.01}}, "
+                f"got {settings!r}"
+            )
         settings = dict(settings or {"distribution": "none"})
         distribution = str(settings.pop("distribution", "none"))
         if distribution not in _DISTRIBUTIONS:
             raise ValueError(
                 f"latency distribution {distribution!r} is not known; use one of {sorted(_DISTRIBUTIONS)}"
             )
-        commit_fraction = float(settings.pop("commit_fraction", 0.5))
+        commit_fraction = number("latency commit_fraction", settings.pop("commit_fraction", 0.5))
         if not 0.0 <= commit_fraction <= 1.0:
             raise ValueError(f"latency commit_fraction must be between 0 and 1, got {commit_fraction}")
         seed = settings.pop("seed", None)
@@ -55,7 +68,7 @@ class LatencyModel:
         for name in _DISTRIBUTIONS[distribution]:
             if name not in settings:
                 raise ValueError(f"latency distribution {distribution!r} needs {name!r}")
-            value = float(settings.pop(name))
+            value = number(f"latency {name}", settings.pop(name))
             if value < 0:
                 raise ValueError(f"latency {name} must not be negative, got {value}")
             params[name] = value
@@ -111,12 +124,12 @@ class FaultPlan:
         """Queue ``count`` faults of ``kind`` for the next calls of ``method`` (``"*"``: any method)."""
         if kind not in FAULT_KINDS:
             raise ValueError(f"fault kind {kind!r} is not known; use one of {list(FAULT_KINDS)}")
-        if not method:
+        if not method or not isinstance(method, str):
             raise ValueError("fault method must be an API method name or '*'")
-        if int(count) < 1:
-            raise ValueError(f"fault count must be at least 1, got {count}")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"fault count must be a whole number of at least 1, got {count!r}")
         with self._lock:
-            self._queues.setdefault(method, deque()).extend([kind] * int(count))
+            self._queues.setdefault(method, deque()).extend([kind] * count)
 
     def take(self, method: str) -> Optional[str]:
         """Remove and return the fault for this call of ``method``, or None."""

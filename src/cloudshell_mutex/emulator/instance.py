@@ -87,12 +87,10 @@ class Emulator:
         return self
 
     def stop(self) -> None:
-        """Stop serving and close every open connection."""
+        """Stop serving: end every open connection and wait for the threads serving them."""
         for server in (self._api, self._quali):
             if server is not None:
-                server.shutdown()
-                server.close_connections()
-                server.server_close()
+                server.stop()
         for thread in self._threads:
             thread.join(timeout=5)
         self._api = self._quali = None

@@ -1,8 +1,9 @@
 """The emulated Automation API methods: decode parameters, act on the state, render the answer.
 
 Each handler returns None (the client then returns the raw response bytes, as for the real
-``AddServiceToReservation``) or ``(ResponseInfo type name, child elements)``; the type name is the
-class in ``cloudshell.api.cloudshell_api`` that the client builds from the answer.
+``AddServiceToReservation``) or an :class:`~.wire.Info` whose type name is the class in
+``cloudshell.api.cloudshell_api`` that the client builds from the answer. Scalar fields are XML
+attributes and list fields are always-present elements, as in answers captured from a real server.
 """
 
 from __future__ import annotations
@@ -22,9 +23,16 @@ from .state import (
     Session,
     utcnow,
 )
-from .wire import Params, RequestError, failure_response, format_datetime, node, success_response
-
-Info = Optional[Tuple[str, List[Element]]]
+from .wire import (
+    Info,
+    Params,
+    RequestError,
+    failure_response,
+    format_datetime,
+    node,
+    success_response,
+    text_node,
+)
 
 #: Methods callable without a session token (everything else gets HTTP 401 without one).
 PUBLIC_METHODS = frozenset({"Logon", "SecureLogon"})
@@ -48,7 +56,7 @@ class CallContext:
         return format_datetime(value, self.datetime_format)
 
 
-Handler = Callable[[CallContext, Params], Info]
+Handler = Callable[[CallContext, Params], Optional[Info]]
 METHODS: Dict[str, Handler] = {}
 
 
@@ -98,60 +106,43 @@ def _attribute_list(tag: str, values) -> Element:
     return node(tag, children=[node("Attribute", {"Name": n, "Value": v}) for n, v in values.items()])
 
 
-def _render_details(ctx: CallContext, reservation: Reservation) -> List[Element]:
-    state = ctx.state
+def _render_details(ctx: CallContext, reservation: Reservation) -> Element:
+    """The ``ReservationDescription`` element, shaped like a GetReservationDetails answer captured from a
+    real server: scalars as attributes, SetupStage as a child element, empty lists present."""
     fields = _reservation_fields(ctx, reservation)
-    fields.update({"SetupStage": "None", "SavedSandboxId": ""})
-    children = []
-    if reservation.services:
-        children.append(
-            node(
-                "Services",
-                children=[
-                    node(
-                        "Service",
-                        {
-                            "ServiceName": s.model,
-                            "Alias": s.alias,
-                            "Address": "",
-                            "ResourceLiveStatusName": "",
-                        },
-                        [_attribute_list("Attributes", s.attributes)],
-                    )
-                    for s in reservation.services.values()
-                ],
-            )
+    fields["SavedSandboxId"] = ""
+    services = [
+        node(
+            "Service",
+            {"ServiceName": s.model, "Alias": s.alias, "Address": "", "ResourceLiveStatusName": ""},
+            [_attribute_list("Attributes", s.attributes)],
         )
-    if reservation.resources:
-        children.append(
-            node(
-                "Resources",
-                children=[
-                    _reserved_resource(state.resources[name], reservation) for name in reservation.resources
-                ],
-            )
+        for s in reservation.services.values()
+    ]
+    connectors = [
+        node(
+            "Connector",
+            {
+                "Alias": c.alias,
+                "Type": "",
+                "Direction": c.direction,
+                "Source": c.source,
+                "Target": c.target,
+                "State": "Disconnected",
+            },
         )
-    if reservation.connectors:
-        children.append(
-            node(
-                "Connectors",
-                children=[
-                    node(
-                        "Connector",
-                        {
-                            "Alias": c.alias,
-                            "Type": "",
-                            "Direction": c.direction,
-                            "Source": c.source,
-                            "Target": c.target,
-                            "State": "Disconnected",
-                        },
-                    )
-                    for c in reservation.connectors
-                ],
-            )
-        )
-    return [node("ReservationDescription", fields, children)]
+        for c in reservation.connectors
+    ]
+    resources = [_reserved_resource(ctx.state.resources[name], reservation) for name in reservation.resources]
+    children = [
+        node("Resources", children=resources),
+        node("Conflicts"),
+        node("Connectors", children=connectors),
+        node("ReservationLiveStatus", {"ReservationId": reservation.id}),
+        text_node("SetupStage", "None"),
+        node("Services", children=services),
+    ]
+    return node("ReservationDescription", fields, children)
 
 
 def _reserved_resource(resource: ResourceRecord, reservation: Reservation) -> Element:
@@ -175,38 +166,34 @@ def _reserved_resource(resource: ResourceRecord, reservation: Reservation) -> El
 
 
 def _service_info(model: CatalogModel) -> Element:
+    attributes = [
+        node(
+            "Attribute",
+            {
+                "Name": spec.name,
+                "Type": spec.type,
+                "IsRequired": False,
+                "DefaultValue": spec.default,
+                "PossibleValues": "",
+                "RestrictedValues": "",
+            },
+        )
+        for spec in model.attributes.values()
+    ]
     return node(
         "Service",
         {"Name": model.name, "CategoryFullPath": model.category, "Description": ""},
-        [
-            node(
-                "Attributes",
-                children=[
-                    node(
-                        "Attribute",
-                        {
-                            "Name": spec.name,
-                            "Type": spec.type,
-                            "IsRequired": False,
-                            "DefaultValue": spec.default,
-                            "PossibleValues": "",
-                            "RestrictedValues": "",
-                        },
-                    )
-                    for spec in model.attributes.values()
-                ],
-            )
-        ],
+        [node("Attributes", children=attributes)],
     )
 
 
 # ---------------------------------------------------------------------- logon and time
 def _logon_info(ctx: CallContext, token: str, user: str, domain: str) -> Info:
     is_admin = ctx.state.is_admin(user)
-    return (
+    return Info(
         "LogonResponseInfo",
         [
-            node("Token", {"Token": token}),
+            node("Domain", {"Name": domain, "Description": "", "DomainId": domain}),
             node(
                 "User",
                 {
@@ -219,132 +206,120 @@ def _logon_info(ctx: CallContext, token: str, user: str, domain: str) -> Info:
                     "Timezone": "UTC",
                 },
             ),
-            node("Domain", {"Name": domain, "Description": "", "DomainId": domain}),
+            node("Token", {"Token": token}),
         ],
     )
 
 
 @api_method
-def Logon(ctx: CallContext, p: Params) -> Info:
+def Logon(ctx: CallContext, p: Params) -> Optional[Info]:
     """Logon(username, password, domainName) -> LogonResponseInfo."""
-    user, domain = p.text("username"), p.text("domainName") or ctx.state.admin_domain
+    user, domain = p.text("username"), p.text("domainName", "") or ctx.state.admin_domain
     token = ctx.state.logon(user, p.text("password"), domain)
     return _logon_info(ctx, token, user, domain)
 
 
 @api_method
-def SecureLogon(ctx: CallContext, p: Params) -> Info:
+def SecureLogon(ctx: CallContext, p: Params) -> Optional[Info]:
     """SecureLogon(token, domainName) -> LogonResponseInfo."""
-    domain = p.text("domainName") or ctx.state.admin_domain
+    domain = p.text("domainName", "") or ctx.state.admin_domain
     session_token = ctx.state.secure_logon(p.text("token"), domain)
     session = ctx.state.session_for(session_token)
     return _logon_info(ctx, session_token, session.user if session else "", domain)
 
 
 @api_method
-def GetServerDateAndTime(ctx: CallContext, p: Params) -> Info:
+def GetServerDateAndTime(ctx: CallContext, p: Params) -> Optional[Info]:
     """GetServerDateAndTime() -> ServerTimeInfo (UTC, in the client's DateTimeFormat)."""
-    return ("ServerTimeInfo", [_text_node("ServerDateTime", ctx.time(utcnow()))])
-
-
-def _text_node(tag: str, text: str) -> Element:
-    element = node(tag)
-    element.text = text
-    return element
+    return Info("ServerTimeInfo", fields={"ServerDateTime": ctx.time(utcnow())})
 
 
 # ---------------------------------------------------------------------- reservations
 @api_method
-def CreateImmediateReservation(ctx: CallContext, p: Params) -> Info:
+def CreateImmediateReservation(ctx: CallContext, p: Params) -> Optional[Info]:
     """CreateImmediateReservation(reservationName, owner, durationInMinutes, ...).
 
     Returns CreateReservationResponseInfo.
     """
     reservation = ctx.state.create_reservation(
         name=p.text("reservationName"),
-        owner=p.text("owner") or ctx.user,
+        owner=p.text("owner", "") or ctx.user,
         minutes=p.number("durationInMinutes"),
         domain=ctx.session.domain if ctx.session else ctx.state.admin_domain,
     )
-    return ("CreateReservationResponseInfo", [node("Reservation", _reservation_fields(ctx, reservation))])
+    return Info("CreateReservationResponseInfo", [node("Reservation", _reservation_fields(ctx, reservation))])
 
 
 @api_method
-def EndReservation(ctx: CallContext, p: Params) -> Info:
+def EndReservation(ctx: CallContext, p: Params) -> Optional[Info]:
     """EndReservation(reservationId, unmap)."""
     ctx.state.end_reservation(p.text("reservationId"))
     return None
 
 
 @api_method
-def GetReservationDetails(ctx: CallContext, p: Params) -> Info:
+def GetReservationDetails(ctx: CallContext, p: Params) -> Optional[Info]:
     """GetReservationDetails(reservationId, disableCache) -> GetReservationDescriptionResponseInfo."""
-    children = ctx.state.details(
-        p.text("reservationId"), p.flag("disableCache"), lambda r: _render_details(ctx, r)
-    )
-    return ("GetReservationDescriptionResponseInfo", children)
+    reservation = ctx.state.details(p.text("reservationId"), p.flag("disableCache"))
+    return Info("GetReservationDescriptionResponseInfo", [_render_details(ctx, reservation)])
 
 
 @api_method
-def GetReservationStatus(ctx: CallContext, p: Params) -> Info:
+def GetReservationStatus(ctx: CallContext, p: Params) -> Optional[Info]:
     """GetReservationStatus(reservationId) -> ReservationSlimStatusInfo."""
     with ctx.state.lock:
         reservation = ctx.state.reservation(p.text("reservationId"))
         fields = _reservation_fields(ctx, reservation)
-    return (
-        "ReservationSlimStatusInfo",
-        [
-            node(
-                "ReservationSlimStatus",
-                {
-                    "ReservationId": reservation.id,
-                    "StartTime": fields["StartTime"],
-                    "EndTime": fields["EndTime"],
-                    "Status": fields["Status"],
-                    "ProvisioningStatus": fields["ProvisioningStatus"],
-                    "Booked": True,
-                    "SetupStage": "None",
-                },
-            )
-        ],
-    )
+    status = {
+        "ReservationId": reservation.id,
+        "StartTime": fields["StartTime"],
+        "EndTime": fields["EndTime"],
+        "Status": fields["Status"],
+        "ProvisioningStatus": fields["ProvisioningStatus"],
+        "Booked": True,
+        "SetupStage": "None",
+    }
+    return Info("ReservationSlimStatusInfo", [node("ReservationSlimStatus", status)])
 
 
 @api_method
-def GetCurrentReservations(ctx: CallContext, p: Params) -> Info:
+def GetCurrentReservations(ctx: CallContext, p: Params) -> Optional[Info]:
     """GetCurrentReservations(reservationOwner) -> GetActiveReservationsResponseInfo."""
-    reservations = ctx.state.current_reservations(p.text("reservationOwner"))
+    reservations = ctx.state.current_reservations(p.text("reservationOwner", ""))
     items = [node("Reservation", _reservation_fields(ctx, r)) for r in reservations]
-    return ("GetActiveReservationsResponseInfo", [node("Reservations", children=items)] if items else [])
+    return Info("GetActiveReservationsResponseInfo", [node("Reservations", children=items)])
 
 
 # ---------------------------------------------------------------------- services
 @api_method
-def GetServices(ctx: CallContext, p: Params) -> Info:
+def GetServices(ctx: CallContext, p: Params) -> Optional[Info]:
     """GetServices(categoryName, serviceName) -> ServicesListInfo with attribute definitions."""
-    models = ctx.state.services(p.text("categoryName"), p.text("serviceName"))
-    items = [_service_info(m) for m in models]
-    return ("ServicesListInfo", [node("Services", children=items)] if items else [])
+    models = ctx.state.services(p.text("categoryName", ""), p.text("serviceName", ""))
+    return Info("ServicesListInfo", [node("Services", children=[_service_info(m) for m in models])])
 
 
 @api_method
-def AddServiceToReservation(ctx: CallContext, p: Params) -> Info:
+def AddServiceToReservation(ctx: CallContext, p: Params) -> Optional[Info]:
     """AddServiceToReservation(reservationId, serviceName, alias, attributes)."""
     ctx.state.add_service(
-        p.text("reservationId"), p.text("serviceName"), p.text("alias"), p.name_values("attributes"), ctx.user
+        p.text("reservationId"),
+        p.text("serviceName"),
+        p.text("alias", ""),
+        p.name_values("attributes", required=False),
+        ctx.user,
     )
     return None
 
 
 @api_method
-def RemoveServicesFromReservation(ctx: CallContext, p: Params) -> Info:
+def RemoveServicesFromReservation(ctx: CallContext, p: Params) -> Optional[Info]:
     """RemoveServicesFromReservation(reservationId, services)."""
     ctx.state.remove_services(p.text("reservationId"), p.strings("services"), ctx.user)
     return None
 
 
 @api_method
-def SetServiceAttributesValues(ctx: CallContext, p: Params) -> Info:
+def SetServiceAttributesValues(ctx: CallContext, p: Params) -> Optional[Info]:
     """SetServiceAttributesValues(reservationId, serviceAlias, attributeRequests)."""
     ctx.state.set_service_attributes(
         p.text("reservationId"), p.text("serviceAlias"), p.name_values("attributeRequests"), ctx.user
@@ -353,7 +328,7 @@ def SetServiceAttributesValues(ctx: CallContext, p: Params) -> Info:
 
 
 @api_method
-def GetReservationServicesPositions(ctx: CallContext, p: Params) -> Info:
+def GetReservationServicesPositions(ctx: CallContext, p: Params) -> Optional[Info]:
     """GetReservationServicesPositions(reservationId) -> ReservationDiagramLayoutResponseInfo.
 
     Services only, as the real server answers.
@@ -364,14 +339,11 @@ def GetReservationServicesPositions(ctx: CallContext, p: Params) -> Info:
             node("ResourceDiagramLayout", {"ResourceName": s.alias, "X": s.position[0], "Y": s.position[1]})
             for s in reservation.services.values()
         ]
-    return (
-        "ReservationDiagramLayoutResponseInfo",
-        [node("ResourceDiagramLayouts", children=items)] if items else [],
-    )
+    return Info("ReservationDiagramLayoutResponseInfo", [node("ResourceDiagramLayouts", children=items)])
 
 
 @api_method
-def WriteMessageToReservationOutput(ctx: CallContext, p: Params) -> Info:
+def WriteMessageToReservationOutput(ctx: CallContext, p: Params) -> Optional[Info]:
     """WriteMessageToReservationOutput(reservationId, message)."""
     ctx.state.write_output(p.text("reservationId"), p.text("message"))
     return None
@@ -379,16 +351,16 @@ def WriteMessageToReservationOutput(ctx: CallContext, p: Params) -> Info:
 
 # ---------------------------------------------------------------------- resources and connectors
 @api_method
-def CreateResource(ctx: CallContext, p: Params) -> Info:
+def CreateResource(ctx: CallContext, p: Params) -> Optional[Info]:
     """CreateResource(resourceFamily, resourceModel, resourceName, resourceAddress, ...) -> ResourceInfo."""
     resource = ctx.state.create_resource(
-        family=p.text("resourceFamily"),
+        family=p.text("resourceFamily", ""),
         model_name=p.text("resourceModel"),
         name=p.text("resourceName"),
-        address=p.text("resourceAddress"),
-        folder=p.text("folderFullPath"),
-        parent=p.text("parentResourceFullPath"),
-        description=p.text("resourceDescription"),
+        address=p.text("resourceAddress", ""),
+        folder=p.text("folderFullPath", ""),
+        parent=p.text("parentResourceFullPath", ""),
+        description=p.text("resourceDescription", ""),
         user=ctx.user,
     )
     now = ctx.time(utcnow())
@@ -411,26 +383,12 @@ def CreateResource(ctx: CallContext, p: Params) -> Info:
         "Description": resource.description,
         "Permission": "RW",
         "CreatedByUser": resource.created_by,
+        "CreatedInDomain": ctx.session.domain if ctx.session else ctx.state.admin_domain,
         "CreateDate": now,
         "ModificationDate": now,
         "Version": 1,
     }
-    return ("ResourceInfo", _resource_info_children(fields, attributes))
-
-
-def _resource_info_children(fields: Dict[str, object], attributes: List[Element]) -> List[Element]:
-    # ResourceInfo is the ResponseInfo element itself: its fields are attributes of that element, which
-    # success_response cannot set, so they travel as child elements (the client reads either form).
-    children = [_text_node(name, _plain(value)) for name, value in fields.items()]
-    if attributes:
-        children.append(node("ResourceAttributes", children=attributes))
-    return children
-
-
-def _plain(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
+    return Info("ResourceInfo", [node("ResourceAttributes", children=attributes)], fields)
 
 
 def _conflicts(conflicts: List[Tuple[str, str]]) -> Info:
@@ -438,11 +396,11 @@ def _conflicts(conflicts: List[Tuple[str, str]]) -> Info:
         node("ResourceConflict", {"ResourceName": name, "ConflictType": "Reservation", "ConflictWith": other})
         for name, other in conflicts
     ]
-    return ("ReserveResourcesResponseInfo", [node("Conflicts", children=items)] if items else [])
+    return Info("ReserveResourcesResponseInfo", [node("Conflicts", children=items)])
 
 
 @api_method
-def AddResourcesToReservation(ctx: CallContext, p: Params) -> Info:
+def AddResourcesToReservation(ctx: CallContext, p: Params) -> Optional[Info]:
     """AddResourcesToReservation(reservationId, resourcesFullPath, shared) -> ReserveResourcesResponseInfo."""
     return _conflicts(
         ctx.state.add_resources(p.text("reservationId"), p.strings("resourcesFullPath"), p.flag("shared"))
@@ -450,21 +408,21 @@ def AddResourcesToReservation(ctx: CallContext, p: Params) -> Info:
 
 
 @api_method
-def RemoveResourcesFromReservation(ctx: CallContext, p: Params) -> Info:
+def RemoveResourcesFromReservation(ctx: CallContext, p: Params) -> Optional[Info]:
     """RemoveResourcesFromReservation(reservationId, resourcesFullPath, deleteDeployedApps)."""
     ctx.state.remove_resources(p.text("reservationId"), p.strings("resourcesFullPath"))
     return _conflicts([])
 
 
 @api_method
-def SetConnectorsInReservation(ctx: CallContext, p: Params) -> Info:
+def SetConnectorsInReservation(ctx: CallContext, p: Params) -> Optional[Info]:
     """SetConnectorsInReservation(reservationId, connectors: [SetConnectorRequest])."""
     ctx.state.set_connectors(p.text("reservationId"), p.records("connectors"))
     return None
 
 
 @api_method
-def RemoveConnectorsFromReservation(ctx: CallContext, p: Params) -> Info:
+def RemoveConnectorsFromReservation(ctx: CallContext, p: Params) -> Optional[Info]:
     """RemoveConnectorsFromReservation(reservationId, endpoints: [source, target, ...])."""
     ctx.state.remove_connectors(p.text("reservationId"), p.strings("endpoints"))
     return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Optional
 
-from .faults import FaultPlan, LatencyModel
+from .faults import FaultPlan, LatencyModel, number
 from .state import EmulatorState
 
 #: The CloudShell version the emulator claims; a package whose metadata names a newer one is refused.
@@ -41,12 +41,12 @@ class Runtime:
         latency = LatencyModel(settings["latency"]) if "latency" in settings else self.latency
         cache = self.state.details_cache_seconds
         if "details_cache_seconds" in settings:
-            cache = float(settings["details_cache_seconds"])
+            cache = number("details_cache_seconds", settings["details_cache_seconds"])
             if cache < 0:
                 raise ValueError("details_cache_seconds must not be negative")
         ttl = self.state.token_ttl
         if "token_ttl" in settings:
-            ttl = None if settings["token_ttl"] is None else float(settings["token_ttl"])
+            ttl = None if settings["token_ttl"] is None else number("token_ttl", settings["token_ttl"])
             if ttl is not None and ttl <= 0:
                 raise ValueError("token_ttl must be positive, or None for tokens that never expire")
         self.latency = latency

@@ -2,8 +2,9 @@
 
 Both are stdlib ``ThreadingHTTPServer``s speaking HTTP/1.1 with keep-alive, which is what the clients'
 connection pools (urllib3, requests) expect: one thread per open connection, so 64 concurrent
-clients are 64 threads. The servers remember their open connections, so that stopping the emulator
-also ends idle keep-alive connections instead of leaving them served by a stopped emulator.
+clients are 64 threads. The servers remember their open connections and the threads serving them,
+so that stopping the emulator ends idle keep-alive connections and calls in the middle of their
+injected latency, and returns only when every thread serving them has finished.
 """
 
 from __future__ import annotations
@@ -17,21 +18,29 @@ import threading
 import time
 import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Optional, Set, Tuple
+from typing import Any, Dict, Optional, Tuple
 from urllib.parse import parse_qs, urlsplit
 
 from .faults import DROP_AFTER_COMMIT, ERROR_BEFORE_COMMIT
 from .methods import PUBLIC_METHODS, CallContext, dispatch
 from .quali import QualiTokens, first_file_part
 from .runtime import Runtime
+from .state import GENERIC_ERROR
 from .wire import RequestError, failure_response, parse_authorization, parse_request
 
 API_PREFIX = "/resourcemanagerapiservice/"
 CONTROL_PREFIX = "/_emulator/"
 QUALI_PREFIX = "/api/"
+XML_CONTENT_TYPE = "text/xml; charset=utf-8"
 
 #: Largest request body accepted (a package zip is the largest thing anyone sends).
 MAX_BODY_BYTES = 64 * 1024 * 1024
+
+#: How long a request body may take to arrive once its headers have (a stalled client is cut off).
+BODY_TIMEOUT_SECONDS = 30.0
+
+#: How long stopping waits for the threads serving open connections.
+STOP_TIMEOUT_SECONDS = 5.0
 
 
 def is_loopback(address: str) -> bool:
@@ -45,14 +54,17 @@ def is_loopback(address: str) -> bool:
 
 
 class _TrackingServer(ThreadingHTTPServer):
-    """A threading HTTP server that can close its open connections when it stops."""
+    """A threading HTTP server that can end its open connections and their threads when it stops."""
 
-    daemon_threads = True
+    daemon_threads = True  # an emulator that is never stopped must not keep its process alive
+    block_on_close = False  # stop() joins the connection threads itself, with a time limit
     request_queue_size = 256
 
     def __init__(self, address: Tuple[str, int], handler: type, runtime: Runtime) -> None:
         self.runtime = runtime
-        self._connections: Set[socket.socket] = set()
+        #: Set by stop(): calls waiting out their injected latency give up at once.
+        self.stopping = threading.Event()
+        self._connections: Dict[socket.socket, threading.Thread] = {}
         self._connections_lock = threading.Lock()
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
@@ -60,27 +72,42 @@ class _TrackingServer(ThreadingHTTPServer):
 
     def handle_error(self, request, client_address) -> None:  # type: ignore[override]
         """Clients that hang up mid-answer are normal (timeouts, killed processes): stay quiet then."""
-        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError, socket.timeout)):
             return
         super().handle_error(request, client_address)
 
     def process_request(self, request, client_address) -> None:  # type: ignore[override]
+        """Serve the connection in its own thread, and remember both."""
+        thread = threading.Thread(
+            target=self.process_request_thread,
+            args=(request, client_address),
+            name=f"{type(self).__name__}-connection",
+            daemon=True,
+        )
         with self._connections_lock:
-            self._connections.add(request)
-        super().process_request(request, client_address)
+            self._connections[request] = thread
+        thread.start()
 
     def shutdown_request(self, request) -> None:  # type: ignore[override]
+        """Forget a connection whose thread has finished with it, and close it."""
         with self._connections_lock:
-            self._connections.discard(request)
+            self._connections.pop(request, None)
         super().shutdown_request(request)
 
-    def close_connections(self) -> None:
-        """End every open connection (idle keep-alive ones included)."""
+    def stop(self, timeout: float = STOP_TIMEOUT_SECONDS) -> None:
+        """Stop accepting, end every open connection (idle keep-alive ones and calls in their latency
+        included), wait for the threads that served them, then close the listening socket."""
+        self.stopping.set()
+        self.shutdown()
         with self._connections_lock:
-            connections = list(self._connections)
-        for connection in connections:
+            connections = list(self._connections.items())
+        for connection, _ in connections:
             with contextlib.suppress(OSError):
                 connection.shutdown(socket.SHUT_RDWR)
+        deadline = time.monotonic() + timeout
+        for _, thread in connections:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        self.server_close()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -95,29 +122,64 @@ class _Handler(BaseHTTPRequestHandler):
         """Stay quiet: request lines could carry tokens, and tests run thousands of calls."""
 
     def read_body(self) -> Optional[bytes]:
-        """The request body, or None after answering 400/413 for a bad length."""
+        """The request body, or None after refusing the request and closing the connection.
+
+        A body whose length is unknown (chunked, or a bad ``Content-Length``), too large, or that does
+        not arrive in time is refused; the connection then closes, because what is left of that body
+        must not be read as the next request.
+        """
+        if self.headers.get("Transfer-Encoding"):
+            self.refuse(411, "send the request body with a Content-Length (chunked bodies are not supported)")
+            return None
         length_header = self.headers.get("Content-Length")
         try:
             length = int(length_header) if length_header is not None else 0
         except ValueError:
-            self.send_text(400, "Content-Length is not a number")
+            self.refuse(400, f"Content-Length is not a number: {length_header!r}")
             return None
         if length < 0 or length > MAX_BODY_BYTES:
-            self.send_text(413, "request body too large")
+            self.refuse(413, f"request body too large: {length} bytes (at most {MAX_BODY_BYTES})")
             return None
-        return self.rfile.read(length) if length else b""
+        if not length:
+            return b""
+        self.connection.settimeout(BODY_TIMEOUT_SECONDS)
+        try:
+            body = self.rfile.read(length)
+        except (socket.timeout, TimeoutError):
+            body = None
+        finally:
+            with contextlib.suppress(OSError):
+                self.connection.settimeout(None)
+        if body is None or len(body) < length:
+            self.refuse(408, f"the request body did not arrive within {BODY_TIMEOUT_SECONDS:g} s")
+            return None
+        return body
 
-    def send_body(self, status: int, body: bytes, content_type: str) -> None:
-        """Answer with a body (keep-alive stays on)."""
+    def send_body(self, status: int, body: bytes, content_type: str, close: bool = False) -> None:
+        """Answer with a body; keep-alive stays on unless ``close``."""
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
+        if close:
+            self.send_header("Connection", "close")
+            self.close_connection = True
         self.end_headers()
         self.wfile.write(body)
 
     def send_text(self, status: int, text: str) -> None:
         """Answer with plain text."""
         self.send_body(status, text.encode("utf-8"), "text/plain; charset=utf-8")
+
+    def refuse(self, status: int, text: str) -> None:
+        """Answer a request that cannot be read, then close the connection."""
+        with contextlib.suppress(OSError):
+            self.send_body(status, text.encode("utf-8"), "text/plain; charset=utf-8", close=True)
+        self.close_connection = True
+
+    def wait(self, seconds: float) -> bool:
+        """Spend injected latency; False when the emulator stops meanwhile (the caller then drops the
+        connection instead of answering)."""
+        return not (seconds and self.server.stopping.wait(seconds))
 
     def send_json(self, status: int, value: Any) -> None:
         """Answer with JSON."""
@@ -134,6 +196,7 @@ class ApiRequestHandler(_Handler):
     """``POST /ResourceManagerApiService/<Method>`` and the control endpoint ``/_emulator/<op>``."""
 
     def do_POST(self) -> None:
+        """An API call, or a control operation."""
         path = urlsplit(self.path).path
         if path.startswith(CONTROL_PREFIX):
             self._control(path[len(CONTROL_PREFIX) :])
@@ -149,6 +212,7 @@ class ApiRequestHandler(_Handler):
             self._api_call(path[len(API_PREFIX) :].strip("/"), body, started)
 
     def do_GET(self) -> None:
+        """A control operation with its fields in the query string."""
         path = urlsplit(self.path).path
         if path.startswith(CONTROL_PREFIX):
             self._control(path[len(CONTROL_PREFIX) :])
@@ -174,13 +238,15 @@ class ApiRequestHandler(_Handler):
         try:
             params = parse_request(body, method)
         except RequestError as error:
-            self.send_body(200, failure_response(method, "100", f"Invalid request: {error}"), "text/xml")
+            answer = failure_response(method, GENERIC_ERROR, f"Invalid request: {error}")
+            self.send_body(200, answer, XML_CONTENT_TYPE)
             return None
 
         fault = runtime.faults.take(method)
         before, after = runtime.latency.split()
-        if before:
-            time.sleep(before)
+        if not self.wait(before):
+            self.drop_connection()
+            return None
         if fault == ERROR_BEFORE_COMMIT:
             self.send_text(500, "Internal Server Error (injected fault before commit)")
             return None
@@ -192,18 +258,16 @@ class ApiRequestHandler(_Handler):
             traceback.print_exc()
             self.send_text(500, f"emulator internal error in {method}: {error!r}")
             return None
-        if fault == DROP_AFTER_COMMIT:
+        if fault == DROP_AFTER_COMMIT or not self.wait(after):
             self.drop_connection()
             return None
-        if after:
-            time.sleep(after)
-        self.send_body(200, response, "text/xml; charset=utf-8")
+        self.send_body(200, response, XML_CONTENT_TYPE)
         return before + after
 
     def _control(self, op: str) -> None:
         if not is_loopback(self.client_address[0]):
-            self.read_body()
-            self.send_json(403, {"error": "the control endpoint answers loopback clients only"})
+            if self.read_body() is not None:
+                self.send_json(403, {"error": "the control endpoint answers loopback clients only"})
             return
         payload: Any = {}
         if self.command == "POST":
@@ -229,15 +293,24 @@ class QualiRequestHandler(_Handler):
 
     server: QualiServer
 
-    def do_PUT(self) -> None:
-        path = urlsplit(self.path).path.lower().rstrip("/")
+    def _body_for(self, endpoint: str) -> Optional[bytes]:
+        """The request body when the path is ``/API/<endpoint>`` (any case), else None after a 404."""
+        path = urlsplit(self.path).path
         body = self.read_body()
+        if body is not None and path.lower().rstrip("/") != QUALI_PREFIX + endpoint:
+            self.send_text(404, f"No such endpoint: {path}")
+            return None
+        return body
+
+    def do_PUT(self) -> None:
+        """``PUT /API/Auth/Login``: a token for the package import."""
+        body = self._body_for("auth/login")
         if body is None:
             return
-        if path != QUALI_PREFIX + "auth/login":
-            self.send_text(404, f"No such endpoint: {path}")
-            return
-        form = {k: v[-1] for k, v in parse_qs(body.decode("utf-8"), keep_blank_values=True).items()}
+        form = {
+            k: v[-1]
+            for k, v in parse_qs(body.decode("utf-8", errors="replace"), keep_blank_values=True).items()
+        }
         if self.headers.get("Content-Type", "").startswith("application/json") and body:
             try:
                 form = {str(k): str(v) for k, v in json.loads(body.decode("utf-8")).items()}
@@ -257,12 +330,9 @@ class QualiRequestHandler(_Handler):
         self.send_json(200, self.server.tokens.issue(user))
 
     def do_POST(self) -> None:
-        path = urlsplit(self.path).path.lower().rstrip("/")
-        body = self.read_body()
+        """``POST /API/Package/ImportPackage``: validate and register a package zip."""
+        body = self._body_for("package/importpackage")
         if body is None:
-            return
-        if path != QUALI_PREFIX + "package/importpackage":
-            self.send_text(404, f"No such endpoint: {path}")
             return
         user = self.server.tokens.user(self.headers.get("Authorization"))
         if user is None:

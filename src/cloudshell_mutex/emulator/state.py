@@ -13,8 +13,8 @@ import threading
 import time
 import uuid
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
-from typing import Any, Callable, Deque, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from dataclasses import dataclass, field, replace
+from typing import Any, Deque, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 GENERIC_ERROR = "100"
 UNKNOWN_COMMAND_ERROR = "101"
@@ -114,9 +114,24 @@ class Reservation:
     resources: List[str] = field(default_factory=list)
     connectors: List[ConnectorRecord] = field(default_factory=list)
     output: List[str] = field(default_factory=list)
-    #: GetReservationDetails snapshot: (monotonic time taken, serialized answer).
-    details_cache: Optional[Tuple[float, Any]] = None
+    #: GetReservationDetails snapshot: (monotonic time taken, copy of the reservation then).
+    details_cache: Optional[Tuple[float, Reservation]] = None
     next_position: int = 0
+
+    def snapshot(self) -> Reservation:
+        """A copy of what GetReservationDetails shows, unaffected by later changes (caller holds the lock)."""
+        services = OrderedDict(
+            (alias, replace(service, attributes=OrderedDict(service.attributes)))
+            for alias, service in self.services.items()
+        )
+        return replace(
+            self,
+            services=services,
+            resources=list(self.resources),
+            connectors=list(self.connectors),
+            output=[],
+            details_cache=None,
+        )
 
     def is_ended(self, now: _dt.datetime) -> bool:
         """True once EndReservation ran or the reservation's end time passed."""
@@ -378,11 +393,12 @@ class EmulatorState:
                 if not r.is_ended(now) and (not owner or r.owner == owner)
             ]
 
-    def details(self, reservation_id: str, disable_cache: bool, render: Callable[[Reservation], Any]) -> Any:
-        """GetReservationDetails: the rendered reservation, from the 5-second snapshot unless disabled.
+    def details(self, reservation_id: str, disable_cache: bool) -> Reservation:
+        """GetReservationDetails: a copy of the reservation, from the 5-second snapshot unless disabled.
 
-        The snapshot is what ``render`` returned when it was taken, so changes made after it stay
-        invisible to cached reads until it expires. A ``disableCache`` read neither uses nor refreshes it.
+        Changes made after the snapshot was taken stay invisible to cached reads until it expires.
+        A ``disableCache`` read gets a fresh copy and neither uses nor refreshes the snapshot. Copies,
+        not rendered answers, are kept, so each caller gets times in its own ``DateTimeFormat``.
         """
         with self.lock:
             reservation = self.reservation(reservation_id)
@@ -390,10 +406,10 @@ class EmulatorState:
             cached = reservation.details_cache
             if not disable_cache and cached is not None and now - cached[0] < self.details_cache_seconds:
                 return cached[1]
-            rendered = render(reservation)
+            snapshot = reservation.snapshot()
             if not disable_cache:
-                reservation.details_cache = (now, rendered)
-            return rendered
+                reservation.details_cache = (now, snapshot)
+            return snapshot
 
     def write_output(self, reservation_id: str, message: str) -> None:
         """WriteMessageToReservationOutput."""

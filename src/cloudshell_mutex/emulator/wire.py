@@ -9,14 +9,16 @@ What ``CloudShellAPISession`` sends (see ``CommonAPISession._serialize_request``
 Lists of strings arrive as ``<services><string>MUTEX</string></services>``. What it parses
 (``CommonApiResult``): ``<Response CommandName Success>`` in the ApiCommandResult namespace with
 ``<ErrorCode>``, ``<Error>`` and ``<ResponseInfo xsi:type="ClassName">``; the class of that name in
-``cloudshell_api.py`` then reads scalar fields from XML attributes and lists from child elements.
-Nested elements must not carry ``xsi:type`` (the client would try to call the type name).
+``cloudshell_api.py`` then reads scalar fields from XML attributes (or, failing that, child elements)
+and lists from child elements. Nested elements must not carry ``xsi:type`` (the client would try to
+call the type name).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import re
+from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 from xml.etree import ElementTree
 
@@ -27,6 +29,9 @@ XSI_NS = "http://www.w3.org/2001/XMLSchema-instance"
 DEFAULT_DATETIME_FORMAT = "MM/dd/yyyy HH:mm"
 
 Value = Union[str, List[Any], Dict[str, str]]
+
+#: ``Params`` default meaning "the request must carry this parameter".
+_REQUIRED: Any = object()
 
 
 class RequestError(ValueError):
@@ -39,9 +44,16 @@ class Params:
     def __init__(self, values: Mapping[str, Value]) -> None:
         self._values = dict(values)
 
-    def text(self, name: str, default: str = "") -> str:
-        """A string parameter."""
-        value = self._values.get(name, default)
+    def _get(self, name: str, default: Any) -> Any:
+        if name in self._values:
+            return self._values[name]
+        if default is _REQUIRED:
+            raise RequestError(f"parameter '{name}' is missing")
+        return default
+
+    def text(self, name: str, default: Any = _REQUIRED) -> str:
+        """A string parameter; without ``default`` the request must carry it (it may be empty)."""
+        value = self._get(name, default)
         if not isinstance(value, str):
             raise RequestError(f"parameter '{name}' must be a single value")
         return value
@@ -66,9 +78,9 @@ class Params:
         except ValueError:
             raise RequestError(f"parameter '{name}' must be an integer, got '{value}'") from None
 
-    def items(self, name: str) -> List[Any]:
+    def items(self, name: str, required: bool = True) -> List[Any]:
         """A list parameter (an empty element is an empty list)."""
-        value = self._values.get(name, [])
+        value = self._get(name, _REQUIRED if required else [])
         if value == "":
             return []
         if isinstance(value, dict):
@@ -77,28 +89,28 @@ class Params:
             raise RequestError(f"parameter '{name}' must be a list")
         return value
 
-    def strings(self, name: str) -> List[str]:
+    def strings(self, name: str, required: bool = True) -> List[str]:
         """A list-of-strings parameter."""
         result = []
-        for item in self.items(name):
+        for item in self.items(name, required):
             if not isinstance(item, str):
                 raise RequestError(f"parameter '{name}' must be a list of strings")
             result.append(item)
         return result
 
-    def name_values(self, name: str) -> List[Tuple[str, str]]:
+    def name_values(self, name: str, required: bool = True) -> List[Tuple[str, str]]:
         """A list of ``AttributeNameValue`` as (name, value) pairs."""
         result = []
-        for item in self.items(name):
+        for item in self.items(name, required):
             if not isinstance(item, dict) or "Name" not in item:
                 raise RequestError(f"parameter '{name}' must be a list of AttributeNameValue")
             result.append((item["Name"], item.get("Value", "")))
         return result
 
-    def records(self, name: str) -> List[Dict[str, str]]:
+    def records(self, name: str, required: bool = True) -> List[Dict[str, str]]:
         """A list of request objects (e.g. ``SetConnectorRequest``) as dicts of their fields."""
         result = []
-        for item in self.items(name):
+        for item in self.items(name, required):
             if not isinstance(item, dict):
                 raise RequestError(f"parameter '{name}' must be a list of objects")
             result.append(item)
@@ -171,15 +183,29 @@ def _serialize(root: ElementTree.Element) -> bytes:
     ).encode("utf-8")
 
 
-def success_response(command: str, info: Optional[Tuple[str, List[ElementTree.Element]]] = None) -> bytes:
-    """A ``Success="true"`` envelope; ``info`` is (ResponseInfo type name, its child elements)."""
+def text_node(tag: str, text: str) -> ElementTree.Element:
+    """An element with text content (how the real server sends a few scalar fields, e.g. SetupStage)."""
+    element = ElementTree.Element(tag)
+    element.text = text
+    return element
+
+
+@dataclass
+class Info:
+    """A ``<ResponseInfo xsi:type=...>``: the client class name, its child elements and its scalar
+    fields (XML attributes of the ResponseInfo element, as on every other object)."""
+
+    type_name: str
+    children: List[ElementTree.Element] = field(default_factory=list)
+    fields: Dict[str, Any] = field(default_factory=dict)
+
+
+def success_response(command: str, info: Optional[Info] = None) -> bytes:
+    """A ``Success="true"`` envelope, with a ResponseInfo when ``info`` is given."""
     root = _envelope(command, True)
     ElementTree.SubElement(root, "ErrorCode").text = "0"
     if info is not None:
-        type_name, children = info
-        response_info = ElementTree.SubElement(root, "ResponseInfo")
-        response_info.set("xsi:type", type_name)
-        response_info.extend(children)
+        root.append(node("ResponseInfo", {"xsi:type": info.type_name, **info.fields}, info.children))
     return _serialize(root)
 
 
