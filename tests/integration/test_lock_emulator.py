@@ -31,14 +31,6 @@ ROOT = Path(__file__).resolve().parents[2]
 FAST = DefaultPacing(first=0.01, base=0.02, cap=0.1)
 
 
-@pytest.fixture(autouse=True)
-def _fresh_catalog():
-    # Emulators come and go on reused loopback ports; the catalog cache is per host:port.
-    catalog.forget()
-    yield
-    catalog.forget()
-
-
 @pytest.fixture
 def emu(cloudshell_emulator_factory, original_package_zip):
     return cloudshell_emulator_factory(packages=[original_package_zip])

@@ -21,7 +21,7 @@ import pytest
 from cloudshell.api.cloudshell_api import AttributeNameValue, CloudShellAPISession
 from original_protocol import OriginalMutex
 
-from cloudshell_mutex import CallBudget, DefaultPacing, ReservationMutex, catalog, protocol
+from cloudshell_mutex import CallBudget, DefaultPacing, ReservationMutex, protocol
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -31,13 +31,6 @@ ATTR_COUNT = "Count"
 ATTR_WRITER = "Last Writer"
 HOLD_SECONDS = 0.005
 LATENCY = {"distribution": "uniform", "low": 0.002, "high": 0.008, "commit_fraction": 0.5}
-
-
-@pytest.fixture(autouse=True)
-def _fresh_catalog():
-    catalog.forget()
-    yield
-    catalog.forget()
 
 
 # ---------------------------------------------------------------- worker (runs in a spawned process)

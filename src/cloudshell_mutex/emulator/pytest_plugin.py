@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator, List
 
 import pytest
 
+from .. import catalog
 from .instance import Emulator
 
 
@@ -23,9 +24,12 @@ from .instance import Emulator
 def cloudshell_emulator_factory() -> Iterator[Callable[..., Emulator]]:
     """A callable ``(**Emulator kwargs) -> started Emulator``; every emulator it made stops at teardown.
 
-    ``host`` defaults to 127.0.0.1 and both ports to 0 (free ports).
+    ``host`` defaults to 127.0.0.1 and both ports to 0 (free ports). Emulators come and go on reused
+    loopback ports, so what this process's locks cached about a server's catalog is forgotten around
+    each test.
     """
     started: List[Emulator] = []
+    catalog.forget()
 
     def make(**kwargs: Any) -> Emulator:
         kwargs.setdefault("host", "127.0.0.1")
@@ -39,6 +43,7 @@ def cloudshell_emulator_factory() -> Iterator[Callable[..., Emulator]]:
     yield make
     for emulator in reversed(started):
         emulator.stop()
+    catalog.forget()
 
 
 @pytest.fixture
