@@ -12,98 +12,31 @@ The protocol (docs/protocol.md explains it step by step):
 
 Compatible with the original snippet (QualiSystemsLab/Reservation-Mutex-Lock): same model, alias and
 "success of the add = held" rule, so old and new code exclude each other.
+
+This module is the protocol. Around it: :mod:`.attempt` keeps one acquisition's record,
+:mod:`.classify` sorts failures, :mod:`.diagnosis` words the errors, :mod:`.session` knows the
+client's hidden re-send, :mod:`.catalog` the installed model, :mod:`.pacing` the waits.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import random
-import threading
 import time
-import weakref
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple, TypeVar
 
 from cloudshell.api.cloudshell_api import AttributeNameValue
 
-from . import catalog, events, protocol
+from . import catalog, diagnosis, events, protocol, session
+from .attempt import Attempt
 from .classify import Classification, ErrorKind, classify
-from .errors import (
-    MutexError,
-    MutexLostError,
-    MutexNotInstalled,
-    MutexPermissionError,
-    MutexReleaseError,
-    MutexTimeout,
-    MutexUsageError,
-    ReservationNotActive,
-)
+from .errors import MutexError, MutexNotInstalled, MutexUsageError
 from .events import EventHook, MutexEvent
 from .holder import Holder, read_holder
 from .owner_token import make_token, sanitize_label
 from .pacing import CallBudget, DefaultPacing, ExponentialBackoff, PacingPolicy, budget_for, clip
 
-#: Reservation states (GetReservationStatus ... .Status) in which nothing can be locked any more.
-_ENDED_STATES = frozenset({"completed", "ended", "cancelled", "canceled", "terminated"})
-
-#: CloudShellAPISession re-sends a request whose connection failed, after 1 s, then 2 s
-#: (common_cloudshell_api.retry, max_attempts=3). A call that took this long may hide such a re-send,
-#: so an earlier copy of it may have committed.
-_CLIENT_RETRY_DELAY = 1.0
-
-_send_once_locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_send_once_guard = threading.Lock()
-
-
-@contextlib.contextmanager
-def _sent_once(api: Any) -> Iterator[bool]:
-    """Turn off the client's own re-send for one call (the remove); yield whether one may still happen.
-
-    If a remove commits and its reply is lost, the client re-sends it 1 s later; by then a waiter
-    may have added the alias, and the re-sent remove deletes the *waiter's* lock. So the remove goes
-    out once, and the lock retries it itself, only after a fresh read shows the alias is still ours.
-    ``_attempts`` is the session's private copy of ``max_attempts``; it is set back afterwards, under
-    a per-session lock so that concurrent removes on one session cannot restore the wrong value.
-    """
-    if not isinstance(getattr(api, "_attempts", None), int):
-        yield True  # not a CloudShellAPISession: whatever it does, it cannot be turned off
-        return
-    with _send_once_guard:
-        lock = _send_once_locks.setdefault(api, threading.Lock())
-    with lock:
-        saved, api._attempts = api._attempts, 1
-        try:
-            yield False
-        finally:
-            api._attempts = saved
-
-
-class _Attempt:
-    """Book-keeping of one acquire() or release() call."""
-
-    def __init__(self, token: str, start: float, deadline: Optional[float]) -> None:
-        self.token = token
-        self.start = start
-        self.deadline = deadline
-        self.attempts = 0
-        self.calls = 0
-        self.contentions = 0
-        self.transients = 0
-        self.contention_delay = 0.0
-        self.backoff_delay = 0.0
-        # True while an add may have committed without us knowing (its response was lost).
-        self.ambiguous = False
-        # True when a successful fresh read happened after the last add: nothing new to learn.
-        self.read_since_add = False
-        # Calls wait on the call budget only while polling: never the first add, never a release.
-        self.paced = False
-        self.last_read_at: Optional[float] = None  # last successful fresh read
-        self.last_read_attempt: Optional[float] = None  # last read tried, successful or not
-        self.contended_since: Optional[float] = None
-        self.holder: Optional[Holder] = None
-        self.holder_since: Optional[float] = None
-        self.last_progress: Optional[float] = None
-        self.last_error: Optional[str] = None
+_E = TypeVar("_E", bound=MutexError)
 
 
 class ReservationMutex:
@@ -170,8 +103,7 @@ class ReservationMutex:
             raise ValueError("reservation_id must be the reservation's id (a non-empty string)")
         if not isinstance(name, str) or not name.strip():
             raise ValueError("name (the lock's service alias) must be a non-empty string, e.g. 'MUTEX'")
-        if timeout is not None and timeout < 0:
-            raise ValueError("timeout must be >= 0 seconds, or None to wait forever")
+        _check_timeout(timeout)
         if release_check_after < 0 or holder_check_interval < 0 or progress_interval <= 0:
             raise ValueError(
                 "release_check_after and holder_check_interval must be >= 0, progress_interval > 0"
@@ -199,6 +131,8 @@ class ReservationMutex:
         self._clock = clock
         self._sleep = sleep
         self._rng = rng if rng is not None else random.Random()
+        # The acquisition held now: its token (None = not held), nesting depth, and when a fresh
+        # answer from the server last showed the lock is ours (the add itself, or a read).
         self._token: Optional[str] = None
         self._depth = 0
         self._confirmed_at = float("-inf")
@@ -218,11 +152,11 @@ class ReservationMutex:
 
     def holder(self) -> Optional[Holder]:
         """Who holds the lock now (one fresh, uncached read), or None when it is free."""
-        op = _Attempt(self._token or "", self._clock(), None)
+        op = Attempt(self._token or "", self._clock())
         try:
             return self._read(op)
         except Exception as exc:
-            raise self._diagnose(op, exc, classify(exc), "reading the lock holder") from exc
+            raise self._diagnose(op, classify(exc), "reading the lock holder") from exc
 
     def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> bool:
         """Take the lock.
@@ -244,11 +178,10 @@ class ReservationMutex:
             )
         if timeout is None:
             timeout = self.timeout
-        if timeout is not None and timeout < 0:
-            raise ValueError("timeout must be >= 0 seconds, or None to wait forever")
+        _check_timeout(timeout)
         start = self._clock()
         deadline = start if not blocking else (None if timeout is None else start + timeout)
-        op = _Attempt(make_token(self.owner), start, deadline)
+        op = Attempt(make_token(self.owner), start, deadline)
         try:
             return self._acquire(op, blocking)
         except Exception:
@@ -259,7 +192,7 @@ class ReservationMutex:
             self._abandon(op)
             raise
 
-    def _acquire(self, op: _Attempt, blocking: bool) -> bool:
+    def _acquire(self, op: Attempt, blocking: bool) -> bool:
         model, calls = catalog.detect_model(self._api, self.model, self.logger)
         self.calls += calls
         model_from_cache = calls == 0
@@ -278,7 +211,7 @@ class ReservationMutex:
                 failure = classify(exc)
                 # The client re-sends a dropped request by itself, 1 s later: a call that took that
                 # long may have committed an earlier copy of this add.
-                resent = self._clock() - sent_at >= _CLIENT_RETRY_DELAY
+                resent = session.may_have_resent(self._clock() - sent_at)
                 if failure.kind is ErrorKind.CONTENTION:
                     # Step 2: contention. It may be our own add, re-sent by the client after it had
                     # committed. So the first contention, a slow one, or any after an unknown outcome
@@ -287,7 +220,7 @@ class ReservationMutex:
                         return self._acquired(op, op.last_read_at or sent_at, resolved=True)
                     # Freed since the add failed (the read found nobody): retry at once.
                     freed = op.read_since_add and op.holder is None
-                    delay = 0.0 if freed else self._next_delay(op)
+                    delay = 0.0 if freed else op.next_pause(self.pacing, self._rng)
                 elif failure.kind is ErrorKind.TRANSIENT:
                     # Step 3: transient failure (5xx, dropped connection, timeout). Back off on a
                     # separate schedule, then settle with one fresh read: the add may have committed.
@@ -311,11 +244,11 @@ class ReservationMutex:
                     op.ambiguous = op.ambiguous or failure.maybe_committed or resent
                     if op.ambiguous and self._settled_as_ours(op):
                         return self._acquired(op, op.last_read_at or sent_at, resolved=True)
-                    raise self._fatal(op, exc, failure, model, "adding the lock service") from exc
+                    raise self._fatal(op, failure, model, "adding the lock service") from exc
             else:
                 if not self.verify or self._verified(op):
                     return self._acquired(op, sent_at)
-                delay = self._next_delay(op)
+                delay = op.next_pause(self.pacing, self._rng)
             op.paced = True  # from here on, this acquisition polls: its calls wait on the budget
 
             # Step 5: never proceed without the lock. At the deadline, settle and raise.
@@ -325,16 +258,14 @@ class ReservationMutex:
             self._write_progress(op, now)
             self._sleep(clip(delay, now, op.deadline))
 
-    def _abandon(self, op: _Attempt) -> None:
+    def _abandon(self, op: Attempt) -> None:
         """Best-effort undo after an interrupt inside acquire(): remove our add if it committed."""
-        self._token = None
-        self._depth = 0
+        self._forget()
         if op.attempts == 0:
             return
         try:
-            holder = read_holder(self._api, self.reservation_id, self.name)
-            if holder is not None and holder.token == op.token:
-                with _sent_once(self._api):
+            if op.is_ours(read_holder(self._api, self.reservation_id, self.name)):
+                with session.sent_once(self._api):
                     self._api.RemoveServicesFromReservation(self.reservation_id, [self.name])
                 self._log(logging.WARNING, "acquire interrupted; removed its add of %s", self.name)
         except Exception as exc:
@@ -361,7 +292,7 @@ class ReservationMutex:
         if self._depth > 1:
             self._depth -= 1
             return
-        op = _Attempt(self._token, self._clock(), None)
+        op = Attempt(self._token, self._clock())
         # Release only what you hold. The remove cannot check the owner, so read first, unless
         # ownership was confirmed a moment ago (the add itself, or a later fresh read). That skip is
         # what makes an uncontended acquire + release cost 2 calls; the window it leaves open (a
@@ -377,21 +308,22 @@ class ReservationMutex:
                     if self._release_failure(op, exc, retry, "checking the lock owner before removing it"):
                         return
                     continue
-                if op.holder is None or op.holder.token != op.token:
+                if not op.is_ours(op.holder):
                     # Gone, or someone else's: our earlier remove took effect, or the lock was
                     # taken from us. Either way nothing of ours is left to remove.
                     if removed:
                         self._released(op)
                         return
                     raise self._lost(op)
+            # The remove, sent once: the client's own re-send could delete a successor's lock.
             sent_at = self._clock()
             may_resend = True
             try:
-                with _sent_once(self._api) as may_resend:
+                with session.sent_once(self._api) as may_resend:
                     self._call(op, "RemoveServicesFromReservation", self.reservation_id, [self.name])
             except Exception as exc:
                 failure = classify(exc)
-                resent = may_resend and self._clock() - sent_at >= _CLIENT_RETRY_DELAY
+                resent = may_resend and session.may_have_resent(self._clock() - sent_at)
                 if failure.kind is ErrorKind.ALIAS_MISSING:
                     # "Not found" after a re-send of ours: our remove took effect. Otherwise the
                     # alias was gone before we removed it: the lock had been taken from us.
@@ -410,7 +342,8 @@ class ReservationMutex:
             else:
                 self._released(op)
                 return
-        raise self._release_failed(op, None, None, f"releasing the lock ({self.release_attempts} attempts)")
+        doing = f"releasing the lock ({self.release_attempts} attempts)"
+        raise self._report(diagnosis.release_error(op, None, doing, self.reservation_id, self.name), op)
 
     def __enter__(self) -> ReservationMutex:
         self.acquire()
@@ -437,63 +370,56 @@ class ReservationMutex:
             attributes.append(AttributeNameValue(protocol.ATTR_LEASE_SECONDS, "0"))
         return attributes
 
-    def _on_contention(self, op: _Attempt, sent_at: float, resent: bool) -> bool:
+    def _on_contention(self, op: Attempt, sent_at: float, resent: bool) -> bool:
         """Handle "already exists"; return True when the holder turns out to be this acquisition."""
         op.contentions += 1
-        if op.contended_since is None:
-            op.contended_since = sent_at
-        now = self._clock()
+        op.contended(sent_at)
         due = (
             op.contentions == 1
             or op.ambiguous
             or resent
             or op.last_read_attempt is None
-            or now - op.last_read_attempt >= self.holder_check_interval
+            or self._clock() - op.last_read_attempt >= self.holder_check_interval
         )
         if due:
             read, holder = self._try_read(op, "reading the lock holder")
             if not read:
                 return False  # read again later
-            if holder is not None and holder.token == op.token:
+            if op.settled_by(holder):
                 return True
-            op.ambiguous = False  # a read after the add shows it is not ours: nothing of ours is pending
             self._note_holder(op, holder)
         if op.contentions == 1:
-            self._emit(events.CONTENDED, op, holder=op.holder.label if op.holder else None)
+            self._emit(events.CONTENDED, op, holder=op.holder_label)
             self._log(
                 logging.INFO,
                 "%s in reservation %s is held by %s; waiting",
                 self.name,
                 self.reservation_id,
-                op.holder.label if op.holder else "another owner",
+                op.holder_label or "another owner",
             )
         return False
 
-    def _on_transient(self, op: _Attempt, failure: Classification, sent_at: float, resent: bool) -> bool:
+    def _on_transient(self, op: Attempt, failure: Classification, sent_at: float, resent: bool) -> bool:
         """Back off after a transient failure, then settle an unknown outcome with one fresh read."""
-        op.transients += 1
-        op.last_error = failure.message
+        op.failed(failure.message)
         # "Never sent" describes the client's last copy only; an earlier, re-sent one may have committed.
         op.ambiguous = op.ambiguous or failure.maybe_committed or resent
         self._emit(events.TRANSIENT, op, error=failure.message)
         self._log(logging.WARNING, "transient CloudShell API failure (%s); backing off", failure.message)
-        op.backoff_delay = self.backoff.next_delay(op.transients, op.backoff_delay, self._rng)
-        self._sleep(clip(op.backoff_delay, self._clock(), op.deadline))
+        self._sleep(clip(op.next_backoff(self.backoff, self._rng), self._clock(), op.deadline))
         if not op.ambiguous:
             return False
         read, holder = self._try_read(op, "reading the lock holder")
         if not read:
             return False  # still unknown: the next add (or the final read) will tell
-        if holder is not None and holder.token == op.token:
+        if op.settled_by(holder):
             return True
-        op.ambiguous = False
         if holder is not None:
-            if op.contended_since is None:
-                op.contended_since = sent_at
+            op.contended(sent_at)
             self._note_holder(op, holder)
         return False
 
-    def _settled_as_ours(self, op: _Attempt) -> bool:
+    def _settled_as_ours(self, op: Attempt) -> bool:
         """Before raising a fatal error: one fresh read, its own failure ignored. True when it shows
         our token (an earlier add committed after all); a read showing anything else ends the doubt."""
         try:
@@ -501,12 +427,9 @@ class ReservationMutex:
         except Exception as exc:
             op.last_error = classify(exc).message
             return False
-        if holder is not None and holder.token == op.token:
-            return True
-        op.ambiguous = False
-        return False
+        return op.settled_by(holder)
 
-    def _verified(self, op: _Attempt) -> bool:
+    def _verified(self, op: Attempt) -> bool:
         """verify=True: read the owner back after a successful add (the original v2's defence
         against a server that grants twice). One more call per acquisition."""
         read, holder = self._try_read(op, "verifying the lock owner")
@@ -514,7 +437,7 @@ class ReservationMutex:
             # The add succeeded, which is the protocol's definition of holding the lock.
             self._log(logging.WARNING, "could not verify the owner (%s); the add succeeded", op.last_error)
             return True
-        if holder is not None and holder.token == op.token:
+        if op.is_ours(holder):
             return True
         self._log(
             logging.WARNING,
@@ -522,70 +445,30 @@ class ReservationMutex:
             self.name,
             holder.label if holder else "nobody",
         )
-        if op.contended_since is None:
-            op.contended_since = self._clock()
+        op.contended(self._clock())
         self._note_holder(op, holder)
         return False
 
-    def _next_delay(self, op: _Attempt) -> float:
-        op.contention_delay = self.pacing.next_delay(op.contentions or 1, op.contention_delay, self._rng)
-        return op.contention_delay
-
-    def _give_up(self, op: _Attempt, blocking: bool) -> bool:
+    def _give_up(self, op: Attempt, blocking: bool) -> bool:
         # Never raise while holding: if nothing was read since the last add, one final fresh read
         # (no sleep) settles whether that add, or an earlier one whose reply was lost, made us the owner.
         if not op.read_since_add:
             read, holder = self._try_read(op, "reading the lock holder")
-            if read and holder is not None and holder.token == op.token:
+            if read and op.settled_by(holder):
                 return self._acquired(op, op.last_read_at or self._clock(), resolved=True)
             if read:
-                op.ambiguous = False
                 self._note_holder(op, holder)
         now = self._clock()
-        waited = now - op.start
         # blocking=False answers False only for "busy". A failing API is not "busy" (the original's
         # mistake): that raises, like a blocking acquire that ran out of time.
         busy = op.contentions > 0 or op.holder is not None
         if not blocking and busy and not op.ambiguous:
             self._log(logging.DEBUG, "%s is busy; not waiting (blocking=False)", self.name)
             return False
-        raise self._timeout(op, now, waited)
+        error = diagnosis.timeout_error(op, now, self.reservation_id, self.name)
+        raise self._report(error, op, events.TIMEOUT, logging.WARNING, holder=error.holder)
 
-    def _timeout(self, op: _Attempt, now: float, waited: float) -> MutexTimeout:
-        holder = op.holder.label if op.holder else None
-        waiting = (
-            f"timed out after {waited:.1f} s waiting for {self.name!r} in reservation {self.reservation_id}"
-        )
-        held_for = None if op.holder_since is None else now - op.holder_since
-        if op.ambiguous:
-            message = (
-                f"could not tell whether {self.name!r} in reservation {self.reservation_id} was acquired "
-                f"after {waited:.1f} s: the CloudShell API kept failing ({op.last_error}). If the service "
-                f"{self.name!r} exists with Mutex Owner {op.token!r}, it is this process's: remove it "
-                "(cloudshell-mutex release, or RemoveServicesFromReservation)"
-            )
-        elif holder is not None:
-            message = (
-                f"{waiting}: held by {holder}, seen held for {held_for or 0.0:.1f} s; nothing was removed"
-            )
-        elif op.contentions:
-            message = f"{waiting}: it was held at every attempt (holder unknown); nothing was removed"
-        else:
-            message = f"{waiting}: the CloudShell API kept failing ({op.last_error}); nothing was removed"
-        self._emit(events.TIMEOUT, op, holder=holder, error=message)
-        self._log(logging.WARNING, "%s", message)
-        return MutexTimeout(
-            message,
-            holder=holder,
-            held_for=held_for,
-            waited=waited,
-            token=op.token,
-            maybe_held=op.ambiguous,
-            reservation_id=self.reservation_id,
-            alias=self.name,
-        )
-
-    def _acquired(self, op: _Attempt, confirmed_at: float, resolved: bool = False) -> bool:
+    def _acquired(self, op: Attempt, confirmed_at: float, resolved: bool = False) -> bool:
         self._token = op.token
         self._depth = 1
         self._confirmed_at = confirmed_at
@@ -605,15 +488,14 @@ class ReservationMutex:
         )
         return True
 
-    def _write_progress(self, op: _Attempt, now: float) -> None:
-        if not self.progress or now - op.start < self.progress_interval:
+    def _write_progress(self, op: Attempt, now: float) -> None:
+        if not self.progress or not op.progress_due(now, self.progress_interval):
             return
-        if op.last_progress is not None and now - op.last_progress < self.progress_interval:
-            return
-        op.last_progress = now
-        holder = op.holder.label if op.holder else "another owner"
         held = now - (op.holder_since if op.holder_since is not None else op.start)
-        message = f"{sanitize_label(self.owner)}: waiting for {self.name} held by {holder} for {held:.0f} s"
+        message = (
+            f"{sanitize_label(self.owner)}: waiting for {self.name} held by "
+            f"{op.holder_label or 'another owner'} for {held:.0f} s"
+        )
         try:
             self._call(op, "WriteMessageToReservationOutput", self.reservation_id, message)
         except Exception as exc:  # progress is a courtesy; the next add reports real problems
@@ -621,26 +503,24 @@ class ReservationMutex:
 
     # ------------------------------------------------------------------ release steps
 
-    def _release_failure(self, op: _Attempt, exc: Exception, retry: bool, doing: str) -> bool:
+    def _release_failure(self, op: Attempt, exc: Exception, retry: bool, doing: str) -> bool:
         """A failed call in release(): back off and return False to try again (transient), return
         True when the reservation has ended (released: the lock went with it), raise otherwise."""
         failure = classify(exc)
         if failure.kind is ErrorKind.TRANSIENT and retry:
-            op.transients += 1
-            op.last_error = failure.message
+            op.failed(failure.message)
             self._emit(events.TRANSIENT, op, error=failure.message)
             self._sleep(self.backoff.next_delay(op.transients, 0.0, self._rng))
             return False
-        if self._reservation_gone(op, failure):
+        if failure.kind is ErrorKind.NOT_ACTIVE and self._reservation_state(op) != "active":
             self._released(op, note="the reservation has ended; the lock went with it")
             return True
-        raise self._release_failed(op, exc, failure, doing) from exc
+        error = diagnosis.release_error(op, failure, doing, self.reservation_id, self.name)
+        raise self._report(error, op) from exc
 
-    def _released(self, op: _Attempt, note: Optional[str] = None) -> None:
+    def _released(self, op: Attempt, note: Optional[str] = None) -> None:
         token = self._token
-        self._token = None
-        self._depth = 0
-        self._confirmed_at = float("-inf")
+        self._forget()
         self._emit(events.RELEASED, op, error=note)
         self._log(
             logging.INFO,
@@ -651,46 +531,20 @@ class ReservationMutex:
             f": {note}" if note else "",
         )
 
-    def _lost(self, op: _Attempt) -> MutexLostError:
-        holder = op.holder.label if op.holder else "nobody"
+    def _lost(self, op: Attempt) -> MutexError:
+        self._forget()
+        error = diagnosis.lost_error(op, self.reservation_id, self.name)
+        return self._report(error, op, events.LOST, logging.WARNING, holder=op.holder_label)
+
+    def _forget(self) -> None:
+        """This object no longer holds the lock (released, lost, or an acquire abandoned)."""
         self._token = None
         self._depth = 0
         self._confirmed_at = float("-inf")
-        message = (
-            f"{self.name!r} in reservation {self.reservation_id} was no longer held by this acquisition "
-            f"({op.token}) at release; it is held by {holder}. Nothing was removed. Someone removed the "
-            "lock while it was held (an operator, or code that removes MUTEX without owning it), so the "
-            "work done under it may not have been exclusive"
-        )
-        self._emit(events.LOST, op, holder=None if op.holder is None else holder, error=message)
-        self._log(logging.WARNING, "%s", message)
-        return MutexLostError(message, reservation_id=self.reservation_id, alias=self.name)
-
-    def _release_failed(
-        self, op: _Attempt, exc: Optional[BaseException], failure: Optional[Classification], doing: str
-    ) -> MutexReleaseError:
-        reason = failure.message if failure is not None else op.last_error
-        message = (
-            f"could not release {self.name!r} in reservation {self.reservation_id} while {doing}: {reason}. "
-            f"The lock may still be held (Mutex Owner {op.token!r}); call release() again, or remove the "
-            "service with `cloudshell-mutex release` once the server answers"
-        )
-        self._emit(events.ERROR, op, error=message)
-        self._log(logging.ERROR, "%s", message)
-        return MutexReleaseError(
-            message,
-            reservation_id=self.reservation_id,
-            alias=self.name,
-            code=failure.code if failure else None,
-            api_message=failure.message if failure else None,
-        )
-
-    def _reservation_gone(self, op: _Attempt, failure: Classification) -> bool:
-        return failure.kind is ErrorKind.NOT_ACTIVE and self._reservation_state(op) != "active"
 
     # ------------------------------------------------------------------ shared helpers
 
-    def _count_call(self, op: _Attempt) -> None:
+    def _count_call(self, op: Attempt) -> None:
         """Book one API call; while polling, first wait for the call budget (never past the deadline)."""
         if op.paced:
             wait = self.budget.reserve()
@@ -699,22 +553,22 @@ class ReservationMutex:
         op.calls += 1
         self.calls += 1
 
-    def _call(self, op: _Attempt, method: str, *args: Any) -> Any:
+    def _call(self, op: Attempt, method: str, *args: Any) -> Any:
         self._count_call(op)
         return getattr(self._api, method)(*args)
 
-    def _read(self, op: _Attempt) -> Optional[Holder]:
+    def _read(self, op: Attempt) -> Optional[Holder]:
         """One fresh read of the holder. Records when ownership was last confirmed."""
         self._count_call(op)
         sent_at = op.last_read_attempt = self._clock()
         holder = read_holder(self._api, self.reservation_id, self.name)
         op.last_read_at = sent_at
         op.read_since_add = True
-        if holder is not None and self._token is not None and holder.token == self._token:
+        if self._token is not None and holder is not None and holder.token == self._token:
             self._confirmed_at = sent_at
         return holder
 
-    def _try_read(self, op: _Attempt, doing: str) -> Tuple[bool, Optional[Holder]]:
+    def _try_read(self, op: Attempt, doing: str) -> Tuple[bool, Optional[Holder]]:
         """A fresh read during acquire: (True, holder or None), or (False, None) after a transient
         failure (recorded in ``op``). Fatal failures raise."""
         try:
@@ -722,120 +576,66 @@ class ReservationMutex:
         except Exception as exc:
             failure = classify(exc)
             if failure.kind is not ErrorKind.TRANSIENT:
-                raise self._fatal(op, exc, failure, None, doing) from exc
-            op.transients += 1
-            op.last_error = failure.message
+                raise self._fatal(op, failure, None, doing) from exc
+            op.failed(failure.message)
             self._log(logging.DEBUG, "fresh read failed (%s)", failure.message)
             return False, None
 
-    def _note_holder(self, op: _Attempt, holder: Optional[Holder]) -> None:
-        if holder is None:
-            op.holder = None
-            op.holder_since = None
-            return
-        if op.holder is None or op.holder.token != holder.token:
-            # First sight of this holder: it has held the lock at least since the contention that
-            # preceded this read (this waiter's monotonic clock; no server clocks are compared).
-            since = (
-                op.contended_since
-                if op.holder is None and op.contended_since is not None
-                else op.last_read_at
-            )
-            first = op.holder is None
-            op.holder = holder
-            op.holder_since = since
-            if not first:
-                self._emit(events.CONTENDED, op, holder=holder.label)
-                self._log(logging.INFO, "%s is now held by %s", self.name, holder.label)
+    def _note_holder(self, op: Attempt, holder: Optional[Holder]) -> None:
+        if op.see_holder(holder):
+            self._emit(events.CONTENDED, op, holder=op.holder_label)
+            self._log(logging.INFO, "%s is now held by %s", self.name, op.holder_label)
 
     def _fatal(
-        self,
-        op: _Attempt,
-        exc: BaseException,
-        failure: Classification,
-        model: Optional[catalog.ModelInfo],
-        doing: str,
+        self, op: Attempt, failure: Classification, catalog_info: Optional[catalog.ModelInfo], doing: str
     ) -> MutexError:
-        error = self._diagnose(op, exc, failure, doing, model)
+        error = self._diagnose(op, failure, doing, catalog_info)
         if op.ambiguous:  # an add of ours may have committed, and no read could tell
-            error.args = (
-                f"{error}. An earlier add may have succeeded: if {self.name!r} has Mutex Owner "
-                f"{op.token!r}, it is this process's; remove it (cloudshell-mutex release)",
-            )
-        self._emit(events.ERROR, op, error=str(error))
-        self._log(logging.ERROR, "%s", error)
-        error.__cause__ = exc
-        return error
+            diagnosis.note_pending_add(error, self.name, op.token)
+        return self._report(error, op)
 
     def _diagnose(
         self,
-        op: _Attempt,
-        exc: BaseException,
+        op: Attempt,
         failure: Classification,
         doing: str,
-        model: Optional[catalog.ModelInfo] = None,
+        catalog_info: Optional[catalog.ModelInfo] = None,
     ) -> MutexError:
-        """Turn a fatal failure into an error that says what to do."""
-        where = dict(
-            reservation_id=self.reservation_id,
-            alias=self.name,
-            code=failure.code,
-            api_message=failure.message,
+        """Turn a fatal failure into an error that says what to do (see :mod:`.diagnosis`)."""
+        error = diagnosis.fatal_error(
+            failure,
+            doing,
+            self.reservation_id,
+            self.name,
+            self.model,
+            catalog_info,
+            lambda: self._reservation_state(op),
         )
-        kind = failure.kind
-        if kind in (ErrorKind.NOT_ACTIVE, ErrorKind.FATAL, ErrorKind.ALIAS_MISSING):
-            # Confirm with the reservation's status rather than trusting message text alone.
-            state = self._reservation_state(op)
-            if state in ("ended", "missing") or (kind is ErrorKind.NOT_ACTIVE and state is None):
-                what = "has ended" if state == "ended" else "was not found"
-                return ReservationNotActive(
-                    f"reservation {self.reservation_id} {what} "
-                    f"({failure.message}); there is nothing to lock. Check the reservation id, and lock only "
-                    "while the sandbox is active",
-                    **where,
-                )
-            if model is not None and not model.listed and kind is not ErrorKind.NOT_ACTIVE:
-                kind = ErrorKind.NOT_INSTALLED  # the catalog did not list the model either
-        if kind is ErrorKind.NOT_INSTALLED:
-            catalog.forget(self._api, self.model)
-            return MutexNotInstalled(
-                f"the service model {self.model!r} is not installed on the CloudShell server, or lacks an "
-                f"attribute the lock writes ({failure.message}): import Mutex_Package.zip "
-                "(`cloudshell-mutex install`, or Manage > Import Package as a system administrator)",
-                **where,
-            )
-        if kind is ErrorKind.PERMISSION:
-            return MutexPermissionError(
-                f"CloudShell refused {doing} in reservation {self.reservation_id}: {failure.message}. The "
-                "lock needs a session allowed to add and remove services in the reservation (the Mutex "
-                "Service family is admin-only: use the admin token of the driver/script context)",
-                **where,
-            )
-        if kind is ErrorKind.TRANSIENT:
-            return MutexError(
-                f"CloudShell API unavailable while {doing}: {failure.message}; try again", **where
-            )
-        return MutexError(
-            f"unexpected CloudShell error while {doing} in reservation {self.reservation_id}: "
-            f"{'code ' + failure.code + ': ' if failure.code else ''}{failure.message}",
-            **where,
+        if isinstance(error, MutexNotInstalled):
+            catalog.forget(self._api, self.model)  # detect it again once it is installed
+        return error
+
+    def _reservation_state(self, op: Attempt) -> Optional[str]:
+        """'active', 'ended', 'missing', or None when the status cannot be read (one counted call)."""
+        return diagnosis.reservation_state(
+            lambda: self._call(op, "GetReservationStatus", self.reservation_id)
         )
 
-    def _reservation_state(self, op: _Attempt) -> Optional[str]:
-        """'active', 'ended', 'missing', or None when the status cannot be read."""
-        try:
-            status = self._call(op, "GetReservationStatus", self.reservation_id).ReservationSlimStatus
-        except Exception as exc:
-            failure = classify(exc)
-            if failure.kind is ErrorKind.NOT_ACTIVE:
-                return "missing" if "not found" in failure.message.lower() else "ended"
-            return None
-        if str(getattr(status, "Status", "") or "").strip().lower() in _ENDED_STATES:
-            return "ended"
-        return "active"
+    def _report(
+        self,
+        error: _E,
+        op: Attempt,
+        kind: str = events.ERROR,
+        level: int = logging.ERROR,
+        holder: Optional[str] = None,
+    ) -> _E:
+        """Emit and log an error about to be raised; return it."""
+        self._emit(kind, op, holder=holder, error=str(error))
+        self._log(level, "%s", error)
+        return error
 
     def _emit(
-        self, kind: str, op: _Attempt, holder: Optional[str] = None, error: Optional[str] = None
+        self, kind: str, op: Attempt, holder: Optional[str] = None, error: Optional[str] = None
     ) -> None:
         if self.on_event is None:
             return
@@ -855,3 +655,8 @@ class ReservationMutex:
     def _log(self, level: int, message: str, *args: Any) -> None:
         if self.logger is not None:
             self.logger.log(level, "cloudshell-mutex: " + message, *args)
+
+
+def _check_timeout(timeout: Optional[float]) -> None:
+    if timeout is not None and timeout < 0:
+        raise ValueError("timeout must be >= 0 seconds, or None to wait forever")

@@ -6,7 +6,9 @@ works on a server that never got our package. Multi-process exclusion is in test
 
 from __future__ import annotations
 
+import contextvars
 import io
+import logging
 import time
 import zipfile
 from pathlib import Path
@@ -370,3 +372,51 @@ def test_a_dropped_remove_is_not_resent_into_a_successors_lock(emu, rid):
         ("service_added", seen["token"]),
         ("service_removed", seen["token"]),
     ]
+
+
+# ---------------------------------------------------------------- observability
+
+
+def test_cloudshell_logging_logger_records_the_cycle_without_secrets(
+    cloudshell_emulator_factory, original_package_zip, tmp_path, monkeypatch
+):
+    """A logger from cloudshell-logging's get_qs_logger (what drivers and scripts pass) receives the
+    acquired and released lines in its file; neither the password nor the session token appear."""
+    from cloudshell.logging import qs_logger
+
+    password = "Pa55-for-log-test-7f3e"
+    emu = cloudshell_emulator_factory(packages=[original_package_zip], admin_password=password)
+    rid = emu.create_reservation("logging")
+    logs = tmp_path / "logs"
+    monkeypatch.setenv("LOG_PATH", str(logs))
+    monkeypatch.setenv("LOG_LEVEL", "DEBUG")  # every line the lock writes goes to the file
+    category = f"cloudshell-mutex-test-{rid}"
+
+    def cycle():
+        # get_qs_logger sets context variables; the copied context keeps them out of other tests.
+        logger = qs_logger.get_qs_logger(log_group=rid, log_category=category, log_file_prefix="Mutex Test")
+        api = emu.session()
+        with mutex(api, rid, logger=logger) as held:
+            token = held.token
+        return logger, api.authentication.xmlrpc_token, token
+
+    logger, session_token, token = contextvars.copy_context().run(cycle)
+    try:
+        log_file = Path(qs_logger.get_log_path(logger))
+        for handler in logger.handlers:
+            handler.flush()
+        assert logs / rid in log_file.parents and log_file.name.startswith("Mutex_Test--")
+        text = log_file.read_text()
+        assert f"cloudshell-mutex: acquired MUTEX in reservation {rid} as {token}" in text
+        assert f"cloudshell-mutex: released MUTEX in reservation {rid} ({token})" in text
+        assert session_token
+        for written in logs.rglob("*"):  # the log file, and any debug or "missed" log beside it
+            if written.is_file():
+                content = written.read_text()
+                assert password not in content and session_token not in content, written
+    finally:
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+            handler.close()
+        qs_logger._LOGGER_CONTAINER.pop(rid, None)
+        logging.Logger.manager.loggerDict.pop(category, None)

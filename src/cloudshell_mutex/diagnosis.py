@@ -1,0 +1,169 @@
+"""What to tell the user when the lock cannot do its job: the exception, and a message that says what
+to do.
+
+Each function builds one error from facts the lock gathered: the classified failure, the
+acquisition's record (:class:`~cloudshell_mutex.attempt.Attempt`) and, for a reservation problem,
+the reservation's status. Nothing here logs or emits events. Messages name owner tokens, never
+credentials (:func:`~cloudshell_mutex.classify.classify` already cut raw replies off).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+from .attempt import Attempt
+from .catalog import ModelInfo
+from .classify import Classification, ErrorKind, classify
+from .errors import (
+    MutexError,
+    MutexLostError,
+    MutexNotInstalled,
+    MutexPermissionError,
+    MutexReleaseError,
+    MutexTimeout,
+    ReservationNotActive,
+)
+
+#: Reservation states (GetReservationStatus ... .Status) in which nothing can be locked any more.
+ENDED_STATES = frozenset({"completed", "ended", "cancelled", "canceled", "terminated"})
+
+
+def reservation_state(get_status: Callable[[], Any]) -> Optional[str]:
+    """'active', 'ended', 'missing', or None when the status cannot be read.
+
+    ``get_status`` makes the ``GetReservationStatus`` call. Message text alone is not trusted to
+    say that a reservation is gone; this read confirms it.
+    """
+    try:
+        status = get_status().ReservationSlimStatus
+    except Exception as exc:
+        failure = classify(exc)
+        if failure.kind is ErrorKind.NOT_ACTIVE:
+            return "missing" if "not found" in failure.message.lower() else "ended"
+        return None
+    if str(getattr(status, "Status", "") or "").strip().lower() in ENDED_STATES:
+        return "ended"
+    return "active"
+
+
+def fatal_error(
+    failure: Classification,
+    doing: str,
+    reservation_id: str,
+    alias: str,
+    model: str,
+    catalog_info: Optional[ModelInfo],
+    state: Callable[[], Optional[str]],
+) -> MutexError:
+    """Turn a failure that waiting cannot fix into an error that says what to do.
+
+    ``state`` reads the reservation's state (:func:`reservation_state`); it is called only when the
+    failure could mean that the reservation is gone. ``catalog_info`` is what the catalog said about
+    ``model`` (None when not asked).
+    """
+    where = dict(reservation_id=reservation_id, alias=alias, code=failure.code, api_message=failure.message)
+    kind = failure.kind
+    if kind in (ErrorKind.NOT_ACTIVE, ErrorKind.FATAL, ErrorKind.ALIAS_MISSING):
+        # Confirm with the reservation's status rather than trusting message text alone.
+        seen = state()
+        if seen in ("ended", "missing") or (kind is ErrorKind.NOT_ACTIVE and seen is None):
+            what = "has ended" if seen == "ended" else "was not found"
+            return ReservationNotActive(
+                f"reservation {reservation_id} {what} "
+                f"({failure.message}); there is nothing to lock. Check the reservation id, and lock only "
+                "while the sandbox is active",
+                **where,
+            )
+        if catalog_info is not None and not catalog_info.listed and kind is not ErrorKind.NOT_ACTIVE:
+            kind = ErrorKind.NOT_INSTALLED  # the catalog did not list the model either
+    if kind is ErrorKind.NOT_INSTALLED:
+        return MutexNotInstalled(
+            f"the service model {model!r} is not installed on the CloudShell server, or lacks an "
+            f"attribute the lock writes ({failure.message}): import Mutex_Package.zip "
+            "(`cloudshell-mutex install`, or Manage > Import Package as a system administrator)",
+            **where,
+        )
+    if kind is ErrorKind.PERMISSION:
+        return MutexPermissionError(
+            f"CloudShell refused {doing} in reservation {reservation_id}: {failure.message}. The "
+            "lock needs a session allowed to add and remove services in the reservation (the Mutex "
+            "Service family is admin-only: use the admin token of the driver/script context)",
+            **where,
+        )
+    if kind is ErrorKind.TRANSIENT:
+        return MutexError(f"CloudShell API unavailable while {doing}: {failure.message}; try again", **where)
+    return MutexError(
+        f"unexpected CloudShell error while {doing} in reservation {reservation_id}: "
+        f"{'code ' + failure.code + ': ' if failure.code else ''}{failure.message}",
+        **where,
+    )
+
+
+def note_pending_add(error: MutexError, alias: str, token: str) -> MutexError:
+    """Add to ``error`` that an add of ours (``token``) may have committed unseen, and how to clean up."""
+    error.args = (
+        f"{error}. An earlier add may have succeeded: if {alias!r} has Mutex Owner "
+        f"{token!r}, it is this process's; remove it (cloudshell-mutex release)",
+    )
+    return error
+
+
+def timeout_error(op: Attempt, now: float, reservation_id: str, alias: str) -> MutexTimeout:
+    """The acquisition ran out of time: say who held the lock, and for how long this waiter saw it."""
+    waited = now - op.start
+    holder = op.holder_label
+    held_for = op.held_for(now)
+    waiting = f"timed out after {waited:.1f} s waiting for {alias!r} in reservation {reservation_id}"
+    if op.ambiguous:
+        message = (
+            f"could not tell whether {alias!r} in reservation {reservation_id} was acquired "
+            f"after {waited:.1f} s: the CloudShell API kept failing ({op.last_error}). If the service "
+            f"{alias!r} exists with Mutex Owner {op.token!r}, it is this process's: remove it "
+            "(cloudshell-mutex release, or RemoveServicesFromReservation)"
+        )
+    elif holder is not None:
+        message = f"{waiting}: held by {holder}, seen held for {held_for or 0.0:.1f} s; nothing was removed"
+    elif op.contentions:
+        message = f"{waiting}: it was held at every attempt (holder unknown); nothing was removed"
+    else:
+        message = f"{waiting}: the CloudShell API kept failing ({op.last_error}); nothing was removed"
+    return MutexTimeout(
+        message,
+        holder=holder,
+        held_for=held_for,
+        waited=waited,
+        token=op.token,
+        maybe_held=op.ambiguous,
+        reservation_id=reservation_id,
+        alias=alias,
+    )
+
+
+def lost_error(op: Attempt, reservation_id: str, alias: str) -> MutexLostError:
+    """At release, the lock was no longer this acquisition's (``op.holder`` is who has it now)."""
+    message = (
+        f"{alias!r} in reservation {reservation_id} was no longer held by this acquisition "
+        f"({op.token}) at release; it is held by {op.holder_label or 'nobody'}. Nothing was removed. "
+        "Someone removed the lock while it was held (an operator, or code that removes MUTEX without "
+        "owning it), so the work done under it may not have been exclusive"
+    )
+    return MutexLostError(message, reservation_id=reservation_id, alias=alias)
+
+
+def release_error(
+    op: Attempt, failure: Optional[Classification], doing: str, reservation_id: str, alias: str
+) -> MutexReleaseError:
+    """Release failed (``failure``, or else the last transient error): the lock may still be held."""
+    reason = failure.message if failure is not None else op.last_error
+    message = (
+        f"could not release {alias!r} in reservation {reservation_id} while {doing}: {reason}. "
+        f"The lock may still be held (Mutex Owner {op.token!r}); call release() again, or remove the "
+        "service with `cloudshell-mutex release` once the server answers"
+    )
+    return MutexReleaseError(
+        message,
+        reservation_id=reservation_id,
+        alias=alias,
+        code=failure.code if failure else None,
+        api_message=failure.message if failure else None,
+    )
