@@ -510,7 +510,7 @@ class ReservationMutex:
         if failure.kind is ErrorKind.TRANSIENT and retry:
             op.failed(failure.message)
             self._emit(events.TRANSIENT, op, error=failure.message)
-            self._sleep(self.backoff.next_delay(op.transients, 0.0, self._rng))
+            self._sleep(op.next_backoff(self.backoff, self._rng))
             return False
         if failure.kind is ErrorKind.NOT_ACTIVE and self._reservation_state(op) != "active":
             self._released(op, note="the reservation has ended; the lock went with it")

@@ -803,6 +803,33 @@ def test_release_that_keeps_failing_raises_and_stays_held(clock):
     assert not mutex.locked() and api.services == {}
 
 
+class RecordingBackoff:
+    """Doubles the previous delay, so it only grows if the lock passes the previous delay back."""
+
+    def __init__(self) -> None:
+        self.seen: List[Any] = []
+
+    def next_delay(self, attempt: int, previous: float, rng: random.Random) -> float:
+        self.seen.append((attempt, previous))
+        return previous * 2 if previous else 0.5
+
+
+def test_release_backoff_follows_the_pacing_contract(clock):
+    api = FakeApi()
+    backoff = RecordingBackoff()
+    mutex = make(api, clock, release_attempts=4, backoff=backoff)
+    mutex.acquire()
+
+    def fail(*args):
+        raise http_500()
+
+    api.faults["RemoveServicesFromReservation"] = [fail] * 3
+    mutex.release()
+    # Each call gets the attempt number and the delay the policy returned last time.
+    assert backoff.seen == [(1, 0.0), (2, 0.5), (3, 1.0)]
+    assert not mutex.locked() and api.services == {}
+
+
 def test_release_after_reservation_ended_is_quiet(clock):
     api = FakeApi()
     mutex = make(api, clock)
