@@ -31,7 +31,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the CLI and return its exit code."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        # argparse would echo them all: a mistyped flag (--passwd SECRET) would print the password.
+        options = [token.split("=", 1)[0] for token in unknown if token.startswith("-")]
+        parser.error(f"unrecognized arguments: {' '.join(options) or '(values not shown)'}")
     return int(args.func(args) or 0)
 
 

@@ -8,6 +8,7 @@ import io
 import os
 import shutil
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -114,6 +115,30 @@ def test_same_inputs_same_bytes_whatever_mtime_mode_or_creation_order(tmp_path: 
     # ...and a content change does change the bytes.
     (second / "drivers/mutex/helpers/b.py").write_text("B = 3\n")
     assert build(first) != build(second)
+
+
+def test_the_bytes_do_not_depend_on_the_zlib_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """zlib builds (zlib-ng on some distributions) deflate the same input to different bytes."""
+    root = make_tree(tmp_path)
+    expected = build(root)
+    real = zlib.compressobj
+
+    def other_zlib(level: int = -1, method: int = zlib.DEFLATED, wbits: int = 15, *_args, **_kwargs):
+        return real(level, method, wbits, 1, zlib.Z_FILTERED)
+
+    monkeypatch.setattr(zlib, "compressobj", other_zlib)
+    assert build(root) == expected
+
+
+def test_symbolic_links_are_refused(tmp_path: Path) -> None:
+    """os.walk would skip a linked folder silently, and git on Windows checks a link out as a text file."""
+    root = make_tree(tmp_path / "tree")
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "helper.py").write_text("X = 1\n")
+    (root / "drivers/mutex/lib").symlink_to(tmp_path / "lib", target_is_directory=True)
+    with pytest.raises(PackageError) as caught:
+        build(root)
+    assert str(caught.value) == "drivers/mutex/lib: a symbolic link; put the real file or folder there"
 
 
 def test_driver_zip_and_wiring(tmp_path: Path) -> None:
@@ -233,6 +258,21 @@ def test_datamodel_wiring_must_agree_with_the_manifest(tmp_path: Path) -> None:
         build(root)
 
 
+def test_only_a_served_model_needs_a_drivers_element(tmp_path: Path) -> None:
+    root = make_tree(tmp_path)
+    datamodel = root / "DataModel/datamodel.xml"
+    other = '<ResourceModel Name="Other"><AttachedAttributes /></ResourceModel>'
+    datamodel.write_text(datamodel.read_text().replace("</Models>", other + "</Models>"))
+    assert read_package(build(root)).datamodel.model("Other").drivers == ()
+
+    (root / "drivers.toml").write_text(MANIFEST.replace('["Mutex Service"]', '["Other"]'))
+    with pytest.raises(PackageError) as caught:
+        build(root)
+    assert str(caught.value) == (
+        "DataModel/datamodel.xml: model 'Other' has no <Drivers> element for the build to fill"
+    )
+
+
 def test_cli_package_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     root = make_tree(tmp_path / "tree")
     output = tmp_path / "dist" / "Mutex_Package.zip"
@@ -246,6 +286,15 @@ def test_cli_package_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture) -
     err = capsys.readouterr().err
     assert err.startswith("error: DataModel/datamodel.xml: not well-formed XML")
     assert output.read_bytes() == before  # the previous build is left intact
+
+
+def test_cli_package_reports_an_unwritable_output(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    root = make_tree(tmp_path / "tree")
+    output = tmp_path / "taken"
+    (output / "Mutex_Package.zip").mkdir(parents=True)  # a folder where the zip should go
+    assert run_cli(["package", "--root", str(root), "--output", str(output / "Mutex_Package.zip")]) == 1
+    assert capsys.readouterr().err.startswith(f"error: {output / 'Mutex_Package.zip'}: cannot be written: ")
+    assert sorted(path.name for path in output.iterdir()) == ["Mutex_Package.zip"]  # no .partial left
 
 
 @pytest.mark.parametrize(

@@ -67,6 +67,14 @@ def test_a_driver_entry(tmp_path: Path) -> None:
         (driver().replace('"driver.D"', '"D"'), "main_class 'D' is not like driver.ClassName"),
         ('[driver]\nname = "x"\n', "driver must be an array of tables"),
         ("[package]\n", "unknown top-level key(s) package"),
+        (
+            driver(folder="../../elsewhere"),
+            "source 'drivers/../../elsewhere' must be a subfolder of the folder",
+        ),
+        (driver().replace('"drivers/m"', '"/opt/driver"'), "source '/opt/driver' must be a subfolder"),
+        (driver().replace('"drivers/m"', '"C:/driver"'), "source 'C:/driver' must be a subfolder"),
+        (driver().replace('"drivers/m"', '"drivers\\\\m"'), "must be a subfolder"),
+        (driver().replace('"drivers/m"', '"."'), "source '.' must be a subfolder"),
     ],
 )
 def test_manifest_problems(tmp_path: Path, text: str, problem: str) -> None:

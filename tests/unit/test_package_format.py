@@ -18,6 +18,7 @@ from cloudshell_mutex.packaging.format import (
     missing_drivers,
     parse_datamodel,
     parse_metadata,
+    parse_version,
     read_package,
 )
 
@@ -227,6 +228,25 @@ def test_dtd_is_refused() -> None:
     xml = b'<!DOCTYPE x [<!ENTITY a "aaaa">]><DataModelInfo>&a;</DataModelInfo>'
     with pytest.raises(PackageError, match="DTDs and entity declarations are not allowed"):
         parse_datamodel(xml)
+
+
+def test_dtd_is_refused_in_any_encoding() -> None:
+    """A byte search for <!DOCTYPE misses UTF-16, which expat reads."""
+    xml = '<?xml version="1.0" encoding="utf-16"?><!DOCTYPE x [<!ENTITY a "aaaa">]><x>&a;</x>'
+    with pytest.raises(PackageError, match="DTDs and entity declarations are not allowed"):
+        parse_datamodel(xml.encode("utf-16"))
+
+
+def test_doctype_text_inside_a_comment_is_fine() -> None:
+    xml = datamodel().replace(b"<Attributes>", b"<!-- not a <!DOCTYPE here --><Attributes>")
+    assert parse_datamodel(xml).families[0].name == "F"
+
+
+def test_versions_compare_as_numbers_without_trailing_zeros() -> None:
+    """A server that reports 9.3 accepts a package built for 9.3.0."""
+    assert parse_version("9.3.0") == parse_version("9.3") == (9, 3)
+    assert parse_version("10.0.1") > parse_version("9.3")
+    assert parse_version("2020.1") > parse_version("9.3.0.0")
 
 
 @pytest.mark.parametrize(

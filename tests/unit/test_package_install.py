@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import socket
+import time
 import zipfile
 from pathlib import Path
 from typing import List, Optional
+from urllib.parse import quote, quote_plus
 
 import pytest
 import requests
 
+from cloudshell_mutex import cli
 from cloudshell_mutex.packaging import command
 from cloudshell_mutex.packaging.install import (
     InstallError,
@@ -87,12 +91,67 @@ def test_bad_port(tmp_path: Path) -> None:
         resolve_settings(parse(["--port", "http", "--password", "x"]), {}, cwd=tmp_path)
 
 
+@pytest.mark.parametrize("typo", [["--passwd", SECRET], [f"--passwd={SECRET}"], ["--host", "h", SECRET]])
+def test_a_mistyped_flag_does_not_echo_the_password(typo: List[str], capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["install", *typo])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "error: unrecognized arguments: " in err
+    assert SECRET not in err
+
+
 def test_broken_yaml_does_not_echo_the_password(tmp_path: Path) -> None:
     (tmp_path / "cloudshell_config.yml").write_text(f'install:\n  password: "{SECRET}\n  host: [\n')
     with pytest.raises(InstallError) as caught:
         resolve_settings(parse([]), {}, cwd=tmp_path)
     assert "cloudshell_config.yml: not valid YAML (line" in str(caught.value)
     assert SECRET not in str(caught.value)
+
+
+def test_config_values_reach_the_server_as_written(tmp_path: Path) -> None:
+    """YAML would read 0123 as 83 and yes as True; an empty value falls through to the default."""
+    (tmp_path / "cloudshell_config.yml").write_text("install:\n  password: 0123\n  domain: yes\n  host:\n")
+    settings = resolve_settings(parse([]), {}, cwd=tmp_path)
+    assert (settings.password, settings.domain, settings.host) == ("0123", "yes", "localhost")
+    (tmp_path / "cloudshell_config.yml").write_text("install:\n  password: 12:30\n  port: 9100\n")
+    settings = resolve_settings(parse([]), {}, cwd=tmp_path)
+    assert (settings.password, settings.port) == ("12:30", 9100)
+
+
+def test_a_config_that_is_not_utf8(tmp_path: Path) -> None:
+    (tmp_path / "cloudshell_config.yml").write_bytes(b"install:\n  password: p\xe4ss\n")
+    with pytest.raises(InstallError) as caught:
+        resolve_settings(parse([]), {}, cwd=tmp_path)
+    assert (
+        str(caught.value)
+        == f"{tmp_path / 'cloudshell_config.yml'}: not UTF-8 text (byte 22); save it as UTF-8"
+    )
+
+
+@pytest.mark.parametrize("timeout", ["0", "-1", "nan", "inf"])
+def test_bad_timeout(tmp_path: Path, timeout: str) -> None:
+    with pytest.raises(InstallError, match="--timeout must be a positive number of seconds"):
+        resolve_settings(parse(["--password", "x", "--timeout", timeout]), {}, cwd=tmp_path)
+
+
+@pytest.mark.parametrize(
+    "secret",
+    ["p@ss w0rd&1", 'quo"te\\back', "pässwörd"],
+)
+def test_the_password_is_masked_as_a_form_or_json_writes_it(secret: str) -> None:
+    """A proxy or server that echoes the login request shows the password encoded."""
+    echo = f"password={quote_plus(secret)}&username=admin {quote(secret, safe='')} {json.dumps(secret)}"
+    for status, body in (
+        (500, echo.encode()),
+        (200, json.dumps({"Success": False, "Message": echo}).encode()),
+    ):
+        with pytest.raises(InstallError) as caught:
+            check_import_answer(answer(status, body), secret)
+        message = str(caught.value)
+        for form in (secret, quote_plus(secret), quote(secret, safe=""), json.dumps(secret)[1:-1]):
+            assert form not in message
+        assert "username=admin" in message
 
 
 @pytest.mark.parametrize(
@@ -151,6 +210,25 @@ def test_unreachable_server(original_package_zip: Path, capsys: pytest.CaptureFi
     )
     assert code == 1
     assert f"error: cannot connect to the Quali API at http://127.0.0.1:{port}/API/" in output
+    assert SECRET not in output
+
+
+def test_a_server_that_never_answers(original_package_zip: Path, capsys: pytest.CaptureFixture) -> None:
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)  # connections are accepted by the kernel and never answered
+        port = silent.getsockname()[1]
+        started = time.monotonic()
+        code, output = run(
+            [
+                *("--host", "127.0.0.1", "--port", str(port), "--timeout", "0.3"),
+                *("--password", SECRET, "--package", str(original_package_zip)),
+            ],
+            capsys,
+        )
+    assert code == 1
+    assert f"error: the Quali API at http://127.0.0.1:{port}/API/ did not answer within 0.3 s" in output
+    assert time.monotonic() - started < 5
     assert SECRET not in output
 
 

@@ -2,11 +2,13 @@
 
 Everything is built in memory, checked with the same parser that the emulator's import uses
 (:func:`~cloudshell_mutex.packaging.format.read_package`), and only then written. Zip entries get a fixed
-timestamp, fixed permissions and a fixed order, so the same inputs always give the same bytes.
+timestamp, fixed permissions and a fixed order, and are stored uncompressed, so the same inputs always give
+the same bytes: deflate output depends on the zlib build (zlib-ng distributions differ from zlib).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -14,7 +16,7 @@ import stat
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 from xml.etree import ElementTree
 
 from cloudshell_mutex.packaging.format import (
@@ -84,15 +86,15 @@ class BuildResult:
 
 
 def deterministic_zip(entries: Iterable[Tuple[str, bytes]]) -> bytes:
-    """Zip ``entries`` in the given order with fixed timestamps and permissions."""
+    """Zip ``entries`` in the given order with fixed timestamps and permissions, uncompressed."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
         for name, data in entries:
             info = zipfile.ZipInfo(name, date_time=ZIP_DATE_TIME)
-            info.compress_type = zipfile.ZIP_DEFLATED
+            info.compress_type = zipfile.ZIP_STORED
             info.create_system = _UNIX
             info.external_attr = _FILE_MODE << 16
-            archive.writestr(info, data, compresslevel=9)
+            archive.writestr(info, data)
     return buffer.getvalue()
 
 
@@ -105,16 +107,22 @@ def _read(path: Path, display: str) -> bytes:
         raise PackageError(f"{display}: cannot be read: {error.strerror}") from None
 
 
-def _tree_files(folder: Path) -> List[Tuple[str, Path]]:
-    """Files under ``folder`` as (posix relative path, path), sorted, without caches or hidden files."""
+def _tree_files(folder: Path, display: Callable[[Path], str]) -> List[Tuple[str, Path]]:
+    """Files under ``folder`` as (posix relative path, path), sorted, without caches or hidden files.
+
+    Symbolic links are refused: os.walk would silently skip a linked folder, and git on Windows checks a
+    link out as a small text file, so the same commit would give a different package there.
+    """
     found: List[Tuple[str, Path]] = []
     for current, dirs, files in os.walk(folder):
         dirs[:] = sorted(d for d in dirs if d not in _SKIPPED_DIRS and not d.startswith("."))
-        for name in files:
-            if name.startswith(".") or name.endswith(_SKIPPED_SUFFIXES):
-                continue
+        kept = [name for name in files if not name.startswith(".") and not name.endswith(_SKIPPED_SUFFIXES)]
+        for name in [*dirs, *kept]:
             path = Path(current) / name
-            found.append((path.relative_to(folder).as_posix(), path))
+            if path.is_symlink():
+                raise PackageError(f"{display(path)}: a symbolic link; put the real file or folder there")
+            if name in kept:
+                found.append((path.relative_to(folder).as_posix(), path))
     return sorted(found)
 
 
@@ -164,7 +172,7 @@ def driver_metadata_xml(driver: DriverSpec, existing: Optional[bytes], source: s
 
 def build_driver_zip(driver: DriverSpec, sources: PackageSources) -> bytes:
     """Zip a driver folder with drivermetadata.xml and requirements.txt at the zip root."""
-    files = _tree_files(driver.source)
+    files = _tree_files(driver.source, sources.display)
     if not files:
         raise PackageError(f"{sources.display(driver.source)}: driver {driver.name!r} has no files")
     entries: Dict[str, bytes] = {}
@@ -251,9 +259,10 @@ def wire_datamodel(xml: bytes, manifest: Manifest, source: str = DATAMODEL_PATH)
     for family in root.iterfind(f"{ns}ResourceFamilies/{ns}ResourceFamily"):
         models = family.find(f"{ns}Models")
         for model in [] if models is None else models.iterfind(f"{ns}ResourceModel"):
-            what = f"model {model.get('Name')!r}"
-            drivers = _child(model, "Drivers", source, what)
             served = manifest.drivers_for(model.get("Name", ""))
+            if not served and model.find(f"{ns}Drivers") is None:
+                continue  # nothing to write, and no reason to require the element
+            drivers = _child(model, "Drivers", source, f"model {model.get('Name')!r}")
             _set_children(
                 drivers, f"{ns}DriverName", [({}, name) for name in served], _indent_of(model, drivers)
             )
@@ -273,7 +282,7 @@ def _package_files(sources: PackageSources) -> List[Tuple[str, bytes]]:
     if not sources.package_dir.is_dir():
         raise PackageError(f"{display_dir}: folder not found (it holds metadata.xml)")
     entries: List[Tuple[str, bytes]] = []
-    for relative, path in _tree_files(sources.package_dir):
+    for relative, path in _tree_files(sources.package_dir, sources.display):
         display = sources.display(path)
         if relative == DATAMODEL_PATH or relative.startswith(DRIVERS_FOLDER + "/"):
             raise PackageError(f"{display}: the build writes {relative}; remove this file")
@@ -324,10 +333,15 @@ def build_package_bytes(sources: PackageSources) -> Tuple[bytes, Manifest]:
 def build_package(sources: PackageSources, output: Path) -> BuildResult:
     """Build, check, then write the package to ``output`` atomically."""
     data, manifest = build_package_bytes(sources)
-    output.parent.mkdir(parents=True, exist_ok=True)
     partial = output.with_name(output.name + ".partial")
-    partial.write_bytes(data)
-    os.replace(partial, output)
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_bytes(data)
+        os.replace(partial, output)
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            partial.unlink()
+        raise PackageError(f"{output}: cannot be written: {error.strerror}") from None
     return BuildResult(
         path=output,
         sha256=hashlib.sha256(data).hexdigest(),

@@ -10,6 +10,7 @@ Every problem raises :class:`PackageError`, whose message starts with the file i
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
 import zipfile
@@ -128,17 +129,21 @@ class Package:
 
 
 def parse_version(text: str) -> Tuple[int, ...]:
-    """Parse a dotted version such as ``9.3.0`` (raises ValueError when it is not one)."""
+    """Parse a dotted version such as ``9.3.0`` (raises ValueError when it is not one).
+
+    Trailing zeros are dropped, so that ``9.3.0`` and ``9.3`` compare equal.
+    """
     if not _VERSION_RE.match(text):
         raise ValueError(f"{text!r} is not a version like 9.3.0")
-    return tuple(int(part) for part in text.split("."))
+    parts = [int(part) for part in text.split(".")]
+    while len(parts) > 1 and parts[-1] == 0:
+        parts.pop()
+    return tuple(parts)
 
 
 def parse_xml(xml: bytes, source: str, keep_comments: bool = False) -> ElementTree.Element:
     """Parse XML, raising PackageError with the file, line and column when it is not well-formed."""
-    # Packages come from uploads: refuse DTDs so that entity expansion can never be used.
-    if b"<!DOCTYPE" in xml or b"<!ENTITY" in xml:
-        raise PackageError(f"{source}: DTDs and entity declarations are not allowed")
+    _refuse_dtd(xml, source)
     parser = ElementTree.XMLParser(target=ElementTree.TreeBuilder(insert_comments=keep_comments))
     try:
         parser.feed(xml)
@@ -150,6 +155,23 @@ def parse_xml(xml: bytes, source: str, keep_comments: bool = False) -> ElementTr
         raise PackageError(
             f"{source}: not well-formed XML (line {line}, column {column + 1}): {reason}"
         ) from None
+
+
+def _refuse_dtd(xml: bytes, source: str) -> None:
+    """Packages come from uploads: refuse DTDs so that entity expansion can never be used.
+
+    expat itself reports the DOCTYPE, so a document in any encoding it reads (UTF-16 too) is caught.
+    """
+
+    def refuse(*_: object) -> None:
+        raise PackageError(f"{source}: DTDs and entity declarations are not allowed")
+
+    scanner = expat.ParserCreate()
+    scanner.StartDoctypeDeclHandler = refuse
+    scanner.EntityDeclHandler = refuse
+    # When the XML is not well-formed, the parse that follows reports where.
+    with contextlib.suppress(expat.ExpatError):
+        scanner.Parse(xml, True)
 
 
 def _tag(namespace: str, name: str) -> str:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
-from urllib.parse import urljoin
+from urllib.parse import quote, quote_plus, urljoin
 
 import requests
 import yaml
@@ -63,18 +64,47 @@ class InstallSettings:
 
 
 def scrub(text: str, secret: Optional[str]) -> str:
-    """``text`` with every occurrence of ``secret`` masked."""
-    return text.replace(secret, "********") if secret else text
+    """``text`` with every occurrence of ``secret`` masked, also as a form, URL or JSON string writes it.
+
+    A server or proxy that echoes the login request shows the password form-encoded.
+    """
+    if not secret:
+        return text
+    forms = {secret, quote_plus(secret), quote(secret, safe=""), json.dumps(secret)[1:-1]}
+    for form in sorted(forms, key=len, reverse=True):
+        text = text.replace(form, "********")
+    return text
+
+
+def _server_text(text: str, secret: Optional[str]) -> str:
+    """Text from the server or the HTTP stack, fit for a message: scrubbed, then shortened."""
+    return scrub(text, secret)[:_MAX_SERVER_TEXT]
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """Reads every plain scalar as a string, except null.
+
+    With YAML's other implicit types a password such as 0123, yes or 12:30 would reach the server as
+    83, True or 750.
+    """
+
+
+_ConfigLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag == "tag:yaml.org,2002:null"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
 
 
 def load_config(path: Path) -> Dict[str, Any]:
     """The ``install:`` block of a cloudshell_config.yml (empty when the file has none)."""
     try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+        document = yaml.load(path.read_text(encoding="utf-8"), Loader=_ConfigLoader)  # a SafeLoader
     except FileNotFoundError:
         raise InstallError(f"{path}: not found") from None
     except OSError as error:
         raise InstallError(f"{path}: cannot be read: {error.strerror}") from None
+    except UnicodeDecodeError as error:
+        raise InstallError(f"{path}: not UTF-8 text (byte {error.start}); save it as UTF-8") from None
     except yaml.YAMLError as error:
         # Only the position and the problem: YAML's own message quotes the line, which may hold the password.
         mark = getattr(error, "problem_mark", None)
@@ -126,8 +156,8 @@ def resolve_settings(
         port = 0
     if not 0 < port < 65536:
         raise InstallError(f"port {values['port']!r} is not a TCP port number")
-    if args.timeout is not None and args.timeout <= 0:
-        raise InstallError("--timeout must be positive")
+    if args.timeout is not None and not (args.timeout > 0 and math.isfinite(args.timeout)):
+        raise InstallError("--timeout must be a positive number of seconds")
     return InstallSettings(
         host=values["host"],
         port=port,
@@ -158,7 +188,7 @@ class ImportingClient(PackagingRestApiClient):
 
 def check_import_answer(response: requests.Response, password: Optional[str] = None) -> None:
     """Raise InstallError unless the answer is HTTP 200 with a JSON body whose Success is true."""
-    text = scrub(response.text, password)[:_MAX_SERVER_TEXT]
+    text = _server_text(response.text, password)
     if response.status_code == 404:
         raise InstallError(
             "the server has no Package/ImportPackage endpoint (HTTP 404): is this the Quali API?"
@@ -177,7 +207,7 @@ def check_import_answer(response: requests.Response, password: Optional[str] = N
         )
     if body["Success"] is not True:
         reason = body.get("ErrorMessage") or body.get("Message") or "no reason given"
-        raise InstallError(f"the server refused the package: {scrub(str(reason), password)}")
+        raise InstallError(f"the server refused the package: {_server_text(str(reason), password)}")
 
 
 def install_package(settings: InstallSettings) -> str:
@@ -211,13 +241,17 @@ def install_package(settings: InstallSettings) -> str:
             "wrong username, password or domain"
         ) from None
     except PackagingRestApiError as error:
-        raise InstallError(f"login to {where} failed: {scrub(str(error), settings.password)}") from None
+        raise InstallError(
+            f"login to {where} failed: {_server_text(str(error), settings.password)}"
+        ) from None
     except requests.Timeout:
         raise InstallError(f"{where} did not answer within {settings.timeout:g} s") from None
     except requests.ConnectionError:
         raise InstallError(f"cannot connect to {where}: check the host and port, and that it runs") from None
     except requests.RequestException as error:
-        raise InstallError(f"request to {where} failed: {scrub(str(error), settings.password)}") from None
+        raise InstallError(
+            f"request to {where} failed: {_server_text(str(error), settings.password)}"
+        ) from None
     check_import_answer(response, settings.password)
     return (
         f"imported {settings.package} into {settings.host}:{settings.port} "

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Dict, List, Optional, Tuple
 
 from cloudshell_mutex.packaging.format import PackageError, parse_version
@@ -139,9 +139,17 @@ def _parse_driver(entry: Any, index: int, base: Path, version: Optional[str], so
                 "but there is no pyproject.toml version next to the manifest"
             )
         requirements = tuple(r.replace(PROJECT_VERSION_PLACEHOLDER, version) for r in requirements)
+    folder = _string(entry, "source", where, source)
+    # A subfolder of the tree, so that a fresh clone holds every input of the build (on any OS).
+    parts = PurePosixPath(folder).parts
+    if not parts or parts[0] == "/" or ".." in parts or "\\" in folder or ":" in folder:
+        raise PackageError(
+            f"{source}: {where}: source {folder!r} must be a subfolder of the folder of drivers.toml, "
+            "written with / and without .."
+        )
     return DriverSpec(
         name=name,
-        source=base / _string(entry, "source", where, source),
+        source=base / folder,
         version=driver_version,
         python_version=python_version,
         main_class=main_class,
