@@ -8,6 +8,7 @@ from collections import OrderedDict
 
 import pytest
 
+from cloudshell_mutex.emulator import state as state_module
 from cloudshell_mutex.emulator.faults import FaultPlan, LatencyModel
 from cloudshell_mutex.emulator.server import is_loopback
 from cloudshell_mutex.emulator.state import ApiError, AttributeSpec, CatalogModel, EmulatorState
@@ -143,6 +144,22 @@ def test_events_are_ordered_and_carry_owner_and_user():
         (3, "service_removed", "b", "carol"),
     ]
     assert events[0]["monotonic"] <= events[1]["monotonic"] <= events[2]["monotonic"]
+
+
+def test_event_log_is_bounded_and_keeps_counting(monkeypatch):
+    monkeypatch.setattr(state_module, "EVENT_LOG_LIMIT", 4)
+    state = make_state()
+    rid = state.create_reservation("r", "admin", 10, "Global").id
+    for owner in "abc":
+        state.add_service(rid, SERVICE_MODEL, "MUTEX", [(ATTR_OWNER, owner)], "alice")
+        state.remove_services(rid, ["MUTEX"], "alice")
+    # Six changes, four kept: the oldest go first, and seq shows the gap.
+    assert [(e["seq"], e["op"], e["attributes"][ATTR_OWNER]) for e in state.events(rid)] == [
+        (3, "service_added", "b"),
+        (4, "service_removed", "b"),
+        (5, "service_added", "c"),
+        (6, "service_removed", "c"),
+    ]
 
 
 def test_sessions_expire_and_revoke():

@@ -152,6 +152,10 @@ class Session:
     expires: Optional[float]
 
 
+#: How many service changes the event log keeps; older ones are dropped first.
+EVENT_LOG_LIMIT = 200_000
+
+
 class EmulatorState:
     """Everything the emulated server knows, guarded by one lock."""
 
@@ -175,7 +179,10 @@ class EmulatorState:
         self.drivers: Dict[str, int] = {}  # driver name -> zip size
         self.resources: OrderedDict[str, ResourceRecord] = OrderedDict()
         self.reservations: OrderedDict[str, Reservation] = OrderedDict()
-        self._events: List[Dict[str, Any]] = []
+        # Bounded, so that an emulator left running for days does not grow without limit; "seq" keeps
+        # counting, so a checker sees a gap rather than a silently shortened history.
+        self._events: Deque[Dict[str, Any]] = deque(maxlen=EVENT_LOG_LIMIT)
+        self._event_seq = 0
         self._call_counts: Dict[str, int] = {}
         # The emulator's own time per API call (injected latency excluded), most recent calls only.
         self._overheads: Deque[float] = deque(maxlen=100_000)
@@ -332,7 +339,7 @@ class EmulatorState:
     ) -> None:
         """Append a committed service change to the ordered log (caller holds the lock)."""
         event = {
-            "seq": len(self._events) + 1,
+            "seq": self._event_seq + 1,
             "time": utcnow().isoformat(),
             "monotonic": time.monotonic(),
             "reservation_id": reservation.id,
@@ -343,10 +350,11 @@ class EmulatorState:
             "user": user,
         }
         event.update(extra)
+        self._event_seq += 1
         self._events.append(event)
 
     def events(self, reservation_id: Optional[str] = None) -> List[Dict[str, Any]]:
-        """The ordered log of committed service changes."""
+        """The ordered log of committed service changes (the latest ``EVENT_LOG_LIMIT`` of them)."""
         with self.lock:
             return [dict(e) for e in self._events if reservation_id in (None, e["reservation_id"])]
 
