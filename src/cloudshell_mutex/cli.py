@@ -8,6 +8,7 @@ parsed arguments and returns the exit code.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import sys
 from typing import Optional, Sequence
@@ -21,8 +22,15 @@ COMMAND_MODULES = (
 
 def build_parser() -> argparse.ArgumentParser:
     """Return the parser with every subcommand registered."""
-    parser = argparse.ArgumentParser(prog="cloudshell-mutex", description=__doc__.splitlines()[0])
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # No abbreviated options: argparse's "ambiguous option: --p=SECRET" error would echo a password.
+    parser = argparse.ArgumentParser(
+        prog="cloudshell-mutex", description=__doc__.splitlines()[0], allow_abbrev=False
+    )
+    subparsers = parser.add_subparsers(
+        dest="command",
+        metavar="COMMAND",
+        parser_class=functools.partial(argparse.ArgumentParser, allow_abbrev=False),
+    )
     subparsers.required = True
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
