@@ -93,7 +93,13 @@ def test_bad_port(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "typo",
-    [["--passwd", SECRET], [f"--passwd={SECRET}"], ["--host", "h", SECRET], [f"--p={SECRET}"], ["--pa", SECRET]],
+    [
+        ["--passwd", SECRET],
+        [f"--passwd={SECRET}"],
+        ["--host", "h", SECRET],
+        [f"--p={SECRET}"],
+        ["--pa", SECRET],
+    ],
 )
 def test_a_mistyped_flag_does_not_echo_the_password(typo: List[str], capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exited:
