@@ -52,7 +52,7 @@ test: lint test-py39
 # A non-editable install, so that what is tested is what a wheel ships.
 test-py39: venv39
 	$(VENV39)/bin/python -m pip install --quiet --no-deps --force-reinstall .
-	$(VENV39)/bin/python -m pytest -p no:cacheprovider -q tests/unit
+	$(VENV39)/bin/python -m pytest -p no:cacheprovider -q -m "not integration" tests
 
 emulator: venv
 	$(BIN)/cloudshell-mutex emulator

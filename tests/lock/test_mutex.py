@@ -2,7 +2,7 @@
 
 The fake is deliberately tiny (atomic add by alias, remove, fresh reads, scripted faults) and the
 clock is virtual, so these tests are fast and deterministic. The proof that the lock works is the
-integration suite against the emulator with the real client (tests/integration/test_lock*.py).
+integration suite against the emulator with the real client (tests/lock/test_mutex_emulator.py, tests/lock/test_exclusion.py).
 """
 
 from __future__ import annotations

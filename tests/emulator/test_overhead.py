@@ -2,7 +2,7 @@
 
 Run with ``-s`` to see the figures quoted in docs/emulator.md::
 
-    .venv/bin/python -m pytest tests/integration/test_emulator_overhead.py -s -q
+    .venv/bin/python -m pytest tests/emulator/test_overhead.py -s -q
 """
 
 from __future__ import annotations
