@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["cloudshell_mutex.emulator.pytest_plugin"]
+pytest_plugins = ["cloudshell_mutex.testing"]
 
 ASSETS = Path(__file__).parent / "assets"
 

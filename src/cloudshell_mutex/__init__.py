@@ -1,8 +1,14 @@
-"""cloudshell-mutex: a reservation lock for Quali CloudShell that never proceeds without the lock."""
+"""cloudshell-mutex: a reservation lock for Quali CloudShell that never proceeds without the lock.
+
+The public surface: the lock, its options and events, and its errors. Tuning knobs (pacing policies,
+the call budget) live in :mod:`cloudshell_mutex.lock.pacing`; the wire names of the protocol in
+:mod:`cloudshell_mutex.lock.protocol` (also importable as ``cloudshell_mutex.protocol``).
+"""
 
 from __future__ import annotations
 
-from .errors import (
+from .lock import protocol
+from .lock.errors import (
     MutexError,
     MutexLostError,
     MutexNotInstalled,
@@ -12,29 +18,26 @@ from .errors import (
     MutexUsageError,
     ReservationNotActive,
 )
-from .events import MutexEvent
-from .holder import Holder
-from .lock import ReservationMutex
-from .pacing import CallBudget, DefaultPacing, ExponentialBackoff, FixedPacing, OriginalPacing
+from .lock.events import MutexEvent
+from .lock.holder import Holder
+from .lock.mutex import ReservationMutex
+from .lock.options import MutexOptions
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "CallBudget",
-    "DefaultPacing",
-    "ExponentialBackoff",
-    "FixedPacing",
     "Holder",
     "MutexError",
     "MutexEvent",
     "MutexLostError",
     "MutexNotInstalled",
+    "MutexOptions",
     "MutexPermissionError",
     "MutexReleaseError",
     "MutexTimeout",
     "MutexUsageError",
-    "OriginalPacing",
     "ReservationMutex",
     "ReservationNotActive",
     "__version__",
+    "protocol",
 ]

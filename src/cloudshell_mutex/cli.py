@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib
 import sys
 from typing import Optional, Sequence
 
+from .emulator import command as emulator_command
+from .packaging import command as packaging_command
+
 #: Modules that contribute subcommands, in help order.
-COMMAND_MODULES = (
-    "cloudshell_mutex.packaging.command",
-    "cloudshell_mutex.emulator.command",
-)
+COMMAND_MODULES = (packaging_command, emulator_command)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,8 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
         parser_class=functools.partial(argparse.ArgumentParser, allow_abbrev=False),
     )
     subparsers.required = True
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(subparsers)
+    for module in COMMAND_MODULES:
+        module.register(subparsers)
     return parser
 
 

@@ -19,7 +19,7 @@ from cloudshell.api.cloudshell_api import (
 from cloudshell.api.common_cloudshell_api import CloudShellAPIError
 
 from cloudshell_mutex.emulator import Emulator, EmulatorControlError
-from cloudshell_mutex.protocol import ATTR_OWNER, DEFAULT_ALIAS, DUPLICATE_ALIAS_MESSAGE, SERVICE_MODEL
+from cloudshell_mutex.lock.protocol import ATTR_OWNER, DEFAULT_ALIAS, DUPLICATE_ALIAS_MESSAGE, SERVICE_MODEL
 
 pytestmark = pytest.mark.integration
 

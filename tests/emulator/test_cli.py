@@ -12,7 +12,7 @@ import pytest
 from cloudshell.api.cloudshell_api import CloudShellAPISession
 
 from cloudshell_mutex.emulator import EmulatorControl
-from cloudshell_mutex.protocol import SERVICE_MODEL
+from cloudshell_mutex.lock.protocol import SERVICE_MODEL
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ from cloudshell.api.common_cloudshell_api import CloudShellAPIError
 from urllib3.exceptions import ProtocolError
 
 from cloudshell_mutex.emulator import DROP_AFTER_COMMIT, ERROR_BEFORE_COMMIT, Emulator
-from cloudshell_mutex.protocol import ATTR_OWNER, DEFAULT_ALIAS, DUPLICATE_ALIAS_MESSAGE, SERVICE_MODEL
+from cloudshell_mutex.lock.protocol import ATTR_OWNER, DEFAULT_ALIAS, DUPLICATE_ALIAS_MESSAGE, SERVICE_MODEL
 
 pytestmark = pytest.mark.integration
 

@@ -61,7 +61,7 @@ def test_overhead_of_the_lock_calls_from_one_client(cloudshell_emulator: Emulato
     """The calls a lock makes: add the service, read details uncached, remove it."""
     from cloudshell.api.cloudshell_api import AttributeNameValue
 
-    from cloudshell_mutex.protocol import ATTR_OWNER, DEFAULT_ALIAS, SERVICE_MODEL
+    from cloudshell_mutex.lock.protocol import ATTR_OWNER, DEFAULT_ALIAS, SERVICE_MODEL
 
     emu = cloudshell_emulator
     emu.add_service_model(SERVICE_MODEL, {ATTR_OWNER: ""})

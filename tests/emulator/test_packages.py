@@ -14,7 +14,7 @@ from cloudshell.rest.api import PackagingRestApiClient
 from cloudshell.rest.exceptions import LoginFailedError
 
 from cloudshell_mutex.emulator import Emulator, EmulatorControlError
-from cloudshell_mutex.protocol import ATTR_OWNER, DEFAULT_ALIAS, SERVICE_MODEL
+from cloudshell_mutex.lock.protocol import ATTR_OWNER, DEFAULT_ALIAS, SERVICE_MODEL
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ from typing import Any, Dict, List
 import pytest
 
 from cloudshell_mutex.emulator import Emulator
-from cloudshell_mutex.protocol import ATTR_OWNER, DEFAULT_ALIAS, SERVICE_MODEL
+from cloudshell_mutex.lock.protocol import ATTR_OWNER, DEFAULT_ALIAS, SERVICE_MODEL
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

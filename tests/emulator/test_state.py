@@ -12,7 +12,7 @@ from cloudshell_mutex.emulator import state as state_module
 from cloudshell_mutex.emulator.faults import FaultPlan, LatencyModel
 from cloudshell_mutex.emulator.server import is_loopback
 from cloudshell_mutex.emulator.state import ApiError, AttributeSpec, CatalogModel, EmulatorState
-from cloudshell_mutex.protocol import ATTR_OWNER, DUPLICATE_ALIAS_MESSAGE, SERVICE_MODEL
+from cloudshell_mutex.lock.protocol import ATTR_OWNER, DUPLICATE_ALIAS_MESSAGE, SERVICE_MODEL
 
 
 def make_state(**kwargs) -> EmulatorState:

@@ -15,7 +15,7 @@ from urllib3.exceptions import (
     ReadTimeoutError,
 )
 
-from cloudshell_mutex.classify import ErrorKind, classify
+from cloudshell_mutex.lock.classify import ErrorKind, classify
 
 
 def api(message: str, code: str = "100") -> CloudShellAPIError:

@@ -19,9 +19,10 @@ from typing import Any, Dict, List, Tuple
 
 import pytest
 from cloudshell.api.cloudshell_api import AttributeNameValue, CloudShellAPISession
-from original_protocol import OriginalMutex
 
-from cloudshell_mutex import CallBudget, DefaultPacing, ReservationMutex, protocol
+from cloudshell_mutex import ReservationMutex, protocol
+from cloudshell_mutex.lock.pacing import CallBudget, DefaultPacing
+from original_protocol import OriginalMutex
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

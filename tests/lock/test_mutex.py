@@ -2,7 +2,8 @@
 
 The fake is deliberately tiny (atomic add by alias, remove, fresh reads, scripted faults) and the
 clock is virtual, so these tests are fast and deterministic. The proof that the lock works is the
-integration suite against the emulator with the real client (tests/lock/test_mutex_emulator.py, tests/lock/test_exclusion.py).
+integration suite against the emulator with the real client (tests/lock/test_mutex_emulator.py and
+tests/lock/test_exclusion.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from cloudshell.api.common_cloudshell_api import CloudShellAPIError
 from urllib3.exceptions import NewConnectionError, ProtocolError
 
 from cloudshell_mutex import (
-    FixedPacing,
     MutexError,
     MutexLostError,
     MutexNotInstalled,
@@ -27,11 +27,11 @@ from cloudshell_mutex import (
     MutexUsageError,
     ReservationMutex,
     ReservationNotActive,
-    catalog,
     protocol,
 )
-from cloudshell_mutex.owner_token import parse_token
-from cloudshell_mutex.pacing import CallBudget
+from cloudshell_mutex.lock import catalog
+from cloudshell_mutex.lock.holder import parse_token
+from cloudshell_mutex.lock.pacing import CallBudget, FixedPacing
 
 RES = "res-1"
 

@@ -14,18 +14,18 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from original_protocol import OriginalMutex
 
 from cloudshell_mutex import (
-    DefaultPacing,
     MutexLostError,
     MutexNotInstalled,
     MutexTimeout,
     ReservationMutex,
     ReservationNotActive,
-    catalog,
     protocol,
 )
+from cloudshell_mutex.lock import catalog
+from cloudshell_mutex.lock.pacing import DefaultPacing
+from original_protocol import OriginalMutex
 
 pytestmark = pytest.mark.integration
 
@@ -136,10 +136,9 @@ def test_dropped_after_commit_add_resolves_to_acquired(emu, rid):
     itself and its retry gets "already exists" - caused by our own add."""
     api = emu.session()
     control = emu.control
-    lock = mutex(api, rid)
-    catalog.detect_model(api)  # the once-per-process catalog read
     seen = []
-    lock.on_event = seen.append
+    lock = mutex(api, rid, on_event=seen.append)
+    catalog.detect_model(api)  # the once-per-process catalog read
     control.inject_fault("AddServiceToReservation", "drop_after_commit")
     control.reset_counts()
     assert lock.acquire(timeout=20) is True
@@ -155,9 +154,8 @@ def test_dropped_after_commit_add_resolves_to_acquired(emu, rid):
 def test_error_before_commit_backs_off_and_acquires(emu, rid):
     api = emu.session()
     control = emu.control
-    lock = mutex(api, rid)
     seen = []
-    lock.on_event = seen.append
+    lock = mutex(api, rid, on_event=seen.append)
     control.inject_fault("AddServiceToReservation", "error_before_commit", count=2)
     assert lock.acquire(timeout=20) is True
     assert [e.kind for e in seen] == ["transient", "transient", "acquired"]
@@ -246,9 +244,9 @@ def test_waiter_gets_the_lock_when_the_holder_releases_and_writes_progress(emu, 
 
     holder = mutex(emu.session(), rid, owner="Router B driver")
     holder.acquire()
-    timer = threading.Timer(0.8, holder.release)
+    timer = threading.Timer(2.5, holder.release)
     timer.start()
-    waiter = mutex(emu.session(), rid, owner="Router A driver", progress=True, progress_interval=0.3)
+    waiter = mutex(emu.session(), rid, owner="Router A driver", progress=True, progress_interval=1.0)
     try:
         assert waiter.acquire(timeout=10) is True
     finally:
@@ -330,9 +328,8 @@ def test_v2_stale_cache_stall_still_excludes(emu, rid):
 
 def test_release_after_the_reservation_ended_is_quiet(emu, rid):
     api = emu.session()
-    lock = mutex(api, rid, release_check_after=0)
     seen = []
-    lock.on_event = seen.append
+    lock = mutex(api, rid, release_check_after=0, on_event=seen.append)
     lock.acquire()
     api.EndReservation(rid)
     lock.release()  # the lock went with the reservation: nothing is leaked, nothing to raise

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from cloudshell_mutex.pacing import (
+from cloudshell_mutex.lock.pacing import (
     CallBudget,
     DefaultPacing,
     ExponentialBackoff,

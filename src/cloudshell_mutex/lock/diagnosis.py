@@ -2,18 +2,17 @@
 to do.
 
 Each function builds one error from facts the lock gathered: the classified failure, the
-acquisition's record (:class:`~cloudshell_mutex.attempt.Attempt`) and, for a reservation problem,
-the reservation's status. Nothing here logs or emits events. Messages name owner tokens, never
-credentials (:func:`~cloudshell_mutex.classify.classify` already cut raw replies off).
+operation's record (:class:`~.operation.Operation`) and, for a reservation problem, the reservation's
+state, read by the caller. Nothing here makes calls, logs or emits events. Messages name owner tokens,
+never credentials (:func:`~.classify.classify` already cut raw replies off).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Optional
 
-from .attempt import Attempt
 from .catalog import ModelInfo
-from .classify import Classification, ErrorKind, classify
+from .classify import Classification, ErrorKind
 from .errors import (
     MutexError,
     MutexLostError,
@@ -23,27 +22,24 @@ from .errors import (
     MutexTimeout,
     ReservationNotActive,
 )
+from .operation import Operation
 
-#: Reservation states (GetReservationStatus ... .Status) in which nothing can be locked any more.
-ENDED_STATES = frozenset({"completed", "ended", "cancelled", "canceled", "terminated"})
+#: Failure kinds that could mean "the reservation is gone": the reservation's status is read to tell.
+_MAY_BE_GONE = (ErrorKind.NOT_ACTIVE, ErrorKind.FATAL, ErrorKind.ALIAS_MISSING)
 
 
-def reservation_state(get_status: Callable[[], Any]) -> Optional[str]:
-    """'active', 'ended', 'missing', or None when the status cannot be read.
+def remove_hint(alias: str, token: str) -> str:
+    """How a person removes a lock service left behind by ``token``, with what exists today."""
+    return (
+        f"if the service {alias!r} has Mutex Owner {token!r}, it is this process's: remove it from the "
+        "reservation (select it in the sandbox diagram and remove it, or call "
+        f"RemoveServicesFromReservation with the alias {alias!r})"
+    )
 
-    ``get_status`` makes the ``GetReservationStatus`` call. Message text alone is not trusted to
-    say that a reservation is gone; this read confirms it.
-    """
-    try:
-        status = get_status().ReservationSlimStatus
-    except Exception as exc:
-        failure = classify(exc)
-        if failure.kind is ErrorKind.NOT_ACTIVE:
-            return "missing" if "not found" in failure.message.lower() else "ended"
-        return None
-    if str(getattr(status, "Status", "") or "").strip().lower() in ENDED_STATES:
-        return "ended"
-    return "active"
+
+def needs_state(failure: Classification) -> bool:
+    """True when ``failure`` could mean that the reservation is gone: read its state before wording it."""
+    return failure.kind in _MAY_BE_GONE
 
 
 def fatal_error(
@@ -53,19 +49,19 @@ def fatal_error(
     alias: str,
     model: str,
     catalog_info: Optional[ModelInfo],
-    state: Callable[[], Optional[str]],
+    state: Optional[str],
 ) -> MutexError:
     """Turn a failure that waiting cannot fix into an error that says what to do.
 
-    ``state`` reads the reservation's state (:func:`reservation_state`); it is called only when the
-    failure could mean that the reservation is gone. ``catalog_info`` is what the catalog said about
+    ``state`` is the reservation's state ('active', 'ended', 'missing', or None when unknown or not
+    read: read it when :func:`needs_state` says so). ``catalog_info`` is what the catalog said about
     ``model`` (None when not asked).
     """
     where = dict(reservation_id=reservation_id, alias=alias, code=failure.code, api_message=failure.message)
     kind = failure.kind
-    if kind in (ErrorKind.NOT_ACTIVE, ErrorKind.FATAL, ErrorKind.ALIAS_MISSING):
+    if kind in _MAY_BE_GONE:
         # Confirm with the reservation's status rather than trusting message text alone.
-        seen = state()
+        seen = state
         if seen in ("ended", "missing") or (kind is ErrorKind.NOT_ACTIVE and seen is None):
             what = "has ended" if seen == "ended" else "was not found"
             return ReservationNotActive(
@@ -101,25 +97,21 @@ def fatal_error(
 
 def note_pending_add(error: MutexError, alias: str, token: str) -> MutexError:
     """Add to ``error`` that an add of ours (``token``) may have committed unseen, and how to clean up."""
-    error.args = (
-        f"{error}. An earlier add may have succeeded: if {alias!r} has Mutex Owner "
-        f"{token!r}, it is this process's; remove it (cloudshell-mutex release)",
-    )
+    error.args = (f"{error}. An earlier add may have succeeded: {remove_hint(alias, token)}",)
     return error
 
 
-def timeout_error(op: Attempt, now: float, reservation_id: str, alias: str) -> MutexTimeout:
+def timeout_error(op: Operation, now: float, reservation_id: str, alias: str) -> MutexTimeout:
     """The acquisition ran out of time: say who held the lock, and for how long this waiter saw it."""
     waited = now - op.start
     holder = op.holder_label
     held_for = op.held_for(now)
     waiting = f"timed out after {waited:.1f} s waiting for {alias!r} in reservation {reservation_id}"
-    if op.ambiguous:
+    if op.add_pending:
         message = (
             f"could not tell whether {alias!r} in reservation {reservation_id} was acquired "
-            f"after {waited:.1f} s: the CloudShell API kept failing ({op.last_error}). If the service "
-            f"{alias!r} exists with Mutex Owner {op.token!r}, it is this process's: remove it "
-            "(cloudshell-mutex release, or RemoveServicesFromReservation)"
+            f"after {waited:.1f} s: the CloudShell API kept failing ({op.last_error}); "
+            + remove_hint(alias, op.token)
         )
     elif holder is not None:
         message = f"{waiting}: held by {holder}, seen held for {held_for or 0.0:.1f} s; nothing was removed"
@@ -133,13 +125,13 @@ def timeout_error(op: Attempt, now: float, reservation_id: str, alias: str) -> M
         held_for=held_for,
         waited=waited,
         token=op.token,
-        maybe_held=op.ambiguous,
+        maybe_held=op.add_pending,
         reservation_id=reservation_id,
         alias=alias,
     )
 
 
-def lost_error(op: Attempt, reservation_id: str, alias: str) -> MutexLostError:
+def lost_error(op: Operation, reservation_id: str, alias: str) -> MutexLostError:
     """At release, the lock was no longer this acquisition's (``op.holder`` is who has it now)."""
     message = (
         f"{alias!r} in reservation {reservation_id} was no longer held by this acquisition "
@@ -151,14 +143,14 @@ def lost_error(op: Attempt, reservation_id: str, alias: str) -> MutexLostError:
 
 
 def release_error(
-    op: Attempt, failure: Optional[Classification], doing: str, reservation_id: str, alias: str
+    op: Operation, failure: Optional[Classification], doing: str, reservation_id: str, alias: str
 ) -> MutexReleaseError:
     """Release failed (``failure``, or else the last transient error): the lock may still be held."""
     reason = failure.message if failure is not None else op.last_error
     message = (
         f"could not release {alias!r} in reservation {reservation_id} while {doing}: {reason}. "
-        f"The lock may still be held (Mutex Owner {op.token!r}); call release() again, or remove the "
-        "service with `cloudshell-mutex release` once the server answers"
+        "The lock may still be held: call release() again once the server answers, or "
+        + remove_hint(alias, op.token)
     )
     return MutexReleaseError(
         message,

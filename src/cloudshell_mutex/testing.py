@@ -1,6 +1,8 @@
-"""pytest fixtures that start the CloudShell API emulator on free loopback ports.
+"""pytest fixtures that start the CloudShell API emulator on free loopback ports, for testing locks.
 
-Enable in a ``conftest.py`` with ``pytest_plugins = ["cloudshell_mutex.emulator.pytest_plugin"]``, then::
+The fixtures live here, not in the emulator, because they also reset what the lock caches per
+server (the emulator knows nothing of the lock). Enable them in a ``conftest.py`` with
+``pytest_plugins = ["cloudshell_mutex.testing"]``, then::
 
     def test_lock(cloudshell_emulator):
         api = cloudshell_emulator.session()
@@ -16,8 +18,8 @@ from typing import Any, Callable, Iterator, List
 
 import pytest
 
-from .. import catalog
-from .instance import Emulator
+from .emulator import Emulator
+from .lock import catalog
 
 
 @pytest.fixture

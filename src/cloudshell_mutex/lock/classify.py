@@ -10,16 +10,24 @@ The original snippet treated every exception as "busy". Here each failure gets o
 Only the "already exists" text of the real server is known. The other fragments below match the
 emulator's messages and plausible server wording; callers confirm "reservation gone" with
 ``GetReservationStatus`` instead of trusting message text alone.
+
+The client also does something behind the caller's back: it re-sends a request whose connection
+failed, after 1 s and then 2 s (``common_cloudshell_api.retry``, ``max_attempts=3``). For an add that is
+harmless but hides an outcome; for a remove it is dangerous. :func:`may_have_resent` and
+:func:`sent_once` hold what the lock needs to know about it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import http.client
 import re
 import socket
+import threading
+import weakref
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Iterator, Optional
 
 from cloudshell.api.common_cloudshell_api import CloudShellAPIError, UnauthorizedError
 
@@ -159,3 +167,41 @@ def _never_sent(exc: BaseException) -> bool:
         return isinstance(exc, ConnectionRefusedError)
     reason = exc.reason if isinstance(exc, _MaxRetryError) else exc
     return isinstance(reason, (_NewConnectionError, _ConnectTimeout, ConnectionRefusedError))
+
+
+# ---------------------------------------------------------------- the client's hidden re-send
+
+#: The client's first re-send comes this many seconds after a failed copy. A call that took this
+#: long may hide such a re-send, so an earlier copy of it may have committed.
+CLIENT_RETRY_DELAY = 1.0
+
+_locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_locks_guard = threading.Lock()
+
+
+def may_have_resent(elapsed: float) -> bool:
+    """True when a call that took ``elapsed`` seconds may include a re-send by the client."""
+    return elapsed >= CLIENT_RETRY_DELAY
+
+
+@contextlib.contextmanager
+def sent_once(api: Any) -> Iterator[bool]:
+    """Turn off the client's own re-send for one call (the remove); yield whether one may still happen.
+
+    If a remove commits and its reply is lost, the client re-sends it 1 s later; by then a waiter
+    may have added the alias, and the re-sent remove deletes the *waiter's* lock. So the remove goes
+    out once, and the lock retries it itself, only after a fresh read shows the alias is still ours.
+    ``_attempts`` is the session's private copy of ``max_attempts``; it is set back afterwards, under
+    a per-session lock so that concurrent removes on one session cannot restore the wrong value.
+    """
+    if not isinstance(getattr(api, "_attempts", None), int):
+        yield True  # not a CloudShellAPISession: whatever it does, it cannot be turned off
+        return
+    with _locks_guard:
+        lock = _locks.setdefault(api, threading.Lock())
+    with lock:
+        saved, api._attempts = api._attempts, 1
+        try:
+            yield False
+        finally:
+            api._attempts = saved

@@ -7,7 +7,7 @@ catalog once per server and process, and writes the lease attributes only when t
 When the catalog does not list the model, the lock does not give up on that alone: how
 ``GetServices`` treats admin-only families without a category on a real server is not documented.
 It writes only ``Mutex Owner`` and lets the add decide; if the add then fails, the missing model is
-the diagnosis (:class:`~cloudshell_mutex.errors.MutexNotInstalled`) and the cache entry is dropped.
+the diagnosis (:class:`~.errors.MutexNotInstalled`) and the cache entry is dropped.
 """
 
 from __future__ import annotations

@@ -1,0 +1,244 @@
+"""One lock alias in one reservation: the calls every lock in this library makes, and nothing else.
+
+:class:`LockAlias` is the shared primitive under the locks (kazoo's recipes share one acquire loop the
+same way). It knows how to add the alias's service with an owner token, read who holds it (fresh,
+never cached), remove it with the request sent exactly once, read the reservation's state, and count
+every call against a call budget. It never decides anything: each call returns a :class:`CallResult`
+that says what happened and whether the server may have applied a call whose reply was lost. The
+policy (deadlines, pacing, what an unknown outcome means, what to report) belongs to the lock that
+uses it, e.g. :class:`~cloudshell_mutex.lock.mutex.ReservationMutex`.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, List, Optional, Sequence
+
+from cloudshell.api.cloudshell_api import AttributeNameValue
+
+from . import catalog, protocol
+from .classify import Classification, ErrorKind, classify, may_have_resent, sent_once
+from .holder import Holder, holder_in, sanitize_label
+from .pacing import CallBudget, budget_for, clip
+
+#: Reservation states (``GetReservationStatus ... .Status``) in which nothing can be locked any more.
+ENDED_STATES = frozenset({"completed", "ended", "cancelled", "canceled", "terminated"})
+
+
+class Status(enum.Enum):
+    """What one call on the alias came to."""
+
+    DONE = "done"  # it succeeded: the add was granted, the read answered, the remove removed
+    BUSY = "busy"  # add: the alias is taken (code 100, "already exists")
+    MISSING = "missing"  # remove: the alias was not there
+    TRANSIENT = "transient"  # a failure that a retry may heal (5xx, dropped connection, timeout)
+    FATAL = "fatal"  # anything else: see ``failure.kind``
+
+
+@dataclass(frozen=True)
+class CallResult:
+    """The outcome of one call.
+
+    ``sent_at`` is when the request went out (after any wait on the call budget) and ``elapsed`` how
+    long the call took, on the caller's monotonic clock. ``failure`` classifies the error of a failed
+    call. ``resent`` is True when the client may have re-sent the request by itself (it does that for
+    dropped connections, 1 s later), so an earlier copy of it may have been applied. ``holder`` is
+    what a read found (None: the alias is free).
+    """
+
+    status: Status
+    sent_at: float
+    elapsed: float
+    failure: Optional[Classification] = None
+    resent: bool = False
+    holder: Optional[Holder] = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the call succeeded."""
+        return self.status is Status.DONE
+
+    @property
+    def may_have_committed(self) -> bool:
+        """True when the call failed but may have taken effect anyway: the server applied it and the
+        reply was lost, or the client re-sent a copy and an earlier one was applied."""
+        return self.failure is not None and (self.failure.maybe_committed or self.resent)
+
+
+class LockAlias:
+    """One alias (default ``MUTEX``) of the lock's service model in one reservation.
+
+    ``api`` is a ``CloudShellAPISession`` (or an object with its methods). Every call is counted in
+    :attr:`calls`; a call made with ``paced=True`` first waits on the :class:`~.pacing.CallBudget`
+    (never past ``deadline``), which is how waiters stay polite to the shared server.
+    """
+
+    def __init__(
+        self,
+        api: Any,
+        reservation_id: str,
+        alias: str = protocol.DEFAULT_ALIAS,
+        model: str = protocol.SERVICE_MODEL,
+        *,
+        budget: Optional[CallBudget] = None,
+        logger: Optional[logging.Logger] = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if api is None or not callable(getattr(api, "AddServiceToReservation", None)):
+            # The type only: a mistaken argument (a dict of settings) may hold a password.
+            raise TypeError(
+                f"api must be a CloudShellAPISession (or have its methods), got {type(api).__name__}"
+            )
+        if not isinstance(reservation_id, str) or not reservation_id.strip():
+            raise ValueError("reservation_id must be the reservation's id (a non-empty string)")
+        if not isinstance(alias, str) or not alias.strip():
+            raise ValueError("name (the lock's service alias) must be a non-empty string, e.g. 'MUTEX'")
+        self.api = api
+        self.reservation_id = reservation_id
+        self.alias = alias
+        self.model = model
+        self.budget = budget if budget is not None else budget_for(api)
+        self.logger = logger
+        self._clock = clock
+        self._sleep = sleep
+        #: API calls made through this object (catalog reads included).
+        self.calls = 0
+
+    # ---------------------------------------------------------------- the model
+
+    def model_info(self, refresh: bool = False) -> catalog.ModelInfo:
+        """What the catalog says about the model (cached per server and process; ``refresh`` asks again)."""
+        if refresh:
+            catalog.forget(self.api, self.model)
+        info, calls = catalog.detect_model(self.api, self.model, self.logger)
+        self.calls += calls
+        return info
+
+    def forget_model(self) -> None:
+        """Drop what this process cached about the model (it was found missing)."""
+        catalog.forget(self.api, self.model)
+
+    def owner_attributes(self, info: catalog.ModelInfo, token: str, label: str) -> List[AttributeNameValue]:
+        """The attributes an add writes: ``Mutex Owner`` always, ours only when the model has them.
+
+        ``Mutex Lease Seconds`` = 0 means "no lease": such a holder is never judged stale.
+        """
+        attributes = [AttributeNameValue(protocol.ATTR_OWNER, token)]
+        if info.has(protocol.ATTR_LABEL):
+            attributes.append(AttributeNameValue(protocol.ATTR_LABEL, sanitize_label(label)))
+        if info.has(protocol.ATTR_LEASE_SECONDS):
+            attributes.append(AttributeNameValue(protocol.ATTR_LEASE_SECONDS, "0"))
+        return attributes
+
+    # ---------------------------------------------------------------- the calls
+
+    def try_add(
+        self, attributes: Sequence[Any], *, paced: bool = False, deadline: Optional[float] = None
+    ) -> CallResult:
+        """``AddServiceToReservation`` of the alias: DONE means the lock is ours (the alias is unique),
+        BUSY that it is taken. After a failure, ``may_have_committed`` says whether our add may be in
+        place all the same (the client re-sends dropped requests by itself)."""
+        return self._send(
+            "AddServiceToReservation",
+            (self.reservation_id, self.model, self.alias, list(attributes)),
+            paced,
+            deadline,
+            busy=ErrorKind.CONTENTION,
+        )
+
+    def read(self, *, paced: bool = False, deadline: Optional[float] = None) -> CallResult:
+        """Who holds the alias now: one ``GetReservationDetails`` with the cache disabled.
+
+        The server caches that call for 5 seconds, and a cached answer must never decide who owns a
+        lock (the original v2 snippet's mistake). ``holder`` is None when the alias is free.
+        """
+        return self._send(
+            "GetReservationDetails", (self.reservation_id,), paced, deadline, read=True, disableCache=True
+        )
+
+    def remove_once(self, *, paced: bool = False, deadline: Optional[float] = None) -> CallResult:
+        """``RemoveServicesFromReservation`` of the alias, sent exactly once.
+
+        The remove cannot check the owner: whoever holds the alias when it lands loses it. If its
+        reply is lost, the client would re-send it a second later, when a waiter may hold the alias;
+        so the client's re-send is off, and the caller decides after a fresh read. MISSING: the
+        alias was not there (``resent`` then means an earlier copy of ours may have removed it).
+        """
+        with sent_once(self.api) as may_resend:
+            result = self._send(
+                "RemoveServicesFromReservation",
+                (self.reservation_id, [self.alias]),
+                paced,
+                deadline,
+                missing=ErrorKind.ALIAS_MISSING,
+            )
+        if not may_resend and result.resent:
+            result = CallResult(result.status, result.sent_at, result.elapsed, result.failure, False)
+        return result
+
+    def write_output(
+        self, message: str, *, paced: bool = False, deadline: Optional[float] = None
+    ) -> CallResult:
+        """``WriteMessageToReservationOutput``: a line in the sandbox output that people watch."""
+        return self._send("WriteMessageToReservationOutput", (self.reservation_id, message), paced, deadline)
+
+    def reservation_state(self) -> Optional[str]:
+        """'active', 'ended', 'missing', or None when the status cannot be read (one counted call).
+
+        Message text alone is not trusted to say that a reservation is gone; this read confirms it.
+        """
+        self.calls += 1
+        try:
+            status = self.api.GetReservationStatus(self.reservation_id).ReservationSlimStatus
+        except Exception as exc:
+            failure = classify(exc)
+            if failure.kind is ErrorKind.NOT_ACTIVE:
+                return "missing" if "not found" in failure.message.lower() else "ended"
+            return None
+        if str(getattr(status, "Status", "") or "").strip().lower() in ENDED_STATES:
+            return "ended"
+        return "active"
+
+    # ---------------------------------------------------------------- plumbing
+
+    def _send(
+        self,
+        method: str,
+        args: tuple,
+        paced: bool,
+        deadline: Optional[float],
+        *,
+        busy: Optional[ErrorKind] = None,
+        missing: Optional[ErrorKind] = None,
+        read: bool = False,
+        **kwargs: Any,
+    ) -> CallResult:
+        if paced:
+            wait = self.budget.reserve()
+            if wait > 0:
+                self._sleep(clip(wait, self._clock(), deadline))
+        self.calls += 1
+        sent_at = self._clock()
+        try:
+            answer = getattr(self.api, method)(*args, **kwargs)
+        except Exception as exc:
+            elapsed = self._clock() - sent_at
+            failure = classify(exc)
+            if failure.kind is busy and busy is not None:
+                status = Status.BUSY
+            elif failure.kind is missing and missing is not None:
+                status = Status.MISSING
+            elif failure.kind is ErrorKind.TRANSIENT:
+                status = Status.TRANSIENT
+            else:
+                status = Status.FATAL
+            return CallResult(status, sent_at, elapsed, failure, may_have_resent(elapsed))
+        holder = holder_in(answer, self.alias) if read else None
+        return CallResult(Status.DONE, sent_at, self._clock() - sent_at, holder=holder)
+
+    def __repr__(self) -> str:
+        return f"<LockAlias {self.alias!r} reservation={self.reservation_id}>"

@@ -1,0 +1,109 @@
+"""Who holds a lock: owner tokens, and the holder as one fresh read of the reservation shows it.
+
+A token is the value one acquisition writes to ``Mutex Owner``. It is unique per acquisition (so a
+process can tell its own add from anyone else's, even its own earlier acquisitions) and readable by
+people who look at the sandbox: ``<label>@<host>:<pid>:<random>``, e.g.
+``Router A driver@exec-02:4711:9f3a1c2b``. A :class:`Holder` is the service that holds an alias.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import socket
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+from . import protocol
+
+#: Keep the attribute value short: CloudShell shows it in the UI and in the output pane.
+MAX_LABEL_LENGTH = 48
+MAX_HOST_LENGTH = 32
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9 ._+-]+")
+_TOKEN = re.compile(r"^(?P<label>[^@]*)@(?P<host>[^:@]*):(?P<pid>\d+):(?P<nonce>[0-9a-f]{8,})$")
+
+
+def sanitize_label(label: str, limit: int = MAX_LABEL_LENGTH) -> str:
+    """Reduce a free-text label to characters that are safe in a token (no ``@`` or ``:``)."""
+    cleaned = _UNSAFE.sub("_", str(label)).strip(" _")
+    return cleaned[:limit] or "owner"
+
+
+def make_token(label: str) -> str:
+    """Return a new owner token for one acquisition by ``label`` in this process."""
+    host = sanitize_label(socket.gethostname().split(".")[0], MAX_HOST_LENGTH)
+    return f"{sanitize_label(label)}@{host}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    """The parts of a token written by this library."""
+
+    label: str
+    host: str
+    pid: int
+    nonce: str
+
+
+def parse_token(value: str) -> Optional[TokenInfo]:
+    """Split a token made by :func:`make_token`; None for other values (e.g. the original snippet's)."""
+    match = _TOKEN.match(value or "")
+    if match is None:
+        return None
+    return TokenInfo(match["label"], match["host"], int(match["pid"]), match["nonce"])
+
+
+def describe_owner(value: str) -> str:
+    """A short human description of a ``Mutex Owner`` value, for logs and messages."""
+    if not value:
+        return "an owner that wrote no Mutex Owner (original protocol v1?)"
+    info = parse_token(value)
+    if info is None:
+        return repr(value[:80])
+    return f"{info.label} (host {info.host}, pid {info.pid})"
+
+
+@dataclass(frozen=True)
+class Holder:
+    """The service that holds a lock alias.
+
+    ``token`` is the ``Mutex Owner`` value ("" when the holder wrote none, as the original v1
+    snippet does); ``label`` is a short description for people; ``attributes`` holds every attribute
+    value of the service.
+    """
+
+    alias: str
+    token: str
+    label: str
+    model: str
+    attributes: Dict[str, str] = field(default_factory=dict)
+
+    @property
+    def pid(self) -> Optional[int]:
+        """The holder's process id, when the token was written by this library."""
+        info = parse_token(self.token)
+        return None if info is None else info.pid
+
+
+def holder_in(details: Any, alias: str) -> Optional[Holder]:
+    """The holder of ``alias`` in a ``GetReservationDetails`` answer, or None when the alias is free."""
+    for service in details.ReservationDescription.Services or []:
+        if service.Alias != alias:
+            continue
+        values = {
+            _short_name(a.Name): "" if a.Value is None else str(a.Value) for a in service.Attributes or []
+        }
+        token = values.get(protocol.ATTR_OWNER, "")
+        # Prefer the token (it names host and pid); a foreign token may come with our Label attribute.
+        label = describe_owner(token)
+        if parse_token(token) is None and values.get(protocol.ATTR_LABEL):
+            label = values[protocol.ATTR_LABEL]
+        return Holder(alias, token, label, service.ServiceName or "", values)
+    return None
+
+
+def _short_name(name: str) -> str:
+    # 2nd-gen style names carry the model as a prefix ("Mutex Service.Mutex Owner").
+    return name.rsplit(".", 1)[-1] if name and name.startswith(protocol.SERVICE_MODEL + ".") else name

@@ -1,0 +1,577 @@
+"""ReservationMutex: a lock on a CloudShell reservation that never proceeds without the lock.
+
+The protocol (docs/protocol.md explains it step by step):
+
+* acquire = ``AddServiceToReservation(res, "Mutex Service", alias, [Mutex Owner=<token>, ...])``.
+  The server lets only one service per alias exist, so the add succeeds for exactly one caller.
+  The token, unique per acquisition, is written *in the same call*, so the service itself says
+  who added it: any later doubt ("did my add commit?") is settled by one fresh read.
+* release = ``RemoveServicesFromReservation(res, [alias])``, but only while the alias is ours.
+  The remove cannot check the owner itself, so ownership is checked just before it, and it is
+  sent once: the client's own re-send of a dropped remove could delete a successor's lock.
+
+Compatible with the original snippet (QualiSystemsLab/Reservation-Mutex-Lock): same model, alias and
+"success of the add = held" rule, so old and new code exclude each other.
+
+This module is the policy: deadlines, pacing, what an unknown outcome means, what to report. The
+calls themselves are :class:`~.alias.LockAlias`'s; :class:`~.operation.Operation` keeps the record of
+one acquire or release, :mod:`.diagnosis` words the errors.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from typing import Any, Callable, Optional, TypeVar
+
+from . import diagnosis, events
+from .alias import CallResult, LockAlias, Status
+from .catalog import ModelInfo
+from .classify import Classification, ErrorKind
+from .errors import MutexError, MutexNotInstalled, MutexUsageError
+from .events import MutexEvent
+from .holder import Holder, make_token, sanitize_label
+from .operation import Operation
+from .options import MutexOptions, check_duration
+from .pacing import DefaultPacing, ExponentialBackoff, PacingPolicy, clip
+
+_E = TypeVar("_E", bound=MutexError)
+
+#: The logger the lock writes to unless it is given one.
+LOGGER_NAME = "cloudshell_mutex"
+
+_UNSET: Any = object()
+
+
+class ReservationMutex:
+    """A mutual-exclusion lock on one CloudShell reservation, shared by every process that uses
+    the same alias (default ``MUTEX``), including code that runs the original snippet.
+
+    ``api`` is a ``CloudShellAPISession`` (or an object with the same methods). ``owner`` is a short
+    label for people ("Router A driver"); each acquisition writes a unique token built from it.
+    ``timeout`` (seconds, None = wait forever) bounds a blocking acquire; on timeout
+    :class:`~.errors.MutexTimeout` is raised and nothing is removed. The other keyword arguments
+    are the tuning options of :class:`~.options.MutexOptions` (or pass ``options=`` one of those),
+    validated here. Without ``logger`` the lock logs to ``logging.getLogger("cloudshell_mutex")``.
+
+    One object is one lock handle: do not share it between threads; give each thread its own.
+    """
+
+    def __init__(
+        self,
+        api: Any,
+        reservation_id: str,
+        owner: Optional[str] = "cloudshell-mutex",
+        name: str = "MUTEX",
+        timeout: Optional[float] = _UNSET,
+        logger: Optional[logging.Logger] = None,
+        *,
+        options: Optional[MutexOptions] = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: Optional[random.Random] = None,
+        **tuning: Any,
+    ) -> None:
+        if options is not None and not isinstance(options, MutexOptions):
+            raise TypeError(f"options must be a MutexOptions, got {type(options).__name__}")
+        if timeout is not _UNSET:
+            tuning["timeout"] = timeout
+        base = options if options is not None else MutexOptions()
+        self.options = base.replace(**tuning) if tuning else base
+        self.logger = logger if logger is not None else logging.getLogger(LOGGER_NAME)
+        self._alias = LockAlias(
+            api,
+            reservation_id,
+            name,
+            self.options.model,
+            budget=self.options.budget,
+            logger=self.logger,
+            clock=clock,
+            sleep=sleep,
+        )
+        self.owner = "cloudshell-mutex" if owner is None else str(owner)
+        self.pacing: PacingPolicy = self.options.pacing or DefaultPacing()
+        self.backoff: PacingPolicy = self.options.backoff or ExponentialBackoff()
+        self._clock = clock
+        self._sleep = sleep
+        self._rng = rng if rng is not None else random.Random()
+        # The acquisition held now: its token (None = not held), nesting depth, and when a fresh
+        # answer from the server last showed the lock is ours (the add itself, or a read).
+        self._token: Optional[str] = None
+        self._depth = 0
+        self._confirmed_at = float("-inf")
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def reservation_id(self) -> str:
+        """The reservation this lock is in."""
+        return self._alias.reservation_id
+
+    @property
+    def name(self) -> str:
+        """The lock's service alias (``MUTEX`` unless given)."""
+        return self._alias.alias
+
+    @property
+    def timeout(self) -> Optional[float]:
+        """Seconds a blocking acquire waits by default (None: forever)."""
+        return self.options.timeout
+
+    @property
+    def calls(self) -> int:
+        """API calls made by this object in total (catalog detection included)."""
+        return self._alias.calls
+
+    @property
+    def token(self) -> Optional[str]:
+        """The owner token of the current acquisition, or None when not held."""
+        return self._token
+
+    def locked(self) -> bool:
+        """True while this object holds the lock (as far as it knows; see docs/protocol.md)."""
+        return self._token is not None
+
+    def holder(self) -> Optional[Holder]:
+        """Who holds the lock now (one fresh, uncached read), or None when it is free."""
+        op = self._operation(self._token or "")
+        result = self._read(op)
+        if not result.ok:
+            raise self._diagnose(result.failure, "reading the lock holder")
+        return result.holder
+
+    def acquire(self, blocking: bool = True, timeout: Optional[float] = _UNSET) -> bool:
+        """Take the lock.
+
+        Blocking (the default), it returns True once held, or raises :class:`~.errors.MutexTimeout`
+        when ``timeout`` (default: the constructor's) runs out: it never returns without the lock.
+        With ``blocking=False`` it makes exactly one add attempt and returns False when the lock is
+        busy (a timeout cannot be given then). Fatal problems raise at once (see :mod:`.errors`).
+        """
+        if timeout is _UNSET:
+            timeout = self.timeout
+        elif not blocking:
+            raise ValueError("a non-blocking acquire cannot have a timeout; leave timeout out")
+        check_duration("timeout", timeout, allow_none=True)
+        if self._token is not None:
+            if self.options.reentrant:
+                self._depth += 1
+                return True
+            raise MutexUsageError(
+                f"this ReservationMutex already holds {self.name!r} in reservation {self.reservation_id}; "
+                "release it first, pass reentrant=True to allow nesting, or use one object per task",
+                reservation_id=self.reservation_id,
+                alias=self.name,
+            )
+        op = self._operation(make_token(self.owner))
+        op.deadline = op.start if not blocking else (None if timeout is None else op.start + timeout)
+        try:
+            return self._acquire(op, blocking)
+        except Exception:
+            raise
+        except BaseException:
+            # Ctrl-C (or SystemExit) while an add was on the wire, or just after it: the add may
+            # have committed with nobody left to release it. Undo it if a fresh read shows it.
+            self._abandon(op)
+            raise
+
+    def release(self) -> None:
+        """Release the lock if this object holds it; otherwise do nothing (idempotent).
+
+        Raises :class:`~.errors.MutexLostError` when the lock turned out not to be ours any more
+        (nothing is removed), and :class:`~.errors.MutexReleaseError` when the remove kept failing
+        (the object still holds the lock then, so release() can be called again).
+        """
+        if self._token is None:
+            self._log(logging.DEBUG, "release of %s: not held by this object, nothing to do", self.name)
+            return
+        if self._depth > 1:
+            self._depth -= 1
+            return
+        op = self._operation(self._token)
+        # Release only what you hold. The remove cannot check the owner, so read first, unless
+        # ownership was confirmed a moment ago (the add itself, or a later fresh read). That skip is
+        # what makes an uncontended acquire + release cost 2 calls; the window it leaves open (a
+        # protocol violator removing and re-adding within it) is documented.
+        check_after = self.options.release_check_after
+        check = check_after <= 0 or op.start - self._confirmed_at >= check_after
+        removed = False  # True once a remove of ours may have taken effect (its reply was lost)
+        rounds = self.options.release_attempts
+        for round_number in range(1, rounds + 1):
+            retry = round_number < rounds
+            if check:
+                read = self._read(op)
+                if not read.ok:
+                    if self._release_failure(
+                        op, read.failure, retry, "checking the lock owner before removing it"
+                    ):
+                        return
+                    continue
+                op.see_holder(read.holder)
+                if not op.is_ours(read.holder):
+                    # Gone, or someone else's: our earlier remove took effect, or the lock was
+                    # taken from us. Either way nothing of ours is left to remove.
+                    if removed:
+                        return self._released(op)
+                    raise self._lost(op)
+            result = self._alias.remove_once()
+            if result.ok:
+                return self._released(op)
+            if result.status is Status.MISSING:
+                # "Not found" after a re-send of ours: our remove took effect. Otherwise the alias
+                # was gone before we removed it: the lock had been taken from us.
+                if removed or result.resent:
+                    return self._released(op)
+                op.see_holder(None)
+                raise self._lost(op)
+            if result.status is Status.TRANSIENT:
+                # It may have committed. Never remove again before a fresh read shows the alias is
+                # still ours: in between, a waiter may have taken it.
+                removed = removed or result.may_have_committed
+                check = True
+            if self._release_failure(op, result.failure, retry, "removing the lock service"):
+                return
+        doing = f"releasing the lock ({rounds} attempts)"
+        raise self._report(diagnosis.release_error(op, None, doing, self.reservation_id, self.name), op)
+
+    def __enter__(self) -> ReservationMutex:
+        self.acquire()
+        return self
+
+    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        # A failed release is raised even when the block raised: a lock that may still be held or
+        # was lost must not go unnoticed. Python chains the block's exception as __context__.
+        self.release()
+
+    def __repr__(self) -> str:
+        state = f"held as {self._token!r}" if self._token else "not held"
+        return f"<ReservationMutex {self.name!r} reservation={self.reservation_id} {state}>"
+
+    # ------------------------------------------------------------------ acquire steps
+
+    def _acquire(self, op: Operation, blocking: bool) -> bool:
+        model = self._alias.model_info()
+        model_from_cache = self._alias.calls == op.calls_at_start
+        op.calls_at_start = self._alias.calls  # the once-per-process catalog read is not the lock's cost
+        attributes = self._alias.owner_attributes(model, op.token, self.owner)
+        while True:
+            # Step 1: the add. Its success is the lock; the owner token travels in the same call.
+            op.add_sent()
+            add = self._alias.try_add(attributes, paced=op.polling, deadline=op.deadline)
+            if add.ok:
+                if not self.options.verify or self._verified(op):
+                    return self._acquired(op, add.sent_at)
+                delay = op.next_pause(self.pacing, self._rng)
+            elif add.status is Status.BUSY:
+                # Step 2: contention. It may be our own add, re-sent by the client after it had
+                # committed (``add.resent``). So the first contention, a slow one, or any after an
+                # unknown outcome reads the owner; later ones do so every holder_check_interval.
+                if self._on_contention(op, add):
+                    return self._acquired(op, op.last_read_at or add.sent_at, resolved=True)
+                # Freed since the add failed (the read found nobody): retry at once.
+                freed = op.read_since_add and op.holder is None
+                delay = 0.0 if freed else op.next_pause(self.pacing, self._rng)
+            elif add.status is Status.TRANSIENT:
+                # Step 3: transient failure (5xx, dropped connection, timeout). Back off on a
+                # separate schedule, then settle with one fresh read: the add may have committed.
+                if self._on_transient(op, add):
+                    return self._acquired(op, op.last_read_at or add.sent_at, resolved=True)
+                delay = 0.0  # already backed off
+            elif add.failure.kind is ErrorKind.NOT_INSTALLED and model_from_cache and model.listed:
+                # The model changed since this process cached the catalog (package re-imported):
+                # detect it again, once, and retry at once.
+                model = self._alias.model_info(refresh=True)
+                model_from_cache = False
+                attributes = self._alias.owner_attributes(model, op.token, self.owner)
+                continue
+            else:
+                # Step 4: fatal. A refusal by the server committed nothing, but another failure
+                # (a 2xx reply without a readable body), or an earlier unknown outcome, may have
+                # left our add in place: never raise while holding. Settle with one read first.
+                op.add_may_be_pending(add.may_have_committed)
+                if op.add_pending and self._settled_as_ours(op):
+                    return self._acquired(op, op.last_read_at or add.sent_at, resolved=True)
+                raise self._fatal(op, add.failure, model, "adding the lock service")
+            op.start_polling()  # from here on, this acquisition's calls wait on the budget
+
+            # Step 5: never proceed without the lock. At the deadline, settle and raise.
+            now = self._clock()
+            if op.deadline is not None and now >= op.deadline:
+                return self._give_up(op, blocking)
+            self._write_progress(op, now)
+            self._sleep(clip(delay, now, op.deadline))
+
+    def _on_contention(self, op: Operation, add: CallResult) -> bool:
+        """Handle "already exists"; return True when the holder turns out to be this acquisition."""
+        op.contended(add.sent_at)
+        if add.resent or op.read_due(self._clock(), self.options.holder_check_interval):
+            holder = self._poll_read(op, "reading the lock holder")
+            if holder is _UNREAD:
+                return False  # read again later
+            if op.settled_by(holder):
+                return True
+            self._note_holder(op, holder)
+        if op.contentions == 1:
+            self._emit(events.CONTENDED, op, holder=op.holder_label)
+            self._log(
+                logging.INFO,
+                "%s in reservation %s is held by %s; waiting",
+                self.name,
+                self.reservation_id,
+                op.holder_label or "another owner",
+            )
+        return False
+
+    def _on_transient(self, op: Operation, add: CallResult) -> bool:
+        """Back off after a transient failure, then settle an unknown outcome with one fresh read."""
+        op.failed(add.failure.message)
+        # "Never sent" describes the client's last copy only; an earlier, re-sent one may have committed.
+        op.add_may_be_pending(add.may_have_committed)
+        self._emit(events.TRANSIENT, op, error=add.failure.message)
+        self._log(logging.WARNING, "transient CloudShell API failure (%s); backing off", add.failure.message)
+        self._sleep(clip(op.next_backoff(self.backoff, self._rng), self._clock(), op.deadline))
+        if not op.add_pending:
+            return False
+        holder = self._poll_read(op, "reading the lock holder")
+        if holder is _UNREAD:
+            return False  # still unknown: the next add (or the final read) will tell
+        if op.settled_by(holder):
+            return True
+        if holder is not None:
+            op.saw_contention(add.sent_at)
+            self._note_holder(op, holder)
+        return False
+
+    def _settled_as_ours(self, op: Operation) -> bool:
+        """Before raising a fatal error: one fresh read, its own failure ignored. True when it shows
+        our token (an earlier add committed after all); a read showing anything else ends the doubt."""
+        read = self._read(op)
+        if not read.ok:
+            op.last_error = read.failure.message
+            return False
+        return op.settled_by(read.holder)
+
+    def _verified(self, op: Operation) -> bool:
+        """verify=True: read the owner back after a successful add (the original v2's defence
+        against a server that grants twice). One more call per acquisition."""
+        holder = self._poll_read(op, "verifying the lock owner")
+        if holder is _UNREAD:
+            # The add succeeded, which is the protocol's definition of holding the lock.
+            self._log(logging.WARNING, "could not verify the owner (%s); the add succeeded", op.last_error)
+            return True
+        if op.is_ours(holder):
+            return True
+        self._log(
+            logging.WARNING,
+            "the add of %s succeeded but the owner read back is %s; not treating the lock as held",
+            self.name,
+            holder.label if holder else "nobody",
+        )
+        op.saw_contention(self._clock())
+        self._note_holder(op, holder)
+        return False
+
+    def _give_up(self, op: Operation, blocking: bool) -> bool:
+        # Never raise while holding: if nothing was read since the last add, one final fresh read
+        # (no sleep) settles whether that add, or an earlier one whose reply was lost, made us the owner.
+        if not op.read_since_add:
+            holder = self._poll_read(op, "reading the lock holder")
+            if holder is not _UNREAD:
+                if op.settled_by(holder):
+                    return self._acquired(op, op.last_read_at or self._clock(), resolved=True)
+                self._note_holder(op, holder)
+        # blocking=False answers False only for "busy". A failing API is not "busy" (the original's
+        # mistake): that raises, like a blocking acquire that ran out of time.
+        busy = op.contentions > 0 or op.holder is not None
+        if not blocking and busy and not op.add_pending:
+            self._log(logging.DEBUG, "%s is busy; not waiting (blocking=False)", self.name)
+            return False
+        error = diagnosis.timeout_error(op, self._clock(), self.reservation_id, self.name)
+        raise self._report(error, op, events.TIMEOUT, logging.WARNING, holder=error.holder)
+
+    def _acquired(self, op: Operation, confirmed_at: float, resolved: bool = False) -> bool:
+        self._token = op.token
+        self._depth = 1
+        self._confirmed_at = confirmed_at
+        if resolved:
+            self._emit(events.RESOLVED, op)
+            self._log(logging.INFO, "an earlier add of %s turned out to have succeeded", self.name)
+        self._emit(events.ACQUIRED, op)
+        self._log(
+            logging.INFO,
+            "acquired %s in reservation %s as %s after %.2f s (%d adds, %d calls)",
+            self.name,
+            self.reservation_id,
+            op.token,
+            self._clock() - op.start,
+            op.adds,
+            self._calls_of(op),
+        )
+        return True
+
+    def _abandon(self, op: Operation) -> None:
+        """Best-effort undo after an interrupt inside acquire(): remove our add if it committed."""
+        self._forget()
+        if op.adds == 0:
+            return
+        read = self._alias.read()
+        if read.ok and op.is_ours(read.holder):
+            result = self._alias.remove_once()
+            if result.ok:
+                self._log(logging.WARNING, "acquire interrupted; removed its add of %s", self.name)
+                return
+            read = result
+        if not read.ok:
+            self._log(
+                logging.WARNING,
+                "acquire interrupted and the clean-up failed (%s): %s (reservation %s)",
+                read.failure.message,
+                diagnosis.remove_hint(self.name, op.token),
+                self.reservation_id,
+            )
+
+    def _write_progress(self, op: Operation, now: float) -> None:
+        if not self.options.progress or not op.progress_due(now, self.options.progress_interval):
+            return
+        held = now - (op.holder_since if op.holder_since is not None else op.start)
+        message = (
+            f"{sanitize_label(self.owner)}: waiting for {self.name} held by "
+            f"{op.holder_label or 'another owner'} for {held:.0f} s"
+        )
+        # Progress is a courtesy; the next add reports real problems.
+        result = self._alias.write_output(message, paced=op.polling, deadline=op.deadline)
+        if not result.ok:
+            self._log(logging.DEBUG, "could not write progress to the reservation output: %s", result.failure)
+
+    # ------------------------------------------------------------------ release steps
+
+    def _release_failure(self, op: Operation, failure: Classification, retry: bool, doing: str) -> bool:
+        """A failed call in release(): back off and return False to try again (transient), return
+        True when the reservation has ended (released: the lock went with it), raise otherwise."""
+        if failure.kind is ErrorKind.TRANSIENT and retry:
+            op.failed(failure.message)
+            self._emit(events.TRANSIENT, op, error=failure.message)
+            self._sleep(op.next_backoff(self.backoff, self._rng))
+            return False
+        if failure.kind is ErrorKind.NOT_ACTIVE and self._alias.reservation_state() != "active":
+            self._released(op, note="the reservation has ended; the lock went with it")
+            return True
+        error = diagnosis.release_error(op, failure, doing, self.reservation_id, self.name)
+        raise self._report(error, op)
+
+    def _released(self, op: Operation, note: Optional[str] = None) -> None:
+        token = self._token
+        self._forget()
+        self._emit(events.RELEASED, op, error=note)
+        self._log(
+            logging.INFO,
+            "released %s in reservation %s (%s)%s",
+            self.name,
+            self.reservation_id,
+            token,
+            f": {note}" if note else "",
+        )
+
+    def _lost(self, op: Operation) -> MutexError:
+        self._forget()
+        error = diagnosis.lost_error(op, self.reservation_id, self.name)
+        return self._report(error, op, events.LOST, logging.WARNING, holder=op.holder_label)
+
+    def _forget(self) -> None:
+        """This object no longer holds the lock (released, lost, or an acquire abandoned)."""
+        self._token = None
+        self._depth = 0
+        self._confirmed_at = float("-inf")
+
+    # ------------------------------------------------------------------ shared helpers
+
+    def _operation(self, token: str) -> Operation:
+        return Operation(token, self._clock(), calls_at_start=self._alias.calls)
+
+    def _calls_of(self, op: Operation) -> int:
+        return self._alias.calls - op.calls_at_start
+
+    def _read(self, op: Operation) -> CallResult:
+        """One fresh read of the holder, recorded in ``op``; a read showing our token confirms that
+        the lock is still ours."""
+        result = self._alias.read(paced=op.polling, deadline=op.deadline)
+        op.read_tried(result.sent_at)
+        if result.ok:
+            op.read_answered(result.sent_at)
+            if self._token is not None and result.holder is not None and result.holder.token == self._token:
+                self._confirmed_at = result.sent_at
+        return result
+
+    def _poll_read(self, op: Operation, doing: str) -> Any:
+        """A fresh read while acquiring: the holder (or None), or ``_UNREAD`` after a transient
+        failure (recorded in ``op``). Fatal failures raise."""
+        result = self._read(op)
+        if result.ok:
+            return result.holder
+        if result.status is not Status.TRANSIENT:
+            raise self._fatal(op, result.failure, None, doing)
+        op.failed(result.failure.message)
+        self._log(logging.DEBUG, "fresh read failed (%s)", result.failure.message)
+        return _UNREAD
+
+    def _note_holder(self, op: Operation, holder: Optional[Holder]) -> None:
+        if op.see_holder(holder):
+            self._emit(events.CONTENDED, op, holder=op.holder_label)
+            self._log(logging.INFO, "%s is now held by %s", self.name, op.holder_label)
+
+    def _fatal(
+        self, op: Operation, failure: Classification, model: Optional[ModelInfo], doing: str
+    ) -> MutexError:
+        error = self._diagnose(failure, doing, model)
+        if op.add_pending:  # an add of ours may have committed, and no read could tell
+            diagnosis.note_pending_add(error, self.name, op.token)
+        return self._report(error, op)
+
+    def _diagnose(self, failure: Classification, doing: str, model: Optional[ModelInfo] = None) -> MutexError:
+        """Turn a fatal failure into an error that says what to do (see :mod:`.diagnosis`)."""
+        state = self._alias.reservation_state() if diagnosis.needs_state(failure) else None
+        error = diagnosis.fatal_error(
+            failure, doing, self.reservation_id, self.name, self.options.model, model, state
+        )
+        if isinstance(error, MutexNotInstalled):
+            self._alias.forget_model()  # detect it again once it is installed
+        return error
+
+    def _report(
+        self,
+        error: _E,
+        op: Operation,
+        kind: str = events.ERROR,
+        level: int = logging.ERROR,
+        holder: Optional[str] = None,
+    ) -> _E:
+        """Emit and log an error about to be raised; return it."""
+        self._emit(kind, op, holder=holder, error=str(error))
+        self._log(level, "%s", error)
+        return error
+
+    def _emit(
+        self, kind: str, op: Operation, holder: Optional[str] = None, error: Optional[str] = None
+    ) -> None:
+        if self.options.on_event is None:
+            return
+        event = MutexEvent(
+            kind=kind,
+            reservation_id=self.reservation_id,
+            alias=self.name,
+            token=op.token,
+            waited=self._clock() - op.start,
+            attempts=op.adds,
+            calls=self._calls_of(op),
+            holder=holder,
+            error=error,
+        )
+        events.emit(self.options.on_event, event, self.logger)
+
+    def _log(self, level: int, message: str, *args: Any) -> None:
+        self.logger.log(level, "cloudshell-mutex: " + message, *args)
+
+
+#: ``_poll_read``'s answer when the read failed transiently (None means "read: the alias is free").
+_UNREAD: Any = object()

@@ -1,0 +1,158 @@
+"""The record of one lock operation: an ``acquire()``, a ``release()`` or a ``holder()`` read.
+
+Plain book-keeping without I/O: what the operation tried, what it saw, and what it does not know.
+The mutex (:mod:`.mutex`) makes the calls and reports each step here through a method; pacing,
+progress messages and the error texts (:mod:`.diagnosis`) read the record.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Optional
+
+from .holder import Holder
+from .pacing import PacingPolicy
+
+
+class Operation:
+    """Book-keeping of one acquire(), release() or holder() call on one lock.
+
+    ``adds`` counts the adds sent, ``contentions`` the adds refused because the alias was taken,
+    ``transients`` the calls that failed in a way a retry may heal. ``calls_at_start`` is the lock
+    alias's call count when the operation began, so ``alias.calls - calls_at_start`` is its cost.
+    """
+
+    def __init__(
+        self, token: str, start: float, deadline: Optional[float] = None, calls_at_start: int = 0
+    ) -> None:
+        self.token = token
+        self.start = start
+        self.deadline = deadline
+        self.calls_at_start = calls_at_start
+        self.adds = 0
+        self.contentions = 0
+        self.transients = 0
+        self.contention_delay = 0.0  # the pacing policy's previous delay
+        self.backoff_delay = 0.0  # the backoff policy's previous delay
+        # True while an add of ours may have committed without us knowing (its reply was lost).
+        self.add_pending = False
+        # True when a successful fresh read happened after the last add: nothing new to learn.
+        self.read_since_add = False
+        # Calls wait on the call budget only while polling: never the first add, never a release.
+        self.polling = False
+        self.last_read_at: Optional[float] = None  # last successful fresh read
+        self.last_read_attempt: Optional[float] = None  # last read tried, successful or not
+        self.contended_since: Optional[float] = None
+        self.holder: Optional[Holder] = None
+        self.holder_since: Optional[float] = None
+        self.last_progress: Optional[float] = None
+        self.last_error: Optional[str] = None
+
+    # ---------------------------------------------------------------- what happened
+
+    def add_sent(self) -> None:
+        """An add went out: whatever was read before it is old news."""
+        self.adds += 1
+        self.read_since_add = False
+
+    def read_tried(self, at: float) -> None:
+        """A fresh read went out at ``at``."""
+        self.last_read_attempt = at
+
+    def read_answered(self, at: float) -> None:
+        """The fresh read sent at ``at`` answered."""
+        self.last_read_at = at
+        self.read_since_add = True
+
+    def add_may_be_pending(self, maybe: bool) -> None:
+        """An add of ours may have committed unseen (its reply was lost, or the client re-sent it)."""
+        self.add_pending = self.add_pending or maybe
+
+    def start_polling(self) -> None:
+        """From now on this operation polls: its calls wait on the call budget."""
+        self.polling = True
+
+    def contended(self, since: float) -> None:
+        """An add found the lock taken (its request was sent at ``since``)."""
+        self.contentions += 1
+        self.saw_contention(since)
+
+    def saw_contention(self, since: float) -> None:
+        """Remember when this operation first found the lock taken."""
+        if self.contended_since is None:
+            self.contended_since = since
+
+    def failed(self, message: str) -> None:
+        """Record a transient failure."""
+        self.transients += 1
+        self.last_error = message
+
+    def settled_by(self, holder: Optional[Holder]) -> bool:
+        """Take in a fresh read after an add: True when it shows our token. Anything else shows that
+        no add of ours is in place (the alias is unique), so nothing of ours is pending any more."""
+        if self.is_ours(holder):
+            return True
+        self.add_pending = False
+        return False
+
+    def see_holder(self, holder: Optional[Holder]) -> bool:
+        """Record the holder a fresh read showed; True when it replaced another holder."""
+        if holder is None:
+            self.holder = None
+            self.holder_since = None
+            return False
+        if self.holder is not None and self.holder.token == holder.token:
+            return False
+        # First sight of this holder: it has held the lock at least since the contention that
+        # preceded this read (this waiter's monotonic clock; no server clocks are compared).
+        first = self.holder is None
+        self.holder_since = (
+            self.contended_since if first and self.contended_since is not None else self.last_read_at
+        )
+        self.holder = holder
+        return not first
+
+    # ---------------------------------------------------------------- what follows from it
+
+    @property
+    def holder_label(self) -> Optional[str]:
+        """The label of the holder seen last, or None."""
+        return self.holder.label if self.holder is not None else None
+
+    def is_ours(self, holder: Optional[Holder]) -> bool:
+        """True when ``holder`` carries this operation's token."""
+        return holder is not None and holder.token == self.token
+
+    def held_for(self, now: float) -> Optional[float]:
+        """How long this waiter has seen the current holder hold the lock, or None."""
+        return None if self.holder_since is None else now - self.holder_since
+
+    def read_due(self, now: float, interval: float) -> bool:
+        """True when a holder read is due after a contention: the first one, after an unknown outcome,
+        or ``interval`` after the last read tried."""
+        return (
+            self.contentions == 1
+            or self.add_pending
+            or self.last_read_attempt is None
+            or now - self.last_read_attempt >= interval
+        )
+
+    def next_pause(self, pacing: PacingPolicy, rng: random.Random) -> float:
+        """The pacing policy's delay before the next add after contention."""
+        self.contention_delay = pacing.next_delay(self.contentions or 1, self.contention_delay, rng)
+        return self.contention_delay
+
+    def next_backoff(self, backoff: PacingPolicy, rng: random.Random) -> float:
+        """The backoff policy's delay after the latest transient failure."""
+        self.backoff_delay = backoff.next_delay(self.transients, self.backoff_delay, rng)
+        return self.backoff_delay
+
+    def progress_due(self, now: float, interval: float) -> bool:
+        """True (and noted) when a progress message is due: ``interval`` after the start, then at most
+        once per ``interval``."""
+        if now - self.start < interval:
+            return False
+        if self.last_progress is not None and now - self.last_progress < interval:
+            return False
+        self.last_progress = now
+        return True

@@ -1,0 +1,106 @@
+"""The lock's tuning options: one type, validated once, when the lock is made.
+
+:class:`MutexOptions` is what ``ReservationMutex(..., **options)`` builds from its keyword arguments,
+and what the driver mixin and the orchestration helper pass through. A wrong value raises
+``TypeError``/``ValueError`` here, naming the option, instead of failing late (at release time, with
+the lock held) or silently (a NaN that turns a check off).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from . import protocol
+from .events import EventHook
+from .pacing import CallBudget, PacingPolicy
+
+#: Progress messages go to the reservation output that people read: not more often than this.
+MIN_PROGRESS_INTERVAL = 1.0
+
+
+@dataclass(frozen=True)
+class MutexOptions:
+    """How a :class:`~cloudshell_mutex.ReservationMutex` waits, checks and reports.
+
+    * ``timeout``: seconds a blocking acquire may wait (None: forever); then ``MutexTimeout``.
+    * ``pacing``: delays between contended attempts (default :class:`~.pacing.DefaultPacing`);
+      ``backoff``: delays after transient failures (default :class:`~.pacing.ExponentialBackoff`);
+      ``budget``: a :class:`~.pacing.CallBudget` for the calls made while waiting (default: one shared
+      by every lock on the same API session in this process).
+    * ``verify``: read the owner back after a successful add (one more call per acquisition).
+    * ``reentrant``: the holding object may acquire again (counted; the outermost release releases).
+    * ``release_check_after``: release skips its ownership read if ownership was confirmed less than
+      this many seconds ago (0: always read first). See docs/protocol.md for what the skip risks.
+    * ``holder_check_interval``: while waiting, read who holds the lock at most this often.
+    * ``progress``/``progress_interval``: write "waiting for MUTEX held by ..." to the reservation
+      output, at most every ``progress_interval`` seconds (at least 1).
+    * ``release_attempts``: how many rounds a release makes before giving up on transient failures.
+    * ``on_event``: called with each :class:`~.events.MutexEvent`.
+    * ``model``: the service model to add (``Mutex Service``).
+    """
+
+    timeout: Optional[float] = 300.0
+    pacing: Optional[PacingPolicy] = None
+    backoff: Optional[PacingPolicy] = None
+    budget: Optional[CallBudget] = None
+    verify: bool = False
+    reentrant: bool = False
+    release_check_after: float = 5.0
+    holder_check_interval: float = 5.0
+    progress: bool = False
+    progress_interval: float = 10.0
+    release_attempts: int = 5
+    on_event: Optional[EventHook] = None
+    model: str = protocol.SERVICE_MODEL
+
+    def __post_init__(self) -> None:
+        check_duration("timeout", self.timeout, allow_none=True)
+        check_duration("release_check_after", self.release_check_after)
+        check_duration("holder_check_interval", self.holder_check_interval)
+        check_duration("progress_interval", self.progress_interval, minimum=MIN_PROGRESS_INTERVAL)
+        for name in ("verify", "reentrant", "progress"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False, got {type(getattr(self, name)).__name__}")
+        attempts = self.release_attempts
+        if isinstance(attempts, bool) or not isinstance(attempts, int):
+            raise TypeError(f"release_attempts must be a whole number, got {attempts!r}")
+        if attempts < 1:
+            raise ValueError(f"release_attempts must be at least 1, got {attempts}")
+        for name in ("pacing", "backoff"):
+            policy = getattr(self, name)
+            if policy is not None and not callable(getattr(policy, "next_delay", None)):
+                raise TypeError(f"{name} must be a pacing policy (an object with next_delay), got {policy!r}")
+        if self.budget is not None and not callable(getattr(self.budget, "reserve", None)):
+            raise TypeError(f"budget must be a CallBudget, got {self.budget!r}")
+        if self.on_event is not None and not callable(self.on_event):
+            raise TypeError("on_event must be a callable that takes a MutexEvent")
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise ValueError("model must be the name of the lock's service model, e.g. 'Mutex Service'")
+
+    def replace(self, **changes: Any) -> MutexOptions:
+        """A copy with some options changed (validated again); unknown names raise TypeError."""
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            known = ", ".join(f.name for f in dataclasses.fields(self))
+            raise TypeError(f"unknown lock option(s) {sorted(unknown)}; the options are: {known}")
+        return dataclasses.replace(self, **changes)
+
+
+def check_duration(
+    name: str, value: Any, *, minimum: float = 0.0, allow_none: bool = False
+) -> Optional[float]:
+    """Return ``value`` as seconds, or raise: a number (not a bool or a string), finite, >= ``minimum``."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        hint = " or None" if allow_none else ""
+        raise TypeError(f"{name} must be a number of seconds{hint}, got {value!r}")
+    if not math.isfinite(value):
+        hint = " (use None to wait forever)" if allow_none else ""
+        raise ValueError(f"{name} must be a finite number of seconds{hint}, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum:g} seconds, got {value!r}")
+    return float(value)
