@@ -38,7 +38,7 @@ def api(message: str, code: str = "100") -> CloudShellAPIError:
         (api("User does not have permission to perform this operation"), ErrorKind.PERMISSION),
         (api("Transaction (Process ID 52) was deadlocked on lock resources"), ErrorKind.TRANSIENT),
         (api("Command 'Foo' does not exist", code="101"), ErrorKind.FATAL),
-        (UnauthorizedError("(Unauthorized) [401] reason:Unauthorized"), ErrorKind.PERMISSION),
+        (UnauthorizedError("(Unauthorized) [401] reason:Unauthorized"), ErrorKind.UNAUTHORIZED),
         (Exception("(Internal Server Error) [500] reason:Internal Server Error"), ErrorKind.TRANSIENT),
         (Exception("(Service Unavailable) [503] reason:Service Unavailable"), ErrorKind.TRANSIENT),
         (Exception("(Not Found) [404] reason:Not Found"), ErrorKind.FATAL),
@@ -54,6 +54,13 @@ def api(message: str, code: str = "100") -> CloudShellAPIError:
         (api("Username or password is incorrect"), ErrorKind.PERMISSION),
         (LocationValueError("No host specified."), ErrorKind.FATAL),  # configuration: never heals
         (http.client.RemoteDisconnected("Remote end closed connection"), ErrorKind.TRANSIENT),
+        # The server echoes input: an id or alias that reads like another error changes nothing.
+        (api("Reservation 'x already exists' was not found"), ErrorKind.NOT_ACTIVE),
+        (
+            api("Service with alias 'permission denied' was not found in reservation 'r'"),
+            ErrorKind.ALIAS_MISSING,
+        ),
+        (api('Reservation "deadlock" has ended'), ErrorKind.NOT_ACTIVE),
     ],
 )
 def test_kinds(exc, kind):
@@ -96,3 +103,22 @@ def test_a_raw_reply_never_reaches_the_message():
     failure = classify(Exception(f"OK (OK) [200] reason:OK data:{raw!s}"))
     assert "SESSION-TOKEN-123" not in failure.message
     assert failure.kind is ErrorKind.FATAL and failure.maybe_committed
+
+
+@pytest.mark.parametrize(
+    ("exc", "in_flight"),
+    [
+        (ProtocolError("Connection aborted.", ConnectionResetError()), True),  # no answer: may land later
+        (ReadTimeoutError(None, "/x", "Read timed out."), True),
+        (Exception("(Bad Gateway) [502] reason:Bad Gateway"), True),  # a gateway answered, not the server
+        (Exception("(Gateway Timeout) [504] reason:Gateway Timeout"), True),
+        (
+            Exception("(Internal Server Error) [500] reason:Internal Server Error"),
+            False,
+        ),  # the server answered
+        (MaxRetryError(None, "/x", NewConnectionError(None, "refused")), False),  # never sent
+        (api("Service with given alias already exists"), False),
+    ],
+)
+def test_requests_without_an_answer_may_land_later(exc, in_flight):
+    assert classify(exc).in_flight is in_flight

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import logging
 import random
-from types import SimpleNamespace
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, List
 
 import pytest
-from cloudshell.api.common_cloudshell_api import CloudShellAPIError
+from cloudshell.api.common_cloudshell_api import UnauthorizedError
+from fakes import RES, FakeApi, api_error, http_500, make, other_holds
 from urllib3.exceptions import NewConnectionError, ProtocolError
 
 from cloudshell_mutex import (
@@ -33,170 +33,11 @@ from cloudshell_mutex.lock import catalog
 from cloudshell_mutex.lock.holder import parse_token
 from cloudshell_mutex.lock.pacing import CallBudget, FixedPacing
 
-RES = "res-1"
-
-
-def api_error(message: str, code: str = "100") -> CloudShellAPIError:
-    return CloudShellAPIError(code, message, b"")
-
-
-def http_500() -> Exception:
-    return Exception("(Internal Server Error) [500] reason:Internal Server Error")
-
-
-class Clock:
-    """Virtual monotonic time: sleeping advances it."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.sleeps: List[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        assert seconds >= 0
-        self.sleeps.append(seconds)
-        self.now += seconds
-
-
-class FakeApi:
-    """Atomic add-by-alias, remove, fresh reads; `faults[method]` is a list of callables run in order
-    before the real behaviour: each gets the call's args and may raise or commit itself."""
-
-    def __init__(self, attributes=(protocol.ATTR_OWNER,), listed: bool = True) -> None:
-        self.host, self.port = f"fake-{id(self)}", 8029
-        self.services: Dict[str, Dict[str, str]] = {}
-        self.model_attributes = list(attributes)
-        self.listed = listed
-        self.ended = False
-        self.status = "Started"
-        self.calls: List[str] = []
-        self.faults: Dict[str, List[Callable[..., Any]]] = {}
-        self.output: List[str] = []
-        self.on_call: Optional[Callable[[str], None]] = None
-
-    def _enter(self, method: str, *args: Any) -> bool:
-        self.calls.append(method)
-        if self.on_call:
-            self.on_call(method)
-        queue = self.faults.get(method)
-        if queue:
-            return queue.pop(0)(*args)
-        return False
-
-    def _check_reservation(self, reservation_id: str) -> None:
-        if reservation_id != RES:
-            raise api_error(f"Reservation '{reservation_id}' was not found")
-        if self.ended:
-            raise api_error(f"Reservation '{reservation_id}' has ended")
-
-    # -- API methods (signatures of CloudShellAPISession)
-    def GetServices(self, categoryName: str = "", serviceName: str = "") -> Any:
-        self._enter("GetServices")
-        services = []
-        if self.listed:
-            attrs = [SimpleNamespace(Name=n) for n in self.model_attributes]
-            services.append(SimpleNamespace(Name=protocol.SERVICE_MODEL, Attributes=attrs))
-        return SimpleNamespace(Services=services)
-
-    def commit_add(self, reservation_id: str, model: str, alias: str, attributes: list) -> None:
-        self._check_reservation(reservation_id)
-        if model != protocol.SERVICE_MODEL or (not self.listed and not self.model_attributes):
-            raise api_error(f"Service model '{model}' was not found in the catalog")
-        if alias in self.services:
-            raise api_error(protocol.DUPLICATE_ALIAS_MESSAGE)
-        for a in attributes:
-            if a.Name not in self.model_attributes:
-                raise api_error(f"Attribute '{a.Name}' is not defined on service model '{model}'")
-        self.services[alias] = {a.Name: a.Value for a in attributes}
-
-    def AddServiceToReservation(self, reservationId="", serviceName="", alias="", attributes=()) -> Any:
-        if self._enter("AddServiceToReservation", reservationId, serviceName, alias, attributes):
-            return b"<ok/>"
-        self.commit_add(reservationId, serviceName, alias, list(attributes))
-        return b"<ok/>"
-
-    def RemoveServicesFromReservation(self, reservationId="", services=()) -> Any:
-        if self._enter("RemoveServicesFromReservation", reservationId, services):
-            return b"<ok/>"
-        self.commit_remove(reservationId, services)
-        return b"<ok/>"
-
-    def commit_remove(self, reservation_id: str, aliases) -> None:
-        self._check_reservation(reservation_id)
-        for alias in aliases:
-            if alias not in self.services:
-                raise api_error(
-                    f"Service with alias '{alias}' was not found in reservation '{reservation_id}'"
-                )
-        for alias in aliases:
-            del self.services[alias]
-
-    def GetReservationDetails(self, reservationId="", disableCache=False) -> Any:
-        assert disableCache is True, "ownership reads must bypass the cache"
-        self._enter("GetReservationDetails", reservationId)
-        self._check_reservation(reservationId)
-        services = [
-            SimpleNamespace(
-                Alias=alias,
-                ServiceName=protocol.SERVICE_MODEL,
-                Attributes=[SimpleNamespace(Name=k, Value=v) for k, v in attrs.items()],
-            )
-            for alias, attrs in self.services.items()
-        ]
-        return SimpleNamespace(ReservationDescription=SimpleNamespace(Services=services))
-
-    def GetReservationStatus(self, reservationId="") -> Any:
-        self._enter("GetReservationStatus", reservationId)
-        if reservationId != RES:
-            raise api_error(f"Reservation '{reservationId}' was not found")
-        return SimpleNamespace(
-            ReservationSlimStatus=SimpleNamespace(Status="Completed" if self.ended else self.status)
-        )
-
-    def WriteMessageToReservationOutput(self, reservationId="", message="") -> Any:
-        self._enter("WriteMessageToReservationOutput", reservationId)
-        self.output.append(message)
-
-    def count(self, method: str) -> int:
-        return self.calls.count(method)
-
-
-@pytest.fixture(autouse=True)
-def _fresh_catalog():
-    catalog.forget()
-    yield
-    catalog.forget()
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-def make(api: FakeApi, clock: Clock, warm: bool = True, **kwargs: Any) -> ReservationMutex:
-    """A mutex on the fake with a virtual clock; ``warm`` runs the once-per-process catalog read
-    first and forgets the calls, so tests count only the lock's own calls."""
-    kwargs.setdefault("pacing", FixedPacing(0.1))
-    kwargs.setdefault("budget", CallBudget(rate=1000, burst=1000, clock=clock))
-    mutex = ReservationMutex(
-        api, RES, owner="Router A driver", clock=clock, sleep=clock.sleep, rng=random.Random(1), **kwargs
-    )
-    if warm:
-        catalog.detect_model(api)
-        api.calls.clear()
-    return mutex
-
-
-def other_holds(api: FakeApi, token: str = "Other@host:1:deadbeef") -> None:
-    api.services[protocol.DEFAULT_ALIAS] = {protocol.ATTR_OWNER: token}
-
-
 # ---------------------------------------------------------------- the common case
 
 
-def test_uncontended_cycle_costs_two_calls_after_one_catalog_read(clock):
+def test_uncontended_cycle_costs_three_calls_after_one_catalog_read(clock):
+    """Add, the ownership read before the remove (the default), remove."""
     api = FakeApi()
     for _ in range(3):
         mutex = make(api, clock, warm=False)
@@ -206,7 +47,16 @@ def test_uncontended_cycle_costs_two_calls_after_one_catalog_read(clock):
         assert not mutex.locked()
         assert protocol.DEFAULT_ALIAS not in api.services
     assert api.count("GetServices") == 1
-    assert api.calls[1:] == ["AddServiceToReservation", "RemoveServicesFromReservation"] * 3
+    cycle = ["AddServiceToReservation", "GetReservationDetails", "RemoveServicesFromReservation"]
+    assert api.calls[1:] == cycle * 3
+
+
+def test_release_check_after_opts_in_to_the_two_call_cycle(clock):
+    api = FakeApi()
+    mutex = make(api, clock, release_check_after=5)
+    with mutex:
+        pass
+    assert api.calls == ["AddServiceToReservation", "RemoveServicesFromReservation"]
 
 
 def test_token_is_unique_per_acquisition_and_readable(clock):
@@ -520,7 +370,8 @@ def test_verify_mode_costs_one_more_call_and_rejects_a_foreign_owner(clock):
     api.calls.clear()
     mutex.acquire()
     mutex.release()
-    assert api.calls == ["AddServiceToReservation", "GetReservationDetails", "RemoveServicesFromReservation"]
+    read = "GetReservationDetails"
+    assert api.calls == ["AddServiceToReservation", read, read, "RemoveServicesFromReservation"]
 
     def wrong_grant(reservation_id, model, alias, attributes):
         api.services[alias] = {protocol.ATTR_OWNER: "Other@host:1:deadbeef"}  # server "granted twice"
@@ -556,6 +407,7 @@ def test_a_stale_catalog_cache_heals_itself_once(clock):
         "AddServiceToReservation",
         "GetServices",
         "AddServiceToReservation",
+        "GetReservationDetails",
         "RemoveServicesFromReservation",
     ]
 
@@ -586,6 +438,20 @@ def test_unknown_reservation_raises_reservation_not_active(clock):
     mutex = ReservationMutex(api, "no-such", clock=clock, sleep=clock.sleep)
     with pytest.raises(ReservationNotActive, match="not found"):
         mutex.acquire()
+
+
+def test_a_rejected_login_says_so_rather_than_permission(clock):
+    """Two 401s in a row (the client logged on again in between): the login token expired or was
+    revoked, which is not a missing permission."""
+    api = FakeApi()
+
+    def unauthorized(*args):
+        raise UnauthorizedError("(Unauthorized) [401] reason:Unauthorized")
+
+    api.faults["AddServiceToReservation"] = [unauthorized]
+    with pytest.raises(MutexPermissionError, match="expired or was revoked") as raised:
+        make(api, clock).acquire()
+    assert "admin token" not in str(raised.value)
 
 
 def test_permission_denied_raises_at_once(clock):
@@ -686,7 +552,7 @@ def test_recent_fresh_read_renews_the_confirmation(clock):
 
 def test_release_retries_transient_failures_and_settles_committed_removes(clock):
     api = FakeApi()
-    mutex = make(api, clock)
+    mutex = make(api, clock, release_check_after=5)
     mutex.acquire()
 
     def commit_then_drop(reservation_id, aliases):
@@ -731,7 +597,7 @@ def test_release_never_re_sends_a_remove_without_a_fresh_read(clock):
     """The remove commits and its reply is lost; the read that should follow fails; meanwhile a waiter
     takes the lock. Removing again on the strength of the old read would delete the waiter's lock."""
     api = FakeApi()
-    mutex = make(api, clock)
+    mutex = make(api, clock, release_check_after=5)
     mutex.acquire()
 
     def commit_then_drop(reservation_id, aliases):
@@ -863,21 +729,6 @@ def test_reentry_is_an_error_unless_reentrant(clock):
         assert nested.locked() and protocol.DEFAULT_ALIAS in api.services
     assert not nested.locked() and api.services == {}
     assert api.count("AddServiceToReservation") == 1
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [
-        ({"reservation_id": ""}, "reservation_id"),
-        ({"name": " "}, "name"),
-        ({"timeout": -1}, "timeout"),
-        ({"release_attempts": 0}, "release_attempts"),
-    ],
-)
-def test_bad_arguments_are_refused_clearly(kwargs, message):
-    args = {"api": FakeApi(), "reservation_id": RES, **kwargs}
-    with pytest.raises(ValueError, match=message):
-        ReservationMutex(**args)
 
 
 def test_api_must_look_like_a_session():

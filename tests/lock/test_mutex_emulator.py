@@ -67,23 +67,32 @@ def current_owner(emu, rid, alias=protocol.DEFAULT_ALIAS):
 # ---------------------------------------------------------------- the common case
 
 
-def test_uncontended_cycle_costs_two_api_calls(emu, rid):
+CYCLE = {"AddServiceToReservation": 1, "GetReservationDetails": 1, "RemoveServicesFromReservation": 1}
+
+
+def test_uncontended_cycle_costs_three_api_calls(emu, rid):
+    """Add, the ownership read before the remove, remove; the catalog read once per process."""
     api = emu.session()
     control = emu.control
     control.reset_counts()
     with mutex(api, rid) as first:
         assert current_owner(emu, rid) == first.token
-    assert control.call_counts() == {
-        "GetServices": 1,
-        "AddServiceToReservation": 1,
-        "RemoveServicesFromReservation": 1,
-    }
+    assert control.call_counts() == {"GetServices": 1, **CYCLE}
 
     for _ in range(3):  # the catalog read happens once per process and server
         control.reset_counts()
         with mutex(api, rid):
             pass
-        assert control.call_counts() == {"AddServiceToReservation": 1, "RemoveServicesFromReservation": 1}
+        assert control.call_counts() == CYCLE
+
+
+def test_the_two_call_cycle_is_an_opt_in(emu, rid):
+    api = emu.session()
+    catalog.detect_model(api)
+    emu.control.reset_counts()
+    with mutex(api, rid, release_check_after=5):
+        pass
+    assert emu.control.call_counts() == {"AddServiceToReservation": 1, "RemoveServicesFromReservation": 1}
     assert current_owner(emu, rid) is None
 
 
@@ -108,8 +117,7 @@ def test_writes_lease_attributes_when_the_installed_model_has_them(cloudshell_em
         assert attributes[protocol.ATTR_OWNER] == held.token
         assert attributes[protocol.ATTR_LABEL] == "Router A driver"
         assert attributes[protocol.ATTR_LEASE_SECONDS] == "0"
-    counts = emu.control.call_counts()
-    assert counts == {"GetServices": 1, "AddServiceToReservation": 1, "RemoveServicesFromReservation": 1}
+    assert emu.control.call_counts() == {"GetServices": 1, **CYCLE}
 
 
 def test_holder_reads_fresh_and_names_the_owner(emu, rid):
@@ -298,11 +306,7 @@ def test_verify_mode_costs_one_more_call(emu, rid):
     emu.control.reset_counts()
     with lock:
         pass
-    assert emu.control.call_counts() == {
-        "AddServiceToReservation": 1,
-        "GetReservationDetails": 1,
-        "RemoveServicesFromReservation": 1,
-    }
+    assert emu.control.call_counts() == {**CYCLE, "GetReservationDetails": 2}
 
 
 def test_v2_stale_cache_stall_still_excludes(emu, rid):

@@ -20,7 +20,7 @@ from typing import Any, Callable, List, Optional, Sequence
 from cloudshell.api.cloudshell_api import AttributeNameValue
 
 from . import catalog, protocol
-from .classify import Classification, ErrorKind, classify, may_have_resent, sent_once
+from .classify import CLIENT_RETRY_DELAY, Classification, ErrorKind, classify, may_have_resent, sent_once
 from .holder import Holder, holder_in, sanitize_label
 from .pacing import CallBudget, budget_for, clip
 
@@ -60,6 +60,23 @@ class CallResult:
     def ok(self) -> bool:
         """True when the call succeeded."""
         return self.status is Status.DONE
+
+    @property
+    def unanswered_copies(self) -> int:
+        """How many copies of the request may have got no answer, and so may still be applied later:
+        the client re-sends a dropped request 1 s and then 3 s after the first copy."""
+        copies = 1 + (self.elapsed >= CLIENT_RETRY_DELAY) + (self.elapsed >= 3 * CLIENT_RETRY_DELAY)
+        if not self.resent:
+            copies = 1
+        if self.failure is not None and self.failure.in_flight:
+            return copies
+        return copies - 1
+
+    @property
+    def may_land_later(self) -> bool:
+        """True when the request (or an earlier copy the client sent) got no answer: it may still be on
+        its way or queued in the server, and be applied later than this result."""
+        return self.unanswered_copies > 0
 
     @property
     def may_have_committed(self) -> bool:

@@ -50,6 +50,7 @@ class ErrorKind(enum.Enum):
     NOT_INSTALLED = "not_installed"
     NOT_ACTIVE = "not_active"
     PERMISSION = "permission"
+    UNAUTHORIZED = "unauthorized"  # HTTP 401 after the client's own re-logon: the login is not valid
     ALIAS_MISSING = "alias_missing"
     FATAL = "fatal"
 
@@ -61,18 +62,28 @@ class Classification:
     ``maybe_committed`` is False only when the call provably changed nothing: the request never
     reached the server (connection refused, connect timeout, bad host), or the server refused it
     (a ``Success="false"`` answer, 401, other 4xx). Then a failed add needs no settling read.
+
+    ``in_flight`` is True when no answer came from the server for the request (a reset connection, a
+    read timeout, a gateway's 502 or 504): it may still be queued or on its way, and be applied
+    *later* than this error. A request the server answered, even with an error, cannot land later.
     """
 
     kind: ErrorKind
     code: Optional[str]
     message: str
     maybe_committed: bool = True
+    in_flight: bool = False
 
 
 #: The client raises a plain Exception("(Internal Server Error) [500] reason:...") for non-2xx statuses
 #: other than 401. Server errors, "request timeout" and "too many requests" heal with time.
 _HTTP_RETRYABLE = re.compile(r"\[(5\d\d|408|429)\]")
 _HTTP_4XX = re.compile(r"\[4\d\d\]")
+#: A gateway answered instead of the server: the request may still be on its way to it.
+_HTTP_GATEWAY = re.compile(r"\[(502|504)\]")
+#: Quoted input the server echoes in its messages (a reservation id, an alias): never classified, so
+#: an id that contains "already exists" or "not found" cannot make an error look like another.
+_ECHOED = re.compile(r"'[^']*'|\"[^\"]*\"")
 
 _NOT_ACTIVE_FRAGMENTS = ("has ended", "has been ended", "is not active", "already ended")
 _PERMISSION_FRAGMENTS = (
@@ -104,16 +115,19 @@ def classify(exc: BaseException) -> Classification:
     # of a (re-)logon holds the session token, so it never goes into messages or logs.
     message = str(exc).split(" data:", 1)[0]
     if isinstance(exc, UnauthorizedError):
-        # The client already logged on again once and retried; a second 401 will not heal.
-        return Classification(ErrorKind.PERMISSION, None, message, maybe_committed=False)
+        # The client already logged on again once and retried; a second 401 means the login itself
+        # is no longer accepted (an expired or revoked token), which waiting will not heal.
+        return Classification(ErrorKind.UNAUTHORIZED, None, message, maybe_committed=False)
     if isinstance(exc, ValueError) and _Urllib3Error and isinstance(exc, _Urllib3Error):
         # A bad host (LocationValueError): configuration, not a hiccup, so fatal at once rather
         # than retried until the timeout. Nothing was sent.
         return Classification(ErrorKind.FATAL, None, message, maybe_committed=False)
     if _is_transport_error(exc):
-        return Classification(ErrorKind.TRANSIENT, None, message, maybe_committed=not _never_sent(exc))
+        sent = not _never_sent(exc)
+        return Classification(ErrorKind.TRANSIENT, None, message, maybe_committed=sent, in_flight=sent)
     if type(exc) is Exception and _HTTP_RETRYABLE.search(message):
-        return Classification(ErrorKind.TRANSIENT, None, message)
+        gateway = _HTTP_GATEWAY.search(message) is not None
+        return Classification(ErrorKind.TRANSIENT, None, message, in_flight=gateway)
     # Other statuses: refused before anything happened. A 2xx whose body is empty or unreadable
     # (also a plain Exception) is another matter: the call may well have committed.
     refused = type(exc) is Exception and _HTTP_4XX.search(message) is not None
@@ -125,7 +139,7 @@ def classify(exc: BaseException) -> Classification:
 def _classify_api_error(exc: CloudShellAPIError) -> Classification:
     code = None if exc.code is None else str(exc.code)
     message = exc.message or ""
-    text = message.lower()
+    text = _ECHOED.sub("''", message).lower()
 
     def kind_of() -> ErrorKind:
         if code == protocol.CONTENTION_ERROR_CODE and protocol.CONTENTION_MESSAGE_FRAGMENT in text:

@@ -79,6 +79,14 @@ def fatal_error(
             "(`cloudshell-mutex install`, or Manage > Import Package as a system administrator)",
             **where,
         )
+    if kind is ErrorKind.UNAUTHORIZED:
+        return MutexPermissionError(
+            f"CloudShell no longer accepts this session's login while {doing} in reservation "
+            f"{reservation_id} ({failure.message}, also after the client logged on again): the login "
+            "token expired or was revoked. Open a new CloudShellAPISession (in a driver, from the "
+            "command's context) and try again",
+            **where,
+        )
     if kind is ErrorKind.PERMISSION:
         return MutexPermissionError(
             f"CloudShell refused {doing} in reservation {reservation_id}: {failure.message}. The "
@@ -104,13 +112,21 @@ def note_pending_add(error: MutexError, alias: str, token: str) -> MutexError:
 def timeout_error(op: Operation, now: float, reservation_id: str, alias: str) -> MutexTimeout:
     """The acquisition ran out of time: say who held the lock, and for how long this waiter saw it."""
     waited = now - op.start
+    limit = waited if op.deadline is None else op.deadline - op.start
     holder = op.holder_label
     held_for = op.held_for(now)
-    waiting = f"timed out after {waited:.1f} s waiting for {alias!r} in reservation {reservation_id}"
-    if op.add_pending:
+    waiting = f"timed out after {limit:g} s waiting for {alias!r} in reservation {reservation_id}"
+    landing = op.add_can_land(now)
+    if landing:
+        message = (
+            f"{waiting}: an add of this acquisition got no answer and may still be applied for "
+            f"{op.add_lands_by - now:.0f} s; this process watches for it and removes it if it lands. If "
+            "the process exits before that, " + remove_hint(alias, op.token)
+        )
+    elif op.add_pending:
         message = (
             f"could not tell whether {alias!r} in reservation {reservation_id} was acquired "
-            f"after {waited:.1f} s: the CloudShell API kept failing ({op.last_error}); "
+            f"after {limit:g} s: the CloudShell API kept failing ({op.last_error}); "
             + remove_hint(alias, op.token)
         )
     elif holder is not None:
@@ -125,7 +141,7 @@ def timeout_error(op: Operation, now: float, reservation_id: str, alias: str) ->
         held_for=held_for,
         waited=waited,
         token=op.token,
-        maybe_held=op.add_pending,
+        maybe_held=op.add_pending or landing,
         reservation_id=reservation_id,
         alias=alias,
     )

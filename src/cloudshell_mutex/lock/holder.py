@@ -21,7 +21,8 @@ from . import protocol
 MAX_LABEL_LENGTH = 48
 MAX_HOST_LENGTH = 32
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9 ._+-]+")
+# Letters and digits of any script are kept (a label is for people); "@" and ":" never (token syntax).
+_UNSAFE = re.compile(r"[^\w .+-]+")
 _TOKEN = re.compile(r"^(?P<label>[^@]*)@(?P<host>[^:@]*):(?P<pid>\d+):(?P<nonce>[0-9a-f]{8,})$")
 
 

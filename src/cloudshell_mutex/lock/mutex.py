@@ -32,6 +32,7 @@ from .classify import Classification, ErrorKind
 from .errors import MutexError, MutexNotInstalled, MutexUsageError
 from .events import MutexEvent
 from .holder import Holder, make_token, sanitize_label
+from .late_adds import LateAdds, process_late_adds
 from .operation import Operation
 from .options import MutexOptions, check_duration
 from .pacing import DefaultPacing, ExponentialBackoff, PacingPolicy, clip
@@ -71,6 +72,7 @@ class ReservationMutex:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         rng: Optional[random.Random] = None,
+        late_adds: Optional[LateAdds] = None,
         **tuning: Any,
     ) -> None:
         if options is not None and not isinstance(options, MutexOptions):
@@ -96,11 +98,20 @@ class ReservationMutex:
         self._clock = clock
         self._sleep = sleep
         self._rng = rng if rng is not None else random.Random()
+        if late_adds is None:
+            # A virtual clock (tests) gets a watcher of its own that only sweeps when told to.
+            late_adds = process_late_adds() if clock is time.monotonic else LateAdds(clock, self.logger)
+        self._late_adds = late_adds
         # The acquisition held now: its token (None = not held), nesting depth, and when a fresh
         # answer from the server last showed the lock is ours (the add itself, or a read).
         self._token: Optional[str] = None
         self._depth = 0
         self._confirmed_at = float("-inf")
+        # Until then an earlier add of the held acquisition, sent without an answer, may still land.
+        self._late_add_by: Optional[float] = None
+        self._late_copies = 0
+        # A release that raised MutexReleaseError: the next release() continues it, knowing what it knew.
+        self._release_op: Optional[Operation] = None
 
     # ------------------------------------------------------------------ public API
 
@@ -167,14 +178,18 @@ class ReservationMutex:
         op = self._operation(make_token(self.owner))
         op.deadline = op.start if not blocking else (None if timeout is None else op.start + timeout)
         try:
-            return self._acquire(op, blocking)
+            acquired = self._acquire(op, blocking)
         except Exception:
+            self._watch_late_add(op)
             raise
         except BaseException:
             # Ctrl-C (or SystemExit) while an add was on the wire, or just after it: the add may
-            # have committed with nobody left to release it. Undo it if a fresh read shows it.
+            # have committed, or still commit, with nobody left to release it. Undo what a read shows.
             self._abandon(op)
             raise
+        if not acquired:
+            self._watch_late_add(op)
+        return acquired
 
     def release(self) -> None:
         """Release the lock if this object holds it; otherwise do nothing (idempotent).
@@ -189,51 +204,57 @@ class ReservationMutex:
         if self._depth > 1:
             self._depth -= 1
             return
-        op = self._operation(self._token)
-        # Release only what you hold. The remove cannot check the owner, so read first, unless
-        # ownership was confirmed a moment ago (the add itself, or a later fresh read). That skip is
-        # what makes an uncontended acquire + release cost 2 calls; the window it leaves open (a
-        # protocol violator removing and re-adding within it) is documented.
+        # A release() after a failed one continues it: what the first learned (a remove of ours that
+        # may still land) must not be forgotten, or the next remove could delete a successor's lock.
+        op = self._release_op or self._operation(self._token)
+        self._release_op = op
+        # Release only what you hold. The remove cannot check the owner, so read first (unless the
+        # opt-in release_check_after says ownership was confirmed a moment ago, and nothing of an
+        # earlier remove is unsettled).
         check_after = self.options.release_check_after
-        check = check_after <= 0 or op.start - self._confirmed_at >= check_after
-        removed = False  # True once a remove of ours may have taken effect (its reply was lost)
-        rounds = self.options.release_attempts
-        for round_number in range(1, rounds + 1):
-            retry = round_number < rounds
+        check = check_after <= 0 or op.start - self._confirmed_at >= check_after or op.remove_may_have_landed
+        failures = 0
+        while True:
             if check:
                 read = self._read(op)
                 if not read.ok:
-                    if self._release_failure(
-                        op, read.failure, retry, "checking the lock owner before removing it"
-                    ):
+                    failures += 1
+                    if self._release_failure(op, read.failure, failures, "checking the lock owner"):
                         return
                     continue
                 op.see_holder(read.holder)
                 if not op.is_ours(read.holder):
-                    # Gone, or someone else's: our earlier remove took effect, or the lock was
-                    # taken from us. Either way nothing of ours is left to remove.
-                    if removed:
+                    # Gone, or someone else's: a remove of ours took effect, or the lock was taken
+                    # from us. Either way nothing of ours is left to remove.
+                    if op.remove_may_have_landed:
                         return self._released(op)
                     raise self._lost(op)
+                now = self._clock()
+                if op.remove_can_land(now):
+                    # Still ours, but our earlier remove may still land: a second remove now could
+                    # land after a waiter took the lock, and delete the waiter's. Read again later.
+                    self._sleep(op.next_poll(self.pacing, self._rng))
+                    continue
+                op.still_ours_at(now)
+            # The remove, sent once: the client's own re-send could delete a successor's lock.
             result = self._alias.remove_once()
             if result.ok:
                 return self._released(op)
             if result.status is Status.MISSING:
                 # "Not found" after a re-send of ours: our remove took effect. Otherwise the alias
                 # was gone before we removed it: the lock had been taken from us.
-                if removed or result.resent:
+                if op.remove_may_have_landed or result.resent:
                     return self._released(op)
                 op.see_holder(None)
                 raise self._lost(op)
-            if result.status is Status.TRANSIENT:
-                # It may have committed. Never remove again before a fresh read shows the alias is
-                # still ours: in between, a waiter may have taken it.
-                removed = removed or result.may_have_committed
-                check = True
-            if self._release_failure(op, result.failure, retry, "removing the lock service"):
+            check = True  # never remove again before a fresh read shows the alias is still ours
+            if result.may_land_later:
+                op.remove_unsettled(True, self._clock() + self.options.request_lifetime)
+                continue  # not a failure yet: the reads above tell whether it lands
+            op.remove_unsettled(result.may_have_committed)
+            failures += 1
+            if self._release_failure(op, result.failure, failures, "removing the lock service"):
                 return
-        doing = f"releasing the lock ({rounds} attempts)"
-        raise self._report(diagnosis.release_error(op, None, doing, self.reservation_id, self.name), op)
 
     def __enter__(self) -> ReservationMutex:
         self.acquire()
@@ -259,6 +280,10 @@ class ReservationMutex:
             # Step 1: the add. Its success is the lock; the owner token travels in the same call.
             op.add_sent()
             add = self._alias.try_add(attributes, paced=op.polling, deadline=op.deadline)
+            op.add_returned()
+            if add.may_land_later:
+                lands_by = add.sent_at + add.elapsed + self.options.request_lifetime
+                op.add_in_flight(lands_by, add.unanswered_copies)
             if add.ok:
                 if not self.options.verify or self._verified(op):
                     return self._acquired(op, add.sent_at)
@@ -394,6 +419,8 @@ class ReservationMutex:
         self._token = op.token
         self._depth = 1
         self._confirmed_at = confirmed_at
+        self._late_add_by = op.add_lands_by if op.add_can_land(self._clock()) else None
+        self._late_copies = op.add_unanswered
         if resolved:
             self._emit(events.RESOLVED, op)
             self._log(logging.INFO, "an earlier add of %s turned out to have succeeded", self.name)
@@ -411,25 +438,22 @@ class ReservationMutex:
         return True
 
     def _abandon(self, op: Operation) -> None:
-        """Best-effort undo after an interrupt inside acquire(): remove our add if it committed."""
-        self._forget()
+        """After an interrupt inside acquire(): remove our add if a read shows it, and hand an add
+        that may still land to the late-add watcher (which warns at exit if it cannot settle it)."""
         if op.adds == 0:
             return
+        if op.awaiting_add:  # interrupted before the add answered: it may land any time now
+            op.add_in_flight(self._clock() + self.options.request_lifetime)
         read = self._alias.read()
         if read.ok and op.is_ours(read.holder):
             result = self._alias.remove_once()
             if result.ok:
                 self._log(logging.WARNING, "acquire interrupted; removed its add of %s", self.name)
-                return
-            read = result
-        if not read.ok:
-            self._log(
-                logging.WARNING,
-                "acquire interrupted and the clean-up failed (%s): %s (reservation %s)",
-                read.failure.message,
-                diagnosis.remove_hint(self.name, op.token),
-                self.reservation_id,
-            )
+            else:  # the watcher reads again and removes it
+                op.add_in_flight(self._clock() + self.options.request_lifetime)
+        elif not read.ok and op.add_pending:
+            op.add_in_flight(self._clock() + self.options.request_lifetime)
+        self._watch_late_add(op)
 
     def _write_progress(self, op: Operation, now: float) -> None:
         if not self.options.progress or not op.progress_due(now, self.options.progress_interval):
@@ -446,10 +470,11 @@ class ReservationMutex:
 
     # ------------------------------------------------------------------ release steps
 
-    def _release_failure(self, op: Operation, failure: Classification, retry: bool, doing: str) -> bool:
-        """A failed call in release(): back off and return False to try again (transient), return
-        True when the reservation has ended (released: the lock went with it), raise otherwise."""
-        if failure.kind is ErrorKind.TRANSIENT and retry:
+    def _release_failure(self, op: Operation, failure: Classification, failures: int, doing: str) -> bool:
+        """The ``failures``-th failed call in release(): back off and return False to try again
+        (transient), return True when the reservation has ended (released: the lock went with it),
+        raise otherwise. The object then still holds the lock, and its next release() continues."""
+        if failure.kind is ErrorKind.TRANSIENT and failures < self.options.release_attempts:
             op.failed(failure.message)
             self._emit(events.TRANSIENT, op, error=failure.message)
             self._sleep(op.next_backoff(self.backoff, self._rng))
@@ -457,6 +482,8 @@ class ReservationMutex:
         if failure.kind is ErrorKind.NOT_ACTIVE and self._alias.reservation_state() != "active":
             self._released(op, note="the reservation has ended; the lock went with it")
             return True
+        if failure.kind is ErrorKind.TRANSIENT:
+            doing = f"{doing} ({failures} failed calls)"
         error = diagnosis.release_error(op, failure, doing, self.reservation_id, self.name)
         raise self._report(error, op)
 
@@ -479,10 +506,23 @@ class ReservationMutex:
         return self._report(error, op, events.LOST, logging.WARNING, holder=op.holder_label)
 
     def _forget(self) -> None:
-        """This object no longer holds the lock (released, lost, or an acquire abandoned)."""
+        """This object no longer holds the lock (released, lost, or an acquire abandoned). An add of
+        the acquisition that may still land is handed to the late-add watcher first."""
+        if self._token is not None and self._late_add_by is not None:
+            self._late_adds.watch(
+                self._alias, self._token, self._late_add_by, self.options.request_lifetime, self._late_copies
+            )
         self._token = None
         self._depth = 0
         self._confirmed_at = float("-inf")
+        self._late_add_by = None
+        self._release_op = None
+
+    def _watch_late_add(self, op: Operation) -> None:
+        """An acquire that ends without the lock: an add of it that may still land is watched."""
+        if op.add_can_land(self._clock()):
+            lifetime = self.options.request_lifetime
+            self._late_adds.watch(self._alias, op.token, op.add_lands_by, lifetime, op.add_unanswered)
 
     # ------------------------------------------------------------------ shared helpers
 

@@ -13,6 +13,9 @@ from typing import Optional
 from .holder import Holder
 from .pacing import PacingPolicy
 
+#: While an add of ours may still land, a waiter reads the holder at least this often.
+LANDING_READ_INTERVAL = 1.0
+
 
 class Operation:
     """Book-keeping of one acquire(), release() or holder() call on one lock.
@@ -34,8 +37,18 @@ class Operation:
         self.transients = 0
         self.contention_delay = 0.0  # the pacing policy's previous delay
         self.backoff_delay = 0.0  # the backoff policy's previous delay
-        # True while an add of ours may have committed without us knowing (its reply was lost).
+        # True while an add of ours may have committed without us knowing (its reply was lost); one
+        # fresh read settles it, unless the add may still land later (``add_lands_by``).
         self.add_pending = False
+        # An add or a remove of ours that got no answer may still be applied until then (monotonic).
+        self.add_lands_by: Optional[float] = None
+        self.add_unanswered = 0  # copies of our adds that got no answer and have not been seen to land
+        self.remove_lands_by: Optional[float] = None
+        # True once a remove of ours may have taken effect (its reply was lost, or it may still land).
+        self.remove_may_have_landed = False
+        self.awaiting_add = False  # an add is on the wire and its call has not returned
+        self.polls = 0  # reads made while waiting for a remove of ours that may still land
+        self.poll_delay = 0.0
         # True when a successful fresh read happened after the last add: nothing new to learn.
         self.read_since_add = False
         # Calls wait on the call budget only while polling: never the first add, never a release.
@@ -54,6 +67,11 @@ class Operation:
         """An add went out: whatever was read before it is old news."""
         self.adds += 1
         self.read_since_add = False
+        self.awaiting_add = True
+
+    def add_returned(self) -> None:
+        """The add's call returned (with an answer or an error): it was not interrupted midway."""
+        self.awaiting_add = False
 
     def read_tried(self, at: float) -> None:
         """A fresh read went out at ``at``."""
@@ -67,6 +85,37 @@ class Operation:
     def add_may_be_pending(self, maybe: bool) -> None:
         """An add of ours may have committed unseen (its reply was lost, or the client re-sent it)."""
         self.add_pending = self.add_pending or maybe
+
+    def add_in_flight(self, lands_by: float, copies: int = 1) -> None:
+        """``copies`` of an add of ours got no answer: each may still be applied until ``lands_by``."""
+        self.add_unanswered += copies
+        self.add_lands_by = max(lands_by, self.add_lands_by or lands_by)
+
+    def add_landed(self) -> None:
+        """A read showed our token: one unanswered copy of our add was applied (the alias is unique,
+        so the others, if any, can only land once it is gone)."""
+        self.add_unanswered = max(0, self.add_unanswered - 1)
+
+    def remove_unsettled(self, maybe_landed: bool, lands_by: Optional[float] = None) -> None:
+        """A remove of ours failed: it may have taken effect, and (``lands_by``) may still land later."""
+        self.remove_may_have_landed = self.remove_may_have_landed or maybe_landed
+        if lands_by is not None:
+            self.remove_may_have_landed = True
+            self.remove_lands_by = max(lands_by, self.remove_lands_by or lands_by)
+
+    def still_ours_at(self, now: float) -> None:
+        """A fresh read showed our token: every remove of ours that can no longer land did not land."""
+        if not self.remove_can_land(now):
+            self.remove_may_have_landed = False
+            self.remove_lands_by = None
+
+    def add_can_land(self, now: float) -> bool:
+        """True while an add of ours that got no answer may still be applied."""
+        return self.add_unanswered > 0 and self.add_lands_by is not None and now < self.add_lands_by
+
+    def remove_can_land(self, now: float) -> bool:
+        """True while a remove of ours that got no answer may still be applied."""
+        return self.remove_lands_by is not None and now < self.remove_lands_by
 
     def start_polling(self) -> None:
         """From now on this operation polls: its calls wait on the call budget."""
@@ -91,6 +140,8 @@ class Operation:
         """Take in a fresh read after an add: True when it shows our token. Anything else shows that
         no add of ours is in place (the alias is unique), so nothing of ours is pending any more."""
         if self.is_ours(holder):
+            if self.add_pending or self.add_unanswered:
+                self.add_landed()
             return True
         self.add_pending = False
         return False
@@ -129,7 +180,10 @@ class Operation:
 
     def read_due(self, now: float, interval: float) -> bool:
         """True when a holder read is due after a contention: the first one, after an unknown outcome,
-        or ``interval`` after the last read tried."""
+        or ``interval`` after the last read tried (at most a second while an add of ours may still
+        land, so that its landing is noticed: the alias is then ours)."""
+        if self.add_can_land(now):
+            interval = min(interval, LANDING_READ_INTERVAL)
         return (
             self.contentions == 1
             or self.add_pending
@@ -141,6 +195,12 @@ class Operation:
         """The pacing policy's delay before the next add after contention."""
         self.contention_delay = pacing.next_delay(self.contentions or 1, self.contention_delay, rng)
         return self.contention_delay
+
+    def next_poll(self, pacing: PacingPolicy, rng: random.Random) -> float:
+        """The delay before the next read while a remove of ours may still land."""
+        self.polls += 1
+        self.poll_delay = pacing.next_delay(self.polls, self.poll_delay, rng)
+        return self.poll_delay
 
     def next_backoff(self, backoff: PacingPolicy, rng: random.Random) -> float:
         """The backoff policy's delay after the latest transient failure."""

@@ -1,0 +1,174 @@
+"""Adds of ours that may still land after the lock stopped wanting them, watched until they cannot.
+
+An add whose request got no answer (a reset connection, a client timeout) may still be on its way to
+the server, or queued in it, and be applied seconds later: after the acquisition timed out, after it
+was interrupted, or after the lock that a later add granted was released. Landing then, it re-creates
+the lock service with our token, and nobody would ever remove it: every later acquirer would wait
+until its timeout. :class:`LateAdds` remembers each such add until it can no longer land
+(``lands_by``, from the lock's ``request_lifetime``), reads the alias now and then, and removes the
+service if it shows that token. A process that exits first logs one warning per add still unsettled,
+with the exact call that removes it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, List, Optional
+
+from .alias import LockAlias, Status
+
+#: Seconds between two reads of a watched alias.
+SWEEP_INTERVAL = 1.0
+
+
+@dataclass
+class LateAdd:
+    """One add of ours (``token`` on ``alias``) that may land until ``lands_by`` (monotonic)."""
+
+    alias: LockAlias
+    token: str
+    lands_by: float
+    #: The lock's ``request_lifetime``: how long a request without an answer may still land.
+    lifetime: float
+    #: Copies of the add that got no answer (the client re-sends dropped requests): each may land.
+    copies: int = 1
+    #: A remove of ours that got no answer may land until then: never send another one before.
+    remove_lands_by: Optional[float] = None
+
+
+def removal_command(alias: LockAlias, token: str) -> str:
+    """The exact call that removes a lock service left behind with ``token``, and when to make it."""
+    return (
+        f"if the service {alias.alias!r} in reservation {alias.reservation_id} has Mutex Owner {token!r}, "
+        f"remove it: CloudShellAPISession(...).RemoveServicesFromReservation({alias.reservation_id!r}, "
+        f"[{alias.alias!r}])"
+    )
+
+
+class LateAdds:
+    """The adds this process still watches; thread-safe. One per process (:func:`process_late_adds`)
+    sweeps in a daemon thread; tests make their own and call :meth:`sweep`."""
+
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        logger: Optional[logging.Logger] = None,
+        background: bool = False,
+        interval: float = SWEEP_INTERVAL,
+    ) -> None:
+        self._clock = clock
+        self.logger = logger or logging.getLogger("cloudshell_mutex")
+        self._background = background
+        self._interval = interval
+        self._entries: List[LateAdd] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def watch(self, alias: LockAlias, token: str, lands_by: float, lifetime: float, copies: int = 1) -> None:
+        """Watch an add of ``token`` that may land until ``lands_by``; nothing to do once that passed.
+        ``lifetime`` is how long a request without an answer may still land (a remove this makes)."""
+        if lands_by <= self._clock():
+            return
+        with self._lock:
+            for entry in self._entries:
+                if entry.alias is alias and entry.token == token:
+                    entry.lands_by = max(entry.lands_by, lands_by)
+                    entry.copies = max(entry.copies, copies)
+                    return
+            self._entries.append(LateAdd(alias, token, lands_by, lifetime, max(1, copies)))
+            if self._background and self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="cloudshell-mutex-late-adds", daemon=True
+                )
+                self._thread.start()
+        self._wake.set()
+
+    def pending(self) -> List[LateAdd]:
+        """The adds still watched."""
+        with self._lock:
+            return list(self._entries)
+
+    def sweep(self) -> None:
+        """Read each watched alias once: remove a late add that landed, forget those that can no longer."""
+        for entry in self.pending():
+            if self._settle(entry):
+                with self._lock:
+                    if entry in self._entries:
+                        self._entries.remove(entry)
+
+    def _settle(self, entry: LateAdd) -> bool:
+        """One look at one watched add; True once it is settled."""
+        alias = entry.alias
+        read = alias.read()
+        now = self._clock()
+        if not read.ok:
+            # Unreadable: it may have landed. Keep trying a while past lands_by, then say so and stop.
+            if now >= entry.lands_by + entry.lifetime:
+                self._warn_unsettled(entry, f"the server could not be read ({read.failure.message})")
+                return True
+            return False
+        if read.holder is None or read.holder.token != entry.token:
+            return now >= entry.lands_by and not _can_land(entry.remove_lands_by, now)
+        if _can_land(entry.remove_lands_by, now):
+            return False  # our remove of it may still land: never send a second one meanwhile
+        result = alias.remove_once()
+        if result.ok or result.status is Status.MISSING:
+            entry.copies -= 1  # that copy landed; another may still come until lands_by
+            self.logger.warning(
+                "cloudshell-mutex: an add of %r in reservation %s whose reply was lost landed after the "
+                "lock had given it up (Mutex Owner %s); removed it",
+                alias.alias,
+                alias.reservation_id,
+                entry.token,
+            )
+            return entry.copies <= 0 or now >= entry.lands_by
+        if result.may_land_later:
+            entry.remove_lands_by = now + entry.lifetime
+        return False
+
+    def warn_unsettled(self) -> None:
+        """Log one warning per add still watched (the process is exiting: nobody will watch it)."""
+        for entry in self.pending():
+            self._warn_unsettled(entry, "the process exited before it could tell")
+
+    def _warn_unsettled(self, entry: LateAdd, why: str) -> None:
+        self.logger.warning(
+            "cloudshell-mutex: an add of %r in reservation %s whose reply was lost may still land or have "
+            "landed (%s); %s",
+            entry.alias.alias,
+            entry.alias.reservation_id,
+            why,
+            removal_command(entry.alias, entry.token),
+        )
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self._interval)
+            self._wake.clear()
+            try:
+                self.sweep()
+            except Exception:  # never let the watcher die: it is the last line against a leaked lock
+                self.logger.exception("cloudshell-mutex: watching late adds failed")
+
+
+def _can_land(lands_by: Optional[float], now: float) -> bool:
+    return lands_by is not None and now < lands_by
+
+
+_process_late_adds: Optional[LateAdds] = None
+_process_lock = threading.Lock()
+
+
+def process_late_adds() -> LateAdds:
+    """This process's watcher: sweeps in a daemon thread, warns about what is left at exit."""
+    global _process_late_adds
+    with _process_lock:
+        if _process_late_adds is None:
+            _process_late_adds = LateAdds(background=True)
+            atexit.register(_process_late_adds.warn_unsettled)
+        return _process_late_adds

@@ -1,0 +1,221 @@
+"""A request whose outcome is unknown is never forgotten before it is resolved (roadmap step 5).
+
+Every test here is a scenario in which the lock used to let two parties hold, or leave a lock behind:
+a request that got no answer (a reset connection, a client timeout, an interrupt) lands *later* than
+its error, after the lock acted on a read that did not show it yet. The fake applies such a request at
+a chosen virtual time (``api.later``), so each scenario is deterministic.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from fakes import RES, FakeApi, http_500, make, other_holds
+from urllib3.exceptions import ProtocolError, ReadTimeoutError
+
+from cloudshell_mutex import MutexLostError, MutexReleaseError, MutexTimeout, protocol
+from cloudshell_mutex.lock.late_adds import LateAdds
+
+MUTEX = protocol.DEFAULT_ALIAS
+OTHER = "Other@host:1:deadbeef"
+
+
+def reset() -> ProtocolError:
+    return ProtocolError("Connection aborted.", ConnectionResetError())
+
+
+def owner(api: FakeApi):
+    return api.services.get(MUTEX, {}).get(protocol.ATTR_OWNER)
+
+
+# ---------------------------------------------------------------- removes that land late
+
+
+def test_a_remove_that_lands_late_is_waited_for_and_never_sent_twice(clock):
+    """Scenario 1: the remove is delayed 2 s in the network and its connection reset after 50 ms.
+    Removing again on a read that still shows our lock would let a waiter in between the two removes,
+    and the late one would delete the waiter's lock."""
+    api = FakeApi(clock=clock)
+    mutex = make(api, clock)
+    mutex.acquire()
+
+    def delayed_and_reset(reservation_id, aliases):
+        api.late_remove(clock.now + 2.0)
+        clock.now += 0.05
+        raise reset()
+
+    api.faults["RemoveServicesFromReservation"] = [delayed_and_reset]
+    mutex.release()
+    assert not mutex.locked()
+    assert api.count("RemoveServicesFromReservation") == 1
+    assert 2.0 <= clock.now - 1000.0 < 4.0  # it waited for the late remove, not for the request lifetime
+    other_holds(api)  # a waiter takes the lock after the release ...
+    clock.now += 600
+    api.land_due()
+    assert owner(api) == OTHER  # ... and nothing of ours can remove it any more
+
+
+def test_a_remove_that_never_lands_is_sent_again_only_after_the_request_lifetime(clock):
+    api = FakeApi(clock=clock)
+    mutex = make(api, clock, request_lifetime=10)
+    mutex.acquire()
+    sent = []
+
+    def lost(reservation_id, aliases):
+        sent.append(clock.now)
+        raise ReadTimeoutError(None, "/x", "Read timed out.")  # the client's timeout; it never lands
+
+    api.faults["RemoveServicesFromReservation"] = [lost, lambda *args: sent.append(clock.now)]
+    mutex.release()
+    assert not mutex.locked() and MUTEX not in api.services
+    assert len(sent) == 2 and sent[1] - sent[0] >= 10
+
+
+@pytest.mark.parametrize("check_after", [0, 5])
+def test_release_after_a_failed_release_continues_it(clock, check_after):
+    """Scenario 2: the remove committed but its reply was lost, the reads then failed, so release gave
+    up with MutexReleaseError. A waiter took the free lock. The retried release must not remove it."""
+    if True:
+        api = FakeApi(clock=clock)
+        mutex = make(api, clock, release_check_after=check_after)
+        mutex.acquire()
+
+        def commit_then_drop(reservation_id, aliases):
+            api.commit_remove(reservation_id, aliases)
+            raise reset()
+
+        def fail(*args):
+            raise http_500()
+
+        api.faults["RemoveServicesFromReservation"] = [commit_then_drop]
+        passes = [] if check_after else [lambda *args: False]  # the read before the remove works
+        api.faults["GetReservationDetails"] = [*passes, *[fail] * 5]
+        with pytest.raises(MutexReleaseError):
+            mutex.release()
+        assert mutex.locked()  # it may still be held: release() can be called again
+        other_holds(api)
+        mutex.release()
+        assert not mutex.locked()
+        assert owner(api) == OTHER
+        assert api.count("RemoveServicesFromReservation") == 1
+
+
+def test_by_default_release_reads_first_so_a_foreign_remove_costs_one_lost_lock(clock):
+    """Scenario 3: the original snippet removes MUTEX without owning it; someone takes the free lock.
+    Our release reads first (the default), finds it is not ours, and removes nothing."""
+    api = FakeApi(clock=clock)
+    mutex = make(api, clock)
+    mutex.acquire()
+    del api.services[MUTEX]
+    other_holds(api)
+    with pytest.raises(MutexLostError):
+        mutex.release()
+    assert owner(api) == OTHER
+    assert api.count("RemoveServicesFromReservation") == 0
+
+
+# ---------------------------------------------------------------- adds that land late
+
+
+def delayed_add(api, clock, delay):
+    """An add fault: the request reaches the server ``delay`` s later; the client sees a reset."""
+
+    def fault(reservation_id, model, alias, attributes):
+        api.later(clock.now + delay, lambda: api.commit_add(reservation_id, model, alias, list(attributes)))
+        clock.now += 0.05
+        raise reset()
+
+    return fault
+
+
+def test_an_add_that_lands_after_release_is_removed_by_the_watcher(clock):
+    """Scenario 4: the first add is delayed and reset; the retry acquires, the work is done, the lock
+    released; then the late add lands and re-creates MUTEX with our token. Nobody else would remove it."""
+    api = FakeApi(clock=clock)
+    late = LateAdds(clock)
+    mutex = make(api, clock, late_adds=late, request_lifetime=30)
+    api.faults["AddServiceToReservation"] = [delayed_add(api, clock, 3.0)]
+    mutex.acquire()
+    token = mutex.token
+    mutex.release()
+    assert MUTEX not in api.services
+    (entry,) = late.pending()
+    assert entry.token == token
+    clock.now += 5
+    late.sweep()  # its read lets the late add land, shows our token, and removes it
+    assert MUTEX not in api.services
+    assert api.count("RemoveServicesFromReservation") == 2
+    clock.now += 60
+    late.sweep()
+    assert late.pending() == []  # it can no longer land: the watch ends
+
+
+def test_a_timeout_with_an_add_in_flight_hands_it_to_the_watcher(clock):
+    api = FakeApi(clock=clock)
+    other_holds(api)
+    late = LateAdds(clock)
+    mutex = make(api, clock, late_adds=late, request_lifetime=30)
+    api.faults["AddServiceToReservation"] = [delayed_add(api, clock, 8.0)]
+    with pytest.raises(MutexTimeout) as raised:
+        mutex.acquire(timeout=2)
+    assert raised.value.maybe_held
+    assert "watches" in str(raised.value)
+    del api.services[MUTEX]  # the holder leaves; our late add lands on the free alias
+    clock.now += 10
+    late.sweep()
+    assert MUTEX not in api.services
+
+
+def test_an_interrupt_while_the_add_is_at_the_server_is_cleaned_up(clock):
+    """Scenario 5: Ctrl-C before the add's reply; the undo's read sees nothing yet; then the add lands."""
+    api = FakeApi(clock=clock)
+    late = LateAdds(clock)
+    mutex = make(api, clock, late_adds=late)
+
+    def interrupted(reservation_id, model, alias, attributes):
+        api.later(clock.now + 0.5, lambda: api.commit_add(reservation_id, model, alias, list(attributes)))
+        raise KeyboardInterrupt
+
+    api.faults["AddServiceToReservation"] = [interrupted]
+    with pytest.raises(KeyboardInterrupt):
+        mutex.acquire()
+    assert not mutex.locked()
+    clock.now += 1
+    late.sweep()
+    assert MUTEX not in api.services
+
+
+def test_an_add_left_unsettled_at_exit_is_named_in_one_warning(clock, caplog):
+    api = FakeApi(clock=clock)
+    late = LateAdds(clock)
+    mutex = make(api, clock, late_adds=late)
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    api.faults["AddServiceToReservation"] = [interrupted]
+    with pytest.raises(KeyboardInterrupt):
+        mutex.acquire()
+    (entry,) = late.pending()
+    with caplog.at_level(logging.WARNING, logger="cloudshell_mutex"):
+        late.warn_unsettled()
+    (record,) = caplog.records
+    message = record.getMessage()
+    for part in (RES, repr(MUTEX), entry.token, f"RemoveServicesFromReservation({RES!r}, [{MUTEX!r}])"):
+        assert part in message
+
+
+def test_an_answered_failure_is_settled_by_one_read_and_not_watched(clock):
+    """A 500 is an answer: the request cannot land later, so one read settles it (no watch)."""
+    api = FakeApi(clock=clock)
+    late = LateAdds(clock)
+    mutex = make(api, clock, late_adds=late)
+
+    def fail(*args):
+        raise http_500()
+
+    api.faults["AddServiceToReservation"] = [fail]
+    mutex.acquire()
+    mutex.release()
+    assert late.pending() == []
