@@ -40,26 +40,9 @@ INSTALL_HELP = (
 )
 
 
-@pytest.fixture(scope="session")
-def live() -> Optional[Target]:
-    """The real server from the environment, checked once: reachable, and the package imported/usable."""
-    try:
-        target = live_target()
-    except TargetError as error:
-        pytest.fail(str(error), pytrace=False)
-    if target is None:
-        return None
-    try:
-        check_reachable(
-            target.host,
-            target.api_port,
-            "CloudShell Automation API",
-            "CLOUDSHELL_TEST_HOST and CLOUDSHELL_TEST_API_PORT",
-            timeout=min(target.timeout, 10.0),
-        )
-    except TargetError as error:
-        pytest.fail(str(error), pytrace=False)
-    return target
+def stop(message: str) -> None:
+    """End the whole run at once: a misconfigured or unreachable server fails every test the same way."""
+    pytest.exit(f"cloudshell-mutex contract suite: {message}", returncode=pytest.ExitCode.USAGE_ERROR)
 
 
 @pytest.fixture(scope="session")
@@ -68,54 +51,89 @@ def package_zip(tmp_path_factory: pytest.TempPathFactory) -> Path:
     try:
         return build_package(tmp_path_factory.mktemp("contract-package"))
     except TargetError as error:
-        pytest.fail(str(error), pytrace=False)
+        message = str(error)
+    pytest.fail(message, pytrace=False)
 
 
 def import_package(target: Target, package: Path) -> None:
-    """Import ``package`` through the Quali API with the PyPI client."""
+    """Import ``package`` through the Quali API with the PyPI client; TargetError says what failed."""
     check_reachable(
         target.host, target.quali_port, "Quali API", "CLOUDSHELL_TEST_HOST and CLOUDSHELL_TEST_QUALI_PORT"
     )
-    client = PackagingRestApiClient.login(
-        target.host, target.user, target.password, target.domain, port=target.quali_port
-    )
-    client.import_package(str(package))
+    try:
+        client = PackagingRestApiClient.login(
+            target.host, target.user, target.password, target.domain, port=target.quali_port
+        )
+        client.import_package(str(package))
+    except Exception as error:
+        raise TargetError(
+            f"importing {package.name} through the Quali API at {target.host}:{target.quali_port} as "
+            f"{target.user}@{target.domain} failed ({type(error).__name__}: {error}). The import needs a "
+            "CloudShell system admin: check CLOUDSHELL_TEST_USER, CLOUDSHELL_TEST_PASSWORD, "
+            "CLOUDSHELL_TEST_DOMAIN and CLOUDSHELL_TEST_QUALI_PORT"
+        ) from None
+
+
+def open_session(target: Target) -> Any:
+    """A session on ``target``; TargetError says which variables to check when the logon fails."""
+    try:
+        return target.session()
+    except Exception as error:
+        raise TargetError(
+            f"logon to {target.where()} failed ({type(error).__name__}: {error}). Check "
+            "CLOUDSHELL_TEST_USER, CLOUDSHELL_TEST_PASSWORD and CLOUDSHELL_TEST_DOMAIN"
+        ) from None
 
 
 def check_model(target: Target) -> None:
-    """Fail with install instructions unless ``Mutex Service`` can be added with ``Mutex Owner``.
+    """Raise TargetError with install instructions unless ``Mutex Service`` can be added with ``Mutex Owner``.
 
     Asks the add itself, not the catalog: GetServices may hide admin-only families without a category.
     The probe's sandbox is cleaned up and ended whatever happens.
     """
-    api = target.session()
+    api = open_session(target)
     reservation_id = new_reservation(api, target, "cloudshell-mutex contract: model check", minutes=10)
+    probe = f"{ALIAS_PREFIX}probe"
     try:
         try:
-            add_mutex(api, reservation_id, f"{ALIAS_PREFIX}probe", "contract probe")
+            add_mutex(api, reservation_id, probe, "contract probe")
         except Exception as error:
-            pytest.fail(
+            raise TargetError(
                 f"the server at {target.where()} cannot add {protocol.SERVICE_MODEL!r} with "
-                f"{protocol.ATTR_OWNER!r} ({error}). {INSTALL_HELP}",
-                pytrace=False,
-            )
-        api.RemoveServicesFromReservation(reservation_id, [f"{ALIAS_PREFIX}probe"])
+                f"{protocol.ATTR_OWNER!r} ({error}). {INSTALL_HELP}"
+            ) from None
+        api.RemoveServicesFromReservation(reservation_id, [probe])
     finally:
         api.EndReservation(reservation_id)
 
 
-@pytest.fixture(scope="session")
-def live_ready(live: Optional[Target], request: pytest.FixtureRequest) -> Optional[Target]:
-    """The live target after the optional package import and the model check (once per run)."""
-    if live is None:
+def prepare_live(request: pytest.FixtureRequest) -> Optional[Target]:
+    """The real server from the environment: reachable, logged on, package imported if asked, model usable."""
+    target = live_target()
+    if target is None:
         return None
+    check_reachable(
+        target.host,
+        target.api_port,
+        "CloudShell Automation API",
+        "CLOUDSHELL_TEST_HOST and CLOUDSHELL_TEST_API_PORT",
+        timeout=min(target.timeout, 10.0),
+    )
     if os.environ.get("CLOUDSHELL_TEST_IMPORT_PACKAGE", "").strip() == "1":
-        try:
-            import_package(live, request.getfixturevalue("package_zip"))
-        except TargetError as error:
-            pytest.fail(str(error), pytrace=False)
-    check_model(live)
-    return live
+        import_package(target, request.getfixturevalue("package_zip"))
+    check_model(target)
+    return target
+
+
+@pytest.fixture(scope="session")
+def live_ready(request: pytest.FixtureRequest) -> Optional[Target]:
+    """The live target, prepared once per run (None: use the emulator). Any problem ends the run at once."""
+    try:
+        return prepare_live(request)
+    except TargetError as error:
+        message = str(error)
+    stop(message)
+    return None  # not reached: stop() raises
 
 
 @pytest.fixture
@@ -134,9 +152,14 @@ def target(live_ready: Optional[Target], request: pytest.FixtureRequest) -> Targ
         live=False,
         timeout=30.0,
     )
-    import_package(emulated, request.getfixturevalue("package_zip"))
-    check_model(emulated)
-    return emulated
+    try:
+        import_package(emulated, request.getfixturevalue("package_zip"))
+        check_model(emulated)
+    except TargetError as error:
+        message = str(error)
+    else:
+        return emulated
+    pytest.fail(message, pytrace=False)
 
 
 class Sandbox:
