@@ -23,7 +23,7 @@ import urllib3
 from cloudshell.api.cloudshell_api import AttributeNameValue, CloudShellAPISession
 from cloudshell.api.common_cloudshell_api import CloudShellAPIError
 
-from cloudshell_mutex import DefaultPacing, ReservationMutex, protocol
+from cloudshell_mutex import ReservationMutex, protocol
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -275,7 +275,6 @@ def lock_worker(
                     reservation_id,
                     owner=f"contract worker {index}",
                     timeout=max(60.0, target.timeout),
-                    pacing=DefaultPacing(first=0.01, base=0.02, cap=0.2),
                 )
                 with lock:
                     report["holds"].append(_critical_section(api, reservation_id, counter_alias, lock.token))

@@ -14,13 +14,12 @@ from typing import Any, Dict, List
 import pytest
 from contract_support import add_mutex, attributes, lock_worker, owner_of
 
-from cloudshell_mutex import DefaultPacing, MutexTimeout, ReservationMutex, protocol
+from cloudshell_mutex import MutexTimeout, ReservationMutex, protocol
 from original_protocol import OriginalMutex
 
 pytestmark = [pytest.mark.integration, pytest.mark.contract]
 
 MUTEX = protocol.DEFAULT_ALIAS
-FAST = DefaultPacing(first=0.02, base=0.05, cap=0.3)
 
 
 def run_workers(sandbox, unique, kinds: List[str], rounds: int) -> List[Dict[str, Any]]:
@@ -81,9 +80,7 @@ def test_two_processes_using_the_lock_exclude_each_other(sandbox, unique) -> Non
 def test_a_timeout_names_the_holder_and_removes_nothing(sandbox) -> None:
     holder = ReservationMutex(sandbox.api, sandbox.id, owner="contract holder", timeout=30)
     holder.acquire()
-    waiter = ReservationMutex(
-        sandbox.target.session(), sandbox.id, owner="contract waiter", timeout=1.0, pacing=FAST
-    )
+    waiter = ReservationMutex(sandbox.target.session(), sandbox.id, owner="contract waiter", timeout=1.0)
     with pytest.raises(MutexTimeout) as caught:
         waiter.acquire()
     assert "contract holder" in str(caught.value)
@@ -109,7 +106,7 @@ def test_the_lock_and_the_original_protocol_exclude_each_other(sandbox, variant:
     )
     original.__enter__()
     assert original.acquired
-    lock = ReservationMutex(sandbox.api, sandbox.id, owner="contract lock", timeout=30, pacing=FAST)
+    lock = ReservationMutex(sandbox.api, sandbox.id, owner="contract lock", timeout=30)
     assert lock.acquire(blocking=False) is False, "the lock was granted while the original held MUTEX"
     assert owner_of(sandbox.api, sandbox.id, MUTEX) == ("" if variant == "v1" else "original holder")
     original.__exit__(None, None, None)
