@@ -13,7 +13,8 @@ import sys
 from typing import Dict, Iterator
 
 import pytest
-from contract_support import ROOT, TargetError, check_reachable, live_target
+import urllib3
+from contract_support import ROOT, Target, TargetError, check_reachable, live_target
 
 pytestmark = [pytest.mark.integration, pytest.mark.contract]
 
@@ -67,6 +68,22 @@ def test_settings_and_defaults() -> None:
     assert (target.user, target.domain, target.live) == ("admin", "Global", True)
     assert SECRET not in repr(target)
     assert live_target({}) is None  # no CLOUDSHELL_TEST_HOST: the emulator
+
+
+def test_sessions_time_out_on_a_server_that_never_answers() -> None:
+    """A server that accepts connections but never answers passes the TCP check: the session's own
+    timeout must end the call (the client sets none of its own)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the kernel completes connections; nobody reads or answers
+        port = silent.getsockname()[1]
+        check_reachable("127.0.0.1", port, "silent server", "nothing")
+        target = Target("127.0.0.1", port, 9000, "admin", SECRET, "Global", live=True, timeout=0.5)
+        with pytest.raises(urllib3.exceptions.HTTPError) as caught:
+            target.session(max_attempts=1)  # the constructor logs on: the first call
+    assert isinstance(caught.value, urllib3.exceptions.ReadTimeoutError) or isinstance(
+        getattr(caught.value, "reason", None), urllib3.exceptions.ReadTimeoutError
+    ), repr(caught.value)
 
 
 def test_the_suite_fails_at_once_against_an_unreachable_server(closed_port: int) -> None:
