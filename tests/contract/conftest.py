@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, Optional
 
 import pytest
 from cloudshell.rest.api import PackagingRestApiClient
@@ -171,7 +171,7 @@ class Sandbox:
         self.id = reservation_id
         self.ended = False
 
-    def services(self) -> dict:
+    def services(self) -> Dict[str, Any]:
         """Services by alias (fresh read)."""
         return services(self.api, self.id)
 
