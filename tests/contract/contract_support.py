@@ -10,14 +10,16 @@ Must import on Python 3.9 (the unit run collects every test module).
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import queue
 import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import urllib3
 from cloudshell.api.cloudshell_api import AttributeNameValue, CloudShellAPISession
@@ -209,6 +211,34 @@ def is_contention(error: BaseException) -> bool:
         and error.code == protocol.CONTENTION_ERROR_CODE
         and protocol.CONTENTION_MESSAGE_FRAGMENT in error.message
     )
+
+
+def run_processes(
+    worker: Callable[..., None], arguments: Sequence[Tuple[Any, ...]], timeout: float = 600
+) -> List[Dict[str, Any]]:
+    """Run ``worker(*args, barrier, results)`` in one "spawn" process per ``args``; return their reports.
+
+    The workers share one barrier (so they start together) and put one report each (a dict with
+    ``index`` and ``error``) on ``results``. Reports come back sorted by index; any worker error fails.
+    """
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(len(arguments))
+    results = ctx.Queue()
+    processes = [ctx.Process(target=worker, args=(*args, barrier, results)) for args in arguments]
+    for process in processes:
+        process.start()
+    try:
+        reports = [results.get(timeout=timeout) for _ in processes]
+    except queue.Empty:
+        raise AssertionError(f"a worker process sent no report within {timeout} s") from None
+    finally:
+        for process in processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+    errors = [f"process {report['index']}: {report['error']}" for report in reports if report["error"]]
+    assert not errors, errors
+    return sorted(reports, key=lambda report: report["index"])
 
 
 # ---------------------------------------------------------------- workers (run in spawned processes)

@@ -7,12 +7,11 @@ the lock relies on (its wording is not documented, so it is not checked).
 
 from __future__ import annotations
 
-import multiprocessing
 from collections import Counter
 
 import pytest
 from cloudshell.api.common_cloudshell_api import CloudShellAPIError
-from contract_support import add_mutex, attributes, is_contention, race_size, race_worker
+from contract_support import add_mutex, attributes, is_contention, race_size, race_worker, run_processes
 
 from cloudshell_mutex import protocol
 
@@ -70,24 +69,7 @@ def test_the_add_is_atomic_exactly_one_winner_per_round_across_processes(sandbox
     """
     processes, rounds = race_size()
     aliases = [unique(f"race{round_}") for round_ in range(rounds)]
-    ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(processes)
-    results = ctx.Queue()
-    workers = [
-        ctx.Process(target=race_worker, args=(sandbox.target, sandbox.id, aliases, index, barrier, results))
-        for index in range(processes)
-    ]
-    for worker in workers:
-        worker.start()
-    try:
-        reports = sorted((results.get(timeout=300) for _ in workers), key=lambda r: r["index"])
-    finally:
-        for worker in workers:
-            worker.join(timeout=30)
-            if worker.is_alive():
-                worker.kill()
-    errors = [f"process {r['index']}: {r['error']}" for r in reports if r["error"]]
-    assert not errors, errors
+    reports = run_processes(race_worker, [(sandbox.target, sandbox.id, aliases, i) for i in range(processes)])
 
     stored = sandbox.services()
     for round_, alias in enumerate(aliases):

@@ -8,11 +8,10 @@ reads fresh and writes + 1: an overlap would lose an update or reuse a value.
 
 from __future__ import annotations
 
-import multiprocessing
 from typing import Any, Dict, List
 
 import pytest
-from contract_support import add_mutex, attributes, lock_worker, owner_of
+from contract_support import add_mutex, attributes, lock_worker, owner_of, run_processes
 
 from cloudshell_mutex import MutexTimeout, ReservationMutex, protocol
 from original_protocol import OriginalMutex
@@ -26,27 +25,10 @@ def run_workers(sandbox, unique, kinds: List[str], rounds: int) -> List[Dict[str
     """One spawned process per kind, ``rounds`` locked increments each; check exclusion; return reports."""
     counter = unique("counter")
     add_mutex(sandbox.api, sandbox.id, counter, "0")
-    ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(len(kinds))
-    results = ctx.Queue()
-    workers = [
-        ctx.Process(
-            target=lock_worker,
-            args=(sandbox.target, sandbox.id, counter, kind, index, rounds, barrier, results),
-        )
-        for index, kind in enumerate(kinds)
+    arguments = [
+        (sandbox.target, sandbox.id, counter, kind, index, rounds) for index, kind in enumerate(kinds)
     ]
-    for worker in workers:
-        worker.start()
-    try:
-        reports = [results.get(timeout=600) for _ in workers]
-    finally:
-        for worker in workers:
-            worker.join(timeout=30)
-            if worker.is_alive():
-                worker.kill()
-    errors = [f"{r['kind']} {r['index']}: {r['error']}" for r in reports if r["error"]]
-    assert not errors, errors
+    reports = run_processes(lock_worker, arguments)
     assert sum(r["gave_up"] for r in reports) == 0, "an original peer carried on without the lock"
 
     holds = sorted(hold for report in reports for hold in report["holds"])
