@@ -15,11 +15,12 @@ BIN := $(VENV)/bin
 ORCH_CORE := cloudshell-orch-core==4.5.0.5000
 PYTEST_ARGS ?=
 
-.PHONY: help venv venv39 test test-py39 lint clean emulator package
+.PHONY: help venv venv39 test test-py39 test-live lint clean emulator package
 
 help:
 	@echo "make emulator   run the CloudShell API emulator on 127.0.0.1:8029 (Quali API on 9000)"
 	@echo "make test       lint, the whole test suite, and the unit tests under Python 3.9"
+	@echo "make test-live  the contract suite (tests/contract) against a real CloudShell server (CLOUDSHELL_TEST_*)"
 	@echo "make package    build dist/Mutex_Package.zip and the library wheel (both reproducible)"
 	@echo "make lint       ruff"
 	@echo "make clean      remove the virtualenvs and build outputs"
@@ -48,6 +49,27 @@ lint: venv
 
 test: lint test-py39
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The contract suite against a real server; `make test` runs the same tests against the emulator.
+# Variables and their meaning: docs/contract.md (printed here when CLOUDSHELL_TEST_HOST is missing).
+# The settings are checked before the virtualenv is built, so that a missing one is reported at once.
+test-live:
+	@if [ -z "$$CLOUDSHELL_TEST_HOST" ]; then \
+		echo "make test-live runs tests/contract against a real CloudShell server. Set:"; \
+		echo "  CLOUDSHELL_TEST_HOST            the server's host name or address (required)"; \
+		echo "  CLOUDSHELL_TEST_PASSWORD        the user's password (required)"; \
+		echo "  CLOUDSHELL_TEST_USER            a user allowed to create sandboxes (default: admin)"; \
+		echo "  CLOUDSHELL_TEST_DOMAIN          the user's domain (default: Global)"; \
+		echo "  CLOUDSHELL_TEST_API_PORT        the Automation API port (default: 8029)"; \
+		echo "  CLOUDSHELL_TEST_QUALI_PORT      the Quali API port, for the package import (default: 9000)"; \
+		echo "  CLOUDSHELL_TEST_IMPORT_PACKAGE  1 = import this tree's Mutex_Package.zip first (needs an admin)"; \
+		echo "Optional: CLOUDSHELL_TEST_TIMEOUT, CLOUDSHELL_TEST_RACE_PROCESSES, CLOUDSHELL_TEST_RACE_ROUNDS,"; \
+		echo "CLOUDSHELL_TEST_END_SECONDS (docs/contract.md). Example:"; \
+		echo "  CLOUDSHELL_TEST_HOST=cs.example.com CLOUDSHELL_TEST_PASSWORD=... make test-live"; \
+		exit 2; \
+	fi
+	@$(MAKE) --no-print-directory venv
+	$(BIN)/python -m pytest -p no:cacheprovider tests/contract $(PYTEST_ARGS)
 
 # A non-editable install, so that what is tested is what a wheel ships.
 test-py39: venv39
