@@ -7,7 +7,9 @@ Needs the ``[driver]`` extra (cloudshell-shell-core).
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+import contextlib
+import json
+from typing import Any, Dict, Iterator, Optional
 
 
 def connectivity_context(host: str, port: int, token: str, quali_port: int = 9000) -> Any:
@@ -91,3 +93,68 @@ def autoload_context(host: str, port: int, token: str, resource: str) -> Any:
     from cloudshell.shell.core.driver_context import AutoLoadCommandContext
 
     return AutoLoadCommandContext(connectivity_context(host, port, token), resource_details(resource))
+
+
+def sandbox_environment(
+    host: str, port: int, token: str, reservation_id: str, user: str = "admin", domain: str = "Global"
+) -> Dict[str, str]:
+    """The environment variables CloudShell sets for an orchestration script (what orch-core's ``Sandbox()``
+    reads): ``qualiConnectivityContext``, ``reservationContext`` and ``reservationLifecycleContext``."""
+    connectivity = {
+        "serverAddress": host,
+        "tsAPIPort": str(port),
+        "adminAuthToken": token,
+        "adminUser": user,
+        "adminPass": "",  # CloudShell sends the token; the helpers read these keys all the same
+        "tsAPIScheme": "http",
+    }
+    reservation = {
+        "id": reservation_id,
+        "environmentName": "Demo",
+        "environmentPath": "Demo",
+        "domain": domain,
+        "description": "",
+        "ownerUser": user,
+        "ownerPass": "",
+        "savedSandboxId": "",
+        "runningUser": user,
+        "permittedUsers": [],
+        "parameters": {"globalInputs": [], "resourceRequirements": [], "resourceAdditionalInfo": []},
+    }
+    lifecycle = {
+        "reservationId": reservation_id,
+        "savedSandboxName": "",
+        "savedSandboxDescription": "",
+        "currentUserName": user,
+    }
+    return {
+        "qualiConnectivityContext": json.dumps(connectivity),
+        "reservationContext": json.dumps(reservation),
+        "reservationLifecycleContext": json.dumps(lifecycle),
+    }
+
+
+@contextlib.contextmanager
+def scripts_honour_api_port() -> Iterator[None]:
+    """Make ``cloudshell_scripts_helpers.get_api_session`` (used by orch-core's ``Sandbox()``) connect to the
+    port in ``qualiConnectivityContext.tsAPIPort``.
+
+    The helper ignores that field and always calls port 8029, which is where a real server listens; the
+    emulator runs on a free port, so scripts run against it need this. The session is still the real
+    ``CloudShellAPISession``.
+    """
+    from cloudshell.helpers.scripts import cloudshell_scripts_helpers as helpers
+
+    original = helpers.CloudShellAPISession
+
+    def session_on_context_port(*args: Any, **kwargs: Any) -> Any:
+        port = helpers.get_connectivity_context_details_dict().get("tsAPIPort")
+        if port:
+            kwargs.setdefault("port", int(port))
+        return original(*args, **kwargs)
+
+    helpers.CloudShellAPISession = session_on_context_port
+    try:
+        yield
+    finally:
+        helpers.CloudShellAPISession = original
