@@ -8,14 +8,16 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from cloudshell.workflow.orchestration.sandbox import Sandbox
-from cloudshell.workflow.orchestration.workflow import Workflow
 
 from cloudshell_mutex import DefaultPacing, ReservationMutex
 from cloudshell_mutex.demo.contexts import sandbox_environment, scripts_honour_api_port
 from cloudshell_mutex.orchestration import report_left_behind_lock, sandbox_mutex, with_sandbox_mutex
 
 pytestmark = pytest.mark.integration
+
+# orch-core is installed (without its pins) in .venv only; the Python 3.9 unit run deselects this module.
+Sandbox = pytest.importorskip("cloudshell.workflow.orchestration.sandbox").Sandbox
+Workflow = pytest.importorskip("cloudshell.workflow.orchestration.workflow").Workflow
 
 FAST = DefaultPacing(first=0.01, base=0.02, cap=0.05)
 
@@ -66,14 +68,6 @@ def test_any_object_with_automation_api_and_id_works(emu, rid):
     with sandbox_mutex(script, owner="My script", name="CONFIG") as lock:
         assert lock.holder().alias == "CONFIG"
     assert aliases(emu, rid) == []
-
-
-@pytest.mark.parametrize(
-    "thing", [None, SimpleNamespace(id="r"), SimpleNamespace(automation_api=object(), id="")]
-)
-def test_something_that_is_not_a_sandbox_is_refused(thing):
-    with pytest.raises(TypeError, match=r"\.automation_api .* and \.id"), sandbox_mutex(thing):
-        pass
 
 
 def run_stage(sandbox, steps):
