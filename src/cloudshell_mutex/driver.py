@@ -164,6 +164,16 @@ class ReservationMutexMixin:
             options["logger"] = _context_logger(context)
         return ReservationMutex(api, reservation_id, name=name, **options)
 
+    def cloudshell_api(self, context: Any) -> Any:
+        """The ``CloudShellAPISession`` the locks of this ``context`` use, for the command's own calls.
+
+        Built like the lock's (the context's server, API port and admin token, the reservation's domain)
+        and reused the same way, so a command that locks and calls the API logs on once.
+        """
+        reservation = getattr(context, "reservation", None) or getattr(context, "remote_reservation", None)
+        domain = str(getattr(reservation, "domain", "") or "Global")
+        return self._reservation_mutex_session(_session_key(context, domain))
+
     def close_reservation_mutex_sessions(self) -> None:
         """Close the API sessions opened for locks (call it from the driver's ``cleanup()``)."""
         sessions = self.__dict__.pop("_reservation_mutex_sessions", None)
