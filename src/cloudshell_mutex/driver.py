@@ -18,6 +18,9 @@ API port**: shell-core's ``CloudShellSessionContext`` always uses 8029), the res
 shell-core's ``LoggingSessionContext`` when it is installed, and the owner label from the resource's
 name and the command's name. Sessions are reused per (server, port, token) by one driver object and
 closed by :meth:`ReservationMutexMixin.close_reservation_mutex_sessions`; the token is never logged.
+The lock's sessions have a socket timeout (``reservation_mutex_api_timeout``), so a hung call cannot outlive
+the lock's timeout; :meth:`ReservationMutexMixin.cloudshell_api` gives the command its own session without
+one, as CloudShell's does, because commands such as ``ExecuteCommand`` may run for long.
 """
 
 from __future__ import annotations
@@ -38,9 +41,10 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 #: The CloudShell API port when the context names none (CloudShell's own default).
 DEFAULT_API_PORT = 8029
 #: Sessions one driver object keeps open at most (one per server/port/token; tokens change rarely).
-MAX_CACHED_SESSIONS = 4
+MAX_CACHED_SESSIONS = 8
 
-_SessionKey = Tuple[str, str, int, str, str]
+#: (scheme, host, port, domain, token, socket timeout)
+_SessionKey = Tuple[str, str, int, str, str, Optional[float]]
 
 
 def context_reservation(context: Any) -> Any:
@@ -77,7 +81,7 @@ def _api_port(connectivity: Any) -> int:
     return port
 
 
-def _session_key(context: Any, domain: str) -> _SessionKey:
+def _session_key(context: Any, domain: str, timeout: Optional[float]) -> _SessionKey:
     connectivity = getattr(context, "connectivity", None)
     host = str(getattr(connectivity, "server_address", "") or "").strip()
     token = str(getattr(connectivity, "admin_auth_token", "") or "")
@@ -87,13 +91,13 @@ def _session_key(context: Any, domain: str) -> _SessionKey:
             "CloudShell gave the command (not a hand-made one without connectivity)"
         )
     scheme = str(getattr(connectivity, "cloudshell_api_scheme", "") or "http").strip().lower()
-    return scheme, host, _api_port(connectivity), domain, token
+    return scheme, host, _api_port(connectivity), domain, token, timeout
 
 
-def _open_session(key: _SessionKey, timeout: Optional[float]) -> Any:
+def _open_session(key: _SessionKey) -> Any:
     from cloudshell.api.cloudshell_api import CloudShellAPISession
 
-    scheme, host, port, domain, token = key
+    scheme, host, port, domain, token, timeout = key
     extra = {} if timeout is None else {"timeout": timeout}  # urllib3's socket timeout; the client sets none
     return CloudShellAPISession(
         host=host,
@@ -155,7 +159,9 @@ class ReservationMutexMixin:
         reservation = context_reservation(context)
         reservation_id = str(reservation.reservation_id).strip()
         domain = str(getattr(reservation, "domain", "") or "Global")
-        api = self._reservation_mutex_session(_session_key(context, domain))
+        api = self._reservation_mutex_session(
+            _session_key(context, domain, self.reservation_mutex_api_timeout)
+        )
         if "owner" not in options:
             resource = str(getattr(getattr(context, "resource", None), "name", "") or "driver")
             label = command if command is not None else _calling_command(1)
@@ -164,15 +170,16 @@ class ReservationMutexMixin:
             options["logger"] = _context_logger(context)
         return ReservationMutex(api, reservation_id, name=name, **options)
 
-    def cloudshell_api(self, context: Any) -> Any:
-        """The ``CloudShellAPISession`` the locks of this ``context`` use, for the command's own calls.
+    def cloudshell_api(self, context: Any, timeout: Optional[float] = None) -> Any:
+        """A ``CloudShellAPISession`` for the command's own calls: what shell-core's
+        ``CloudShellSessionContext`` gives, but on the context's API port; reused by this object per token.
 
-        Built like the lock's (the context's server, API port and admin token, the reservation's domain)
-        and reused the same way, so a command that locks and calls the API logs on once.
+        ``timeout`` is its socket timeout in seconds; None (the default, as in CloudShell's own sessions)
+        suits calls that run for long, such as ``ExecuteCommand``.
         """
         reservation = getattr(context, "reservation", None) or getattr(context, "remote_reservation", None)
         domain = str(getattr(reservation, "domain", "") or "Global")
-        return self._reservation_mutex_session(_session_key(context, domain))
+        return self._reservation_mutex_session(_session_key(context, domain, timeout))
 
     def close_reservation_mutex_sessions(self) -> None:
         """Close the API sessions opened for locks (call it from the driver's ``cleanup()``)."""
@@ -190,7 +197,7 @@ class ReservationMutexMixin:
                 sessions.move_to_end(key)
                 return api
         # Logging on is a network call: not under the guard. Two threads may both open one; the last wins.
-        api = _open_session(key, self.reservation_mutex_api_timeout)
+        api = _open_session(key)
         with guard:
             sessions = self.__dict__.setdefault("_reservation_mutex_sessions", OrderedDict())
             sessions[key] = api
@@ -232,5 +239,9 @@ def with_reservation_mutex(function: Optional[_F] = None, *, name: str = "MUTEX"
         return cast(_F, run_locked)
 
     if function is not None:
+        if not callable(function):  # @with_reservation_mutex("CONFIG"): the alias given positionally
+            raise TypeError(
+                "with_reservation_mutex takes its options by keyword: @with_reservation_mutex(name=...)"
+            )
         return decorate(function)
     return decorate

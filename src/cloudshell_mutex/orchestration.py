@@ -94,6 +94,8 @@ def with_sandbox_mutex(
         return cast(_F, run_locked)
 
     if function is not None:
+        if not callable(function):  # @with_sandbox_mutex("Setup"): the alias given positionally
+            raise TypeError("with_sandbox_mutex takes its options by keyword: @with_sandbox_mutex(owner=...)")
         return decorate(function)
     return decorate
 

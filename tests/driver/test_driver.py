@@ -171,3 +171,21 @@ def test_logs_go_to_the_command_log_and_never_hold_the_token(emu, rid, tmp_path,
     text = "".join(Path(f).read_text(errors="replace") for f in log_files) + caplog.text
     assert "MUTEX" in text
     assert token not in text
+
+
+def test_the_commands_own_session_has_no_socket_timeout_and_the_locks_has_one(emu, rid):
+    driver = Driver()
+    context = context_for(emu, rid)
+    own = driver.cloudshell_api(context)
+    assert driver.cloudshell_api(context) is own  # reused
+    lock_api = driver.reservation_mutex(context)._api
+    assert lock_api is not own
+    # urllib3's pool-wide timeout: none for the command (ExecuteCommand may run long), 60 s for the lock.
+    assert own._http.connection_pool_kw.get("timeout") is None
+    assert lock_api._http.connection_pool_kw.get("timeout") == Driver.reservation_mutex_api_timeout == 60.0
+    assert own.port == lock_api.port == str(emu.port)
+
+
+def test_options_given_positionally_to_the_decorator_are_refused():
+    with pytest.raises(TypeError, match=r"by keyword: @with_reservation_mutex\(name=...\)"):
+        with_reservation_mutex("CONFIG")

@@ -28,3 +28,8 @@ def test_the_wrapper_refuses_a_non_sandbox_when_the_step_runs():
 def test_the_teardown_report_refuses_a_non_sandbox():
     with pytest.raises(TypeError, match="Sandbox"):
         report_left_behind_lock(SimpleNamespace(automation_api=None, id="r"))
+
+
+def test_options_given_positionally_to_the_wrapper_are_refused():
+    with pytest.raises(TypeError, match=r"by keyword: @with_sandbox_mutex\(owner=...\)"):
+        with_sandbox_mutex("Setup")
