@@ -141,8 +141,8 @@ class ReservationMutexMixin:
 
     List it next to ``ResourceDriverInterface`` in the driver's bases. It keeps no state that the driver
     must initialise; call :meth:`close_reservation_mutex_sessions` from the driver's ``cleanup()``.
-    ``reservation_mutex_api_timeout`` (seconds, None = none) is the socket timeout of the sessions it
-    opens, so that a hung call cannot outlive the lock's timeout.
+    ``reservation_mutex_api_timeout`` (seconds, None = none) is the socket timeout of the locks'
+    sessions, so that a hung call cannot outlive the lock's timeout.
     """
 
     reservation_mutex_api_timeout: Optional[float] = 60.0
@@ -182,7 +182,7 @@ class ReservationMutexMixin:
         return self._reservation_mutex_session(_session_key(context, domain, timeout))
 
     def close_reservation_mutex_sessions(self) -> None:
-        """Close the API sessions opened for locks (call it from the driver's ``cleanup()``)."""
+        """Close the API sessions this object opened (call it from the driver's ``cleanup()``)."""
         sessions = self.__dict__.pop("_reservation_mutex_sessions", None)
         for api in (sessions or {}).values():
             _close_session(api)
@@ -196,11 +196,15 @@ class ReservationMutexMixin:
             if api is not None:
                 sessions.move_to_end(key)
                 return api
-        # Logging on is a network call: not under the guard. Two threads may both open one; the last wins.
+        # Logging on is a network call: not under the guard. Two threads may both open one; the first kept
+        # wins and the other is closed.
         api = _open_session(key)
         with guard:
             sessions = self.__dict__.setdefault("_reservation_mutex_sessions", OrderedDict())
-            sessions[key] = api
+            kept = sessions.setdefault(key, api)
+            if kept is not api:
+                _close_session(api)
+                return kept
             while len(sessions) > MAX_CACHED_SESSIONS:
                 _close_session(sessions.popitem(last=False)[1])
         return api

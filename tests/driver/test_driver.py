@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -189,3 +191,30 @@ def test_the_commands_own_session_has_no_socket_timeout_and_the_locks_has_one(em
 def test_options_given_positionally_to_the_decorator_are_refused():
     with pytest.raises(TypeError, match=r"by keyword: @with_reservation_mutex\(name=...\)"):
         with_reservation_mutex("CONFIG")
+
+
+def test_concurrent_commands_on_one_driver_object_take_turns(emu, rid):
+    # CloudShell runs commands of a SupportsConcurrentCommands driver in threads of one driver object.
+    intervals = []
+
+    class Concurrent(Driver):
+        @with_reservation_mutex(pacing=FAST)
+        def slow_command(self, context):
+            start = time.monotonic()
+            time.sleep(0.2)
+            intervals.append((start, time.monotonic()))
+
+    driver = Concurrent()
+    token = emu.issue_token()
+    threads = [
+        threading.Thread(target=driver.slow_command, args=(context_for(emu, rid, token=token),))
+        for _ in range(3)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    spans = sorted(intervals)
+    assert len(spans) == 3
+    assert all(earlier[1] <= later[0] for earlier, later in zip(spans, spans[1:]))
+    assert len(vars(driver)["_reservation_mutex_sessions"]) == 1  # one session for the token, however raced
