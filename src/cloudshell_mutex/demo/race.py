@@ -188,7 +188,8 @@ def _driver_process(
             try:
                 command(context, new_resource)
             except CloudShellAPIError as error:  # a driver stops at its first failed call
-                errors.append(f"{error.code}: {error.message}")
+                # The sandbox's id only lengthens the report: every round runs in the same sandbox.
+                errors.append(f"{error.code}: {error.message}".replace(f" '{reservation_id}'", " <sandbox>"))
             except Exception as error:  # reported as a failure of the round, never hidden
                 errors.append(f"{type(error).__name__}: {error}")
             results.put((index, resource, errors))
