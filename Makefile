@@ -15,9 +15,10 @@ BIN := $(VENV)/bin
 ORCH_CORE := cloudshell-orch-core==4.5.0.5000
 PYTEST_ARGS ?=
 
-.PHONY: help venv venv39 test test-py39 test-live lint clean emulator package
+.PHONY: help venv venv39 test test-py39 test-live lint clean emulator package demo
 
 help:
+	@echo "make demo       two drivers race to rewire one sandbox, without and with the lock (under a minute)"
 	@echo "make emulator   run the CloudShell API emulator on 127.0.0.1:8029 (Quali API on 9000)"
 	@echo "make test       lint, the whole test suite, and the unit tests under Python 3.9"
 	@echo "make test-live  the contract suite (tests/contract) against a real CloudShell server (CLOUDSHELL_TEST_*)"
@@ -75,6 +76,10 @@ test-live:
 test-py39: venv39
 	$(VENV39)/bin/python -m pip install --quiet --no-deps --force-reinstall .
 	$(VENV39)/bin/python -m pytest -p no:cacheprovider -q -m "not integration" tests
+
+# Builds the package, starts the embedded emulator on free ports and races two driver processes.
+demo: venv
+	$(BIN)/python -m cloudshell_mutex.demo
 
 emulator: venv
 	$(BIN)/cloudshell-mutex emulator

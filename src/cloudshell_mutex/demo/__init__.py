@@ -1,0 +1,1 @@
+"""``make demo``: two drivers race to rewire one sandbox, first without the lock, then with it."""

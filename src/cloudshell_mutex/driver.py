@@ -1,0 +1,251 @@
+"""The reservation lock for CloudShell drivers (cloudshell-shell-core command contexts).
+
+A driver class lists :class:`ReservationMutexMixin` next to ``ResourceDriverInterface``; each command then
+takes the lock of its own sandbox with one line::
+
+    class RouterDriver(ResourceDriverInterface, ReservationMutexMixin):
+        def change_topology(self, context):
+            with self.reservation_mutex(context):
+                ...
+
+        @with_reservation_mutex(timeout=600)
+        def reconnect(self, context, port):
+            ...  # the whole command runs under the lock
+
+The session is built from the context's connectivity (server address, admin token and **the context's
+API port**: shell-core's ``CloudShellSessionContext`` always uses 8029), the reservation from
+``context.reservation`` or, for remote commands, ``context.remote_reservation``, the logger from
+shell-core's ``LoggingSessionContext`` when it is installed, and the owner label from the resource's
+name and the command's name. Sessions are reused per (server, port, token) by one driver object and
+closed by :meth:`ReservationMutexMixin.close_reservation_mutex_sessions`; the token is never logged.
+The lock's sessions have a socket timeout (``reservation_mutex_api_timeout``), so a hung call cannot outlive
+the lock's timeout; :meth:`ReservationMutexMixin.cloudshell_api` gives the command its own session without
+one, as CloudShell's does, because commands such as ``ExecuteCommand`` may run for long.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import threading
+from collections import OrderedDict
+from typing import Any, Callable, Optional, Tuple, TypeVar, cast
+
+from cloudshell_mutex import MutexUsageError, ReservationMutex
+
+__all__ = ["ReservationMutexMixin", "context_reservation", "with_reservation_mutex"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+#: The CloudShell API port when the context names none (CloudShell's own default).
+DEFAULT_API_PORT = 8029
+#: Sessions one driver object keeps open at most (one per server/port/token; tokens change rarely).
+MAX_CACHED_SESSIONS = 8
+
+#: (scheme, host, port, domain, token, socket timeout)
+_SessionKey = Tuple[str, str, int, str, str, Optional[float]]
+
+
+def context_reservation(context: Any) -> Any:
+    """The reservation details of a driver command context.
+
+    ``context.reservation`` for a ``ResourceCommandContext``, ``context.remote_reservation`` for a
+    ``ResourceRemoteCommandContext``. Raises :class:`MutexUsageError` for contexts that belong to no
+    sandbox (``AutoLoadCommandContext``, ``InitCommandContext``, ``UnreservedResourceCommandContext``).
+    """
+    for field in ("reservation", "remote_reservation"):
+        reservation = getattr(context, field, None)
+        if reservation is not None and str(getattr(reservation, "reservation_id", "") or "").strip():
+            return reservation
+    raise MutexUsageError(
+        f"a {type(context).__name__} belongs to no reservation, so it has no reservation lock: take the lock "
+        "only in commands that run in a sandbox (ResourceCommandContext or ResourceRemoteCommandContext), "
+        "not in initialize, get_inventory (autoload) or commands on unreserved resources"
+    )
+
+
+def _api_port(connectivity: Any) -> int:
+    value = getattr(connectivity, "cloudshell_api_port", None)
+    if value in (None, ""):
+        return DEFAULT_API_PORT
+    try:
+        port = int(str(value).strip())
+    except ValueError:
+        port = 0
+    if not 0 < port < 65536:
+        raise MutexUsageError(
+            f"the context's connectivity.cloudshell_api_port is {value!r}; it must be the CloudShell API "
+            f"port (a number from 1 to 65535, {DEFAULT_API_PORT} by default)"
+        )
+    return port
+
+
+def _session_key(context: Any, domain: str, timeout: Optional[float]) -> _SessionKey:
+    connectivity = getattr(context, "connectivity", None)
+    host = str(getattr(connectivity, "server_address", "") or "").strip()
+    token = str(getattr(connectivity, "admin_auth_token", "") or "")
+    if not host or not token:
+        raise MutexUsageError(
+            "the context's connectivity has no server_address or admin_auth_token; pass the context that "
+            "CloudShell gave the command (not a hand-made one without connectivity)"
+        )
+    scheme = str(getattr(connectivity, "cloudshell_api_scheme", "") or "http").strip().lower()
+    return scheme, host, _api_port(connectivity), domain, token, timeout
+
+
+def _open_session(key: _SessionKey) -> Any:
+    from cloudshell.api.cloudshell_api import CloudShellAPISession
+
+    scheme, host, port, domain, token, timeout = key
+    extra = {} if timeout is None else {"timeout": timeout}  # urllib3's socket timeout; the client sets none
+    return CloudShellAPISession(
+        host=host,
+        username=None,
+        password=None,
+        domain=domain,
+        token_id=token,
+        port=port,
+        cloudshell_api_scheme=scheme,
+        **extra,
+    )
+
+
+def _close_session(api: Any) -> None:
+    # CloudShellAPISession has no close(); its connections live in a urllib3 PoolManager.
+    pool = getattr(api, "_http", None)
+    if pool is not None and callable(getattr(pool, "clear", None)):
+        pool.clear()
+
+
+def _context_logger(context: Any) -> Optional[logging.Logger]:
+    try:
+        from cloudshell.shell.core.session.logging_session import LoggingSessionContext
+    except ImportError:  # shell-core is the [driver] extra; without it the lock logs nowhere
+        return None
+    try:
+        return LoggingSessionContext.get_logger_with_thread_id(context)
+    except Exception:  # a context shell-core does not know (a subclass, a test double): no log file
+        return None
+
+
+def _calling_command(depth: int) -> str:
+    frame = inspect.currentframe()
+    for _ in range(depth + 1):
+        frame = frame.f_back if frame is not None else None
+    return frame.f_code.co_name if frame is not None else ""
+
+
+class ReservationMutexMixin:
+    """Gives a CloudShell driver :meth:`reservation_mutex`: the lock of the sandbox a command runs in.
+
+    List it next to ``ResourceDriverInterface`` in the driver's bases. It keeps no state that the driver
+    must initialise; call :meth:`close_reservation_mutex_sessions` from the driver's ``cleanup()``.
+    ``reservation_mutex_api_timeout`` (seconds, None = none) is the socket timeout of the locks'
+    sessions, so that a hung call cannot outlive the lock's timeout.
+    """
+
+    reservation_mutex_api_timeout: Optional[float] = 60.0
+
+    def reservation_mutex(
+        self, context: Any, name: str = "MUTEX", *, command: Optional[str] = None, **options: Any
+    ) -> ReservationMutex:
+        """A :class:`ReservationMutex` on the sandbox of this command's ``context`` (not acquired yet).
+
+        ``name`` is the lock's service alias. ``command`` names the command in the owner label
+        (default: the calling method's name); ``owner=`` replaces the whole label. Other keyword
+        options go to :class:`ReservationMutex` (``timeout``, ``pacing``, ``logger``, ...).
+        """
+        reservation = context_reservation(context)
+        reservation_id = str(reservation.reservation_id).strip()
+        domain = str(getattr(reservation, "domain", "") or "Global")
+        api = self._reservation_mutex_session(
+            _session_key(context, domain, self.reservation_mutex_api_timeout)
+        )
+        if "owner" not in options:
+            resource = str(getattr(getattr(context, "resource", None), "name", "") or "driver")
+            label = command if command is not None else _calling_command(1)
+            options["owner"] = f"{resource} {label}".strip()
+        if "logger" not in options:
+            options["logger"] = _context_logger(context)
+        return ReservationMutex(api, reservation_id, name=name, **options)
+
+    def cloudshell_api(self, context: Any, timeout: Optional[float] = None) -> Any:
+        """A ``CloudShellAPISession`` for the command's own calls: what shell-core's
+        ``CloudShellSessionContext`` gives, but on the context's API port; reused by this object per token.
+
+        ``timeout`` is its socket timeout in seconds; None (the default, as in CloudShell's own sessions)
+        suits calls that run for long, such as ``ExecuteCommand``.
+        """
+        reservation = getattr(context, "reservation", None) or getattr(context, "remote_reservation", None)
+        domain = str(getattr(reservation, "domain", "") or "Global")
+        return self._reservation_mutex_session(_session_key(context, domain, timeout))
+
+    def close_reservation_mutex_sessions(self) -> None:
+        """Close the API sessions this object opened (call it from the driver's ``cleanup()``)."""
+        sessions = self.__dict__.pop("_reservation_mutex_sessions", None)
+        for api in (sessions or {}).values():
+            _close_session(api)
+
+    def _reservation_mutex_session(self, key: _SessionKey) -> Any:
+        # Commands of one driver object may run in parallel threads (SupportsConcurrentCommands).
+        guard = self.__dict__.setdefault("_reservation_mutex_guard", threading.Lock())
+        with guard:
+            sessions: OrderedDict = self.__dict__.setdefault("_reservation_mutex_sessions", OrderedDict())
+            api = sessions.get(key)
+            if api is not None:
+                sessions.move_to_end(key)
+                return api
+        # Logging on is a network call: not under the guard. Two threads may both open one; the first kept
+        # wins and the other is closed.
+        api = _open_session(key)
+        with guard:
+            sessions = self.__dict__.setdefault("_reservation_mutex_sessions", OrderedDict())
+            kept = sessions.setdefault(key, api)
+            if kept is not api:
+                _close_session(api)
+                return kept
+            while len(sessions) > MAX_CACHED_SESSIONS:
+                _close_session(sessions.popitem(last=False)[1])
+        return api
+
+
+def with_reservation_mutex(function: Optional[_F] = None, *, name: str = "MUTEX", **options: Any) -> Any:
+    """Run a whole driver command under the reservation lock of its sandbox.
+
+    Use it bare (``@with_reservation_mutex``) or with options (``@with_reservation_mutex(timeout=600)``;
+    ``name`` and every :meth:`ReservationMutexMixin.reservation_mutex` option). The command must be a
+    method of a :class:`ReservationMutexMixin` driver whose first argument after ``self`` is the context
+    (or that takes ``context=``); the owner label names the command.
+    """
+
+    def decorate(command: _F) -> _F:
+        signature = inspect.signature(command)
+
+        @functools.wraps(command)
+        def run_locked(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if not isinstance(self, ReservationMutexMixin):
+                raise TypeError(
+                    f"@with_reservation_mutex is on {command.__qualname__}, but {type(self).__name__} does "
+                    "not subclass ReservationMutexMixin: add it to the driver class's bases"
+                )
+            bound = signature.bind(self, *args, **kwargs)
+            context = bound.arguments.get("context")
+            if context is None:
+                positional = list(bound.arguments.values())
+                context = positional[1] if len(positional) > 1 else None
+            if context is None:
+                raise TypeError(f"{command.__qualname__} needs the command context as its first argument")
+            lock = self.reservation_mutex(context, name, command=command.__name__, **options)
+            with lock:
+                return command(self, *args, **kwargs)
+
+        return cast(_F, run_locked)
+
+    if function is not None:
+        if not callable(function):  # @with_reservation_mutex("CONFIG"): the alias given positionally
+            raise TypeError(
+                "with_reservation_mutex takes its options by keyword: @with_reservation_mutex(name=...)"
+            )
+        return decorate(function)
+    return decorate

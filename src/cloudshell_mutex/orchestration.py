@@ -1,0 +1,152 @@
+"""The reservation lock for orchestration scripts (setup, teardown, any sandbox script).
+
+Works with a cloudshell-orch-core ``Sandbox`` or any object with ``.automation_api`` (a
+``CloudShellAPISession``) and ``.id`` (the reservation id); it does not import orch-core::
+
+    from cloudshell.workflow.orchestration.sandbox import Sandbox
+    from cloudshell_mutex.orchestration import sandbox_mutex, with_sandbox_mutex, report_left_behind_lock
+
+    sandbox = Sandbox()
+    with sandbox_mutex(sandbox, owner="Setup"):
+        ...                                              # one block under the lock
+
+    sandbox.workflow.add_to_configuration(with_sandbox_mutex(configure_routers), None)  # a whole step
+    sandbox.workflow.add_to_teardown(report_left_behind_lock, None)                     # teardown report
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any, Callable, Iterator, Optional, Tuple, TypeVar, cast
+
+from cloudshell_mutex import Holder, MutexError, ReservationMutex
+
+__all__ = ["report_left_behind_lock", "sandbox_lock", "sandbox_mutex", "with_sandbox_mutex"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+#: Lock options that suit scripts: people watch the sandbox's output pane while setup runs.
+SCRIPT_DEFAULTS = {"progress": True}
+
+
+def _sandbox_parts(sandbox: Any) -> Tuple[Any, str]:
+    api = getattr(sandbox, "automation_api", None)
+    reservation_id = getattr(sandbox, "id", None)
+    if api is None or not isinstance(reservation_id, str) or not reservation_id.strip():
+        raise TypeError(
+            f"sandbox must be a cloudshell-orch-core Sandbox or an object with .automation_api (a "
+            f"CloudShellAPISession) and .id (the reservation id), got {type(sandbox).__name__}"
+        )
+    return api, reservation_id.strip()
+
+
+def sandbox_lock(
+    sandbox: Any, owner: str = "orchestration", name: str = "MUTEX", **options: Any
+) -> ReservationMutex:
+    """A :class:`ReservationMutex` on the sandbox's reservation, not acquired yet.
+
+    Uses the sandbox's session and its ``logger`` (when it has one); writes "waiting for ..." to the
+    sandbox output while it waits (``progress=True`` unless given). Options go to :class:`ReservationMutex`.
+    """
+    api, reservation_id = _sandbox_parts(sandbox)
+    for key, value in SCRIPT_DEFAULTS.items():
+        options.setdefault(key, value)
+    if "logger" not in options and getattr(sandbox, "logger", None) is not None:
+        options["logger"] = sandbox.logger
+    return ReservationMutex(api, reservation_id, owner=owner, name=name, **options)
+
+
+@contextlib.contextmanager
+def sandbox_mutex(
+    sandbox: Any, owner: str = "orchestration", name: str = "MUTEX", **options: Any
+) -> Iterator[ReservationMutex]:
+    """Hold the sandbox's reservation lock for the ``with`` block; yields the held lock.
+
+    ``owner`` labels the holder for people ("Setup", "Teardown"); ``name`` is the lock's alias. Every
+    other option goes to :class:`ReservationMutex` (``timeout``, ``pacing``, ...). Raises what
+    :meth:`ReservationMutex.acquire` raises (:class:`MutexTimeout` and friends); never runs the block
+    without the lock.
+    """
+    with sandbox_lock(sandbox, owner, name, **options) as lock:
+        yield lock
+
+
+def with_sandbox_mutex(
+    function: Optional[_F] = None, *, owner: Optional[str] = None, name: str = "MUTEX", **options: Any
+) -> Any:
+    """Wrap a workflow function ``fn(sandbox, components)`` so the whole step runs under the lock.
+
+    Bare (``with_sandbox_mutex(fn)``, ``@with_sandbox_mutex``) or with options
+    (``with_sandbox_mutex(owner="Routers", timeout=900)(fn)``). The owner label defaults to the function's
+    name. Steps of one stage run in parallel threads in orch-core; wrapped steps take turns, and so do
+    drivers and other scripts that use the same alias.
+    """
+
+    def decorate(step: _F) -> _F:
+        label = owner if owner is not None else step.__name__
+
+        @functools.wraps(step)
+        def run_locked(sandbox: Any, components: Any) -> Any:
+            with sandbox_mutex(sandbox, label, name, **options):
+                return step(sandbox, components)
+
+        return cast(_F, run_locked)
+
+    if function is not None:
+        if not callable(function):  # @with_sandbox_mutex("Setup"): the alias given positionally
+            raise TypeError("with_sandbox_mutex takes its options by keyword: @with_sandbox_mutex(owner=...)")
+        return decorate(function)
+    return decorate
+
+
+def report_left_behind_lock(sandbox: Any, components: Any = None, name: str = "MUTEX") -> Optional[Holder]:
+    """Report a lock still held when teardown runs: who holds it and when that was seen (server time).
+
+    Writes one line to the sandbox output (and its logger) and returns the :class:`Holder`, or returns
+    None when the lock is free. It only reports: it never removes the lock, because a holder may still be
+    working (a command that outlived its caller) and removing it would let a second party in. Taking over
+    a left-behind lock is the job of leases and an explicit force release, not of teardown.
+
+    Signature ``(sandbox, components)`` so that it is a workflow function itself:
+    ``sandbox.workflow.add_to_teardown(report_left_behind_lock, None)``. A failed read is reported, not
+    raised, so that teardown goes on.
+    """
+    api, reservation_id = _sandbox_parts(sandbox)
+    logger = getattr(sandbox, "logger", None)
+    lock = ReservationMutex(api, reservation_id, owner="teardown check", name=name, logger=logger)
+    try:
+        holder = lock.holder()
+    except MutexError as error:
+        _report(
+            api, reservation_id, logger, f"Could not check whether the {name} lock was left behind: {error}"
+        )
+        return None
+    if holder is None:
+        return None
+    seen_at = _server_time(api)
+    parts = [f"The {name} lock was left behind: held by {holder.label}"]
+    heartbeat = holder.attributes.get("Mutex Heartbeat", "")
+    if heartbeat:
+        parts.append(f"(last heartbeat {heartbeat})")
+    parts.append(f"as seen at {seen_at} (server time)." if seen_at else "as seen now.")
+    parts.append("Teardown only reports it and does not remove it.")
+    _report(api, reservation_id, logger, " ".join(parts))
+    return holder
+
+
+def _server_time(api: Any) -> str:
+    try:
+        return str(api.GetServerDateAndTime().ServerDateTime)
+    except Exception:  # the time only decorates the report; the report matters more
+        return ""
+
+
+def _report(api: Any, reservation_id: str, logger: Any, message: str) -> None:
+    if logger is not None:
+        logger.warning(message)
+    try:
+        api.WriteMessageToReservationOutput(reservation_id, message)
+    except Exception as error:
+        if logger is not None:
+            logger.warning("could not write to the reservation output: %s", type(error).__name__)
