@@ -45,8 +45,8 @@ $(VENV39)/bin/.installed: pyproject.toml
 venv39: $(VENV39)/bin/.installed
 
 lint: venv
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests examples
+	$(BIN)/ruff format --check src tests examples
 
 test: lint test-py39
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

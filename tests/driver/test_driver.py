@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from cloudshell.shell.core.resource_driver_interface import ResourceDriverInterface
 
-from cloudshell_mutex import DefaultPacing, MutexTimeout, MutexUsageError, ReservationMutex
+from cloudshell_mutex import MutexTimeout, MutexUsageError, ReservationMutex
 from cloudshell_mutex.demo.contexts import autoload_context, resource_command_context
 from cloudshell_mutex.driver import ReservationMutexMixin, with_reservation_mutex
+from cloudshell_mutex.lock.pacing import DefaultPacing
 
 pytestmark = pytest.mark.integration
 
@@ -180,7 +181,7 @@ def test_the_commands_own_session_has_no_socket_timeout_and_the_locks_has_one(em
     context = context_for(emu, rid)
     own = driver.cloudshell_api(context)
     assert driver.cloudshell_api(context) is own  # reused
-    lock_api = driver.reservation_mutex(context)._api
+    lock_api = driver.reservation_mutex(context).api
     assert lock_api is not own
     # urllib3's pool-wide timeout: none for the command (ExecuteCommand may run long), 60 s for the lock.
     assert own._http.connection_pool_kw.get("timeout") is None

@@ -9,8 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from cloudshell_mutex import DefaultPacing, ReservationMutex
+from cloudshell_mutex import ReservationMutex
 from cloudshell_mutex.demo.contexts import sandbox_environment, scripts_honour_api_port
+from cloudshell_mutex.lock.pacing import DefaultPacing
 from cloudshell_mutex.orchestration import report_left_behind_lock, sandbox_mutex, with_sandbox_mutex
 
 pytestmark = pytest.mark.integration

@@ -2,7 +2,7 @@
 
 It emulates documented and observed behaviour of the real server (see docs/emulator.md); it is not a
 CloudShell server. Start it with ``cloudshell-mutex emulator``, from tests with the pytest plugin
-``cloudshell_mutex.emulator.pytest_plugin``, or in code::
+``cloudshell_mutex.testing``, or in code::
 
     with Emulator(port=0, quali_port=0) as emu:
         api = emu.session()

@@ -116,6 +116,11 @@ class ReservationMutex:
     # ------------------------------------------------------------------ public API
 
     @property
+    def api(self) -> Any:
+        """The API session the lock makes its calls with."""
+        return self._alias.api
+
+    @property
     def reservation_id(self) -> str:
         """The reservation this lock is in."""
         return self._alias.reservation_id
