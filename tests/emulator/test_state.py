@@ -203,8 +203,8 @@ def test_fault_plan_queues_per_method_and_wildcard():
     plan = FaultPlan()
     plan.inject("AddServiceToReservation", "drop_after_commit", 2)
     plan.inject("*", "error_before_commit")
-    assert plan.take("AddServiceToReservation") == "drop_after_commit"
-    assert plan.take("GetReservationDetails") == "error_before_commit"
+    assert plan.take("AddServiceToReservation").kind == "drop_after_commit"
+    assert plan.take("GetReservationDetails").kind == "error_before_commit"
     assert plan.take("GetReservationDetails") is None
     assert plan.pending() == {"AddServiceToReservation": ["drop_after_commit"]}
     plan.clear()

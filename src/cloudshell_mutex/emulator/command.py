@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 import threading
 from typing import Any, Dict, Optional, Tuple
+
+from .faults import FAULT_KINDS, RandomFaults, fault_kind
 
 
 def _latency(text: str) -> Optional[Dict[str, Any]]:
@@ -22,16 +25,47 @@ def _latency(text: str) -> Optional[Dict[str, Any]]:
     raise argparse.ArgumentTypeError(f"latency must be LOW_MS or LOW_MS:HIGH_MS, got {text!r}")
 
 
-def _fault(text: str) -> Tuple[str, str, int]:
-    """``METHOD:KIND[:COUNT]``."""
-    parts = text.split(":")
-    if len(parts) not in (2, 3) or not all(parts):
-        raise argparse.ArgumentTypeError(f"fault must be METHOD:KIND[:COUNT], got {text!r}")
+_FAULT_FORM = "METHOD:KIND[:COUNT[:NAME=VALUE,...]]"
+
+
+def _fault_value(text: str) -> Any:
+    """A fault parameter value from the command line: JSON when it parses (numbers, true, null), else text."""
     try:
-        count = int(parts[2]) if len(parts) == 3 else 1
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _fault(text: str) -> Tuple[str, str, int, Dict[str, Any]]:
+    """``METHOD:KIND[:COUNT[:NAME=VALUE,...]]``, e.g. ``AddServiceToReservation:apply_late:1:delay=3``."""
+    parts = text.split(":", 3)
+    if len(parts) < 2 or not all(parts[:3]):
+        raise argparse.ArgumentTypeError(f"fault must be {_FAULT_FORM}, got {text!r}")
+    try:
+        count = int(parts[2]) if len(parts) > 2 else 1
     except ValueError:
         raise argparse.ArgumentTypeError(f"fault count must be a number, got {parts[2]!r}") from None
-    return parts[0], parts[1], count
+    params: Dict[str, Any] = {}
+    for item in parts[3].split(",") if len(parts) > 3 and parts[3] else ():
+        name, equals, value = item.partition("=")
+        if not equals or not name:
+            raise argparse.ArgumentTypeError(f"fault parameter must be NAME=VALUE, got {item!r} in {text!r}")
+        params[name] = _fault_value(value)
+    try:
+        fault_kind(parts[1]).check(params)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return parts[0], parts[1], count, params
+
+
+def _random_faults(text: str) -> Dict[str, Any]:
+    """A JSON object of random fault settings, checked now so that a typo stops the start."""
+    try:
+        settings = json.loads(text)
+        RandomFaults(settings)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"random faults: {error}") from None
+    return settings
 
 
 def register(subparsers: Any) -> None:
@@ -81,8 +115,17 @@ def register(subparsers: Any) -> None:
         action="append",
         default=[],
         type=_fault,
-        metavar="METHOD:KIND[:COUNT]",
-        help="queue a fault at start: KIND is error_before_commit or drop_after_commit; METHOD may be *",
+        metavar=_FAULT_FORM,
+        help="queue a fault at start (repeatable); METHOD may be *; KIND is one of "
+        f"{', '.join(FAULT_KINDS)}; e.g. RemoveServicesFromReservation:apply_late:1:delay=3,reply=hang "
+        "(docs/emulator.md)",
+    )
+    parser.add_argument(
+        "--random-faults",
+        type=_random_faults,
+        default=None,
+        metavar="JSON",
+        help='seeded random faults, e.g. \'{"seed": 7, "rates": {"apply_late": 0.02, "spike": 0.05}}\'',
     )
     parser.set_defaults(func=run)
 
@@ -106,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
             latency=latency,
             details_cache_seconds=args.details_cache_seconds,
             faults=args.fault,
+            random_faults=args.random_faults,
         )
         emulator.start()
     except (OSError, ValueError) as error:

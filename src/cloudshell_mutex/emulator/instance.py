@@ -21,9 +21,10 @@ class Emulator:
     ``port=0`` / ``quali_port=0`` pick free ports; :attr:`port` and :attr:`quali_port` are the bound
     ones after :meth:`start`. ``packages`` (paths or zip bytes) are imported at start, through the same
     code as the Quali API import. ``latency`` is a :class:`~cloudshell_mutex.emulator.faults.LatencyModel`
-    settings dict and ``faults`` a list of ``(method, kind[, count])`` queued at start (see
-    :meth:`EmulatorControl.inject_fault`). Use it as a context manager, or call :meth:`start` and
-    :meth:`stop`.
+    settings dict and ``faults`` a list of ``(method, kind[, count[, params]])`` queued at start (see
+    :meth:`EmulatorControl.inject_fault`); ``random_faults`` switches the seeded random fault mode on (a
+    :class:`~cloudshell_mutex.emulator.faults.RandomFaults` settings dict). Use it as a context manager,
+    or call :meth:`start` and :meth:`stop`.
     """
 
     def __init__(
@@ -39,6 +40,7 @@ class Emulator:
         details_cache_seconds: float = DEFAULT_DETAILS_CACHE_SECONDS,
         server_version: str = DEFAULT_SERVER_VERSION,
         faults: Iterable[Sequence[Any]] = (),
+        random_faults: Optional[Mapping[str, Any]] = None,
     ) -> None:
         self.host = host
         self.port = port
@@ -49,8 +51,11 @@ class Emulator:
         self._packages = list(packages)
         state = EmulatorState(admin_user, admin_password, admin_domain, details_cache_seconds)
         self.runtime = Runtime(state, latency=latency, server_version=server_version)
-        for fault in faults:  # (method, kind) or (method, kind, count)
+        for fault in faults:  # (method, kind), (method, kind, count) or (method, kind, count, params)
+            if isinstance(fault, (str, bytes)) or not 2 <= len(fault) <= 4:
+                raise ValueError(f"a fault is (method, kind[, count[, params]]), got {fault!r}")
             self.runtime.faults.inject(*fault)
+        self.runtime.faults.set_random(random_faults)
         self._api: Optional[ApiServer] = None
         self._quali: Optional[QualiServer] = None
         self._threads: List[threading.Thread] = []
@@ -93,6 +98,7 @@ class Emulator:
                 server.stop()
         for thread in self._threads:
             thread.join(timeout=5)
+        self.runtime.stop()
         self._api = self._quali = None
         self._threads = []
         self._own_session = None

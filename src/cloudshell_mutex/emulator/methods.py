@@ -66,17 +66,30 @@ def api_method(func: Handler) -> Handler:
     return func
 
 
-def dispatch(ctx: CallContext, method: str, params: Params) -> bytes:
-    """Run one API call and return the response envelope (failures included)."""
+def execute(ctx: CallContext, method: str, params: Params) -> Optional[Info]:
+    """Run one API call; raise ApiError for a ``Success="false"`` answer."""
     handler = METHODS.get(method)
     if handler is None:
-        return failure_response(method, UNKNOWN_COMMAND_ERROR, f"Command '{method}' does not exist")
+        raise ApiError(UNKNOWN_COMMAND_ERROR, f"Command '{method}' does not exist")
     try:
-        return success_response(method, handler(ctx, params))
-    except ApiError as error:
-        return failure_response(method, error.code, error.message)
+        return handler(ctx, params)
     except RequestError as error:
-        return failure_response(method, GENERIC_ERROR, f"Invalid request: {error}")
+        raise ApiError(GENERIC_ERROR, f"Invalid request: {error}") from None
+
+
+def dispatch(ctx: CallContext, method: str, params: Params) -> Tuple[bytes, Optional[ApiError]]:
+    """Run one API call; return the response envelope and, for a ``Success="false"`` one, the error."""
+    try:
+        return success_response(method, execute(ctx, method, params)), None
+    except ApiError as error:
+        return failure_response(method, error.code, error.message), error
+
+
+def outcome(failure: Optional[ApiError]) -> Tuple[str, Dict[str, str]]:
+    """How a faulted call ended, for its record: ``("applied", {})`` or ``("failed", {code, message})``."""
+    if failure is None:
+        return "applied", {}
+    return "failed", {"code": failure.code, "message": failure.message}
 
 
 # ---------------------------------------------------------------------- rendering

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional
+import time
+import traceback
+from typing import Any, Dict, Mapping, Optional, Sequence
 
-from .faults import FaultPlan, LatencyModel, number
-from .state import EmulatorState
+from .faults import Fault, FaultPlan, LateCalls, LatencyModel, number
+from .methods import CallContext, execute, outcome
+from .state import EVENT_TAGS, ApiError, EmulatorState
+from .wire import Params
 
 #: The CloudShell version the emulator claims; a package whose metadata names a newer one is refused.
 DEFAULT_SERVER_VERSION = "2026.1.0"
 
+_SETTINGS = ("latency", "details_cache_seconds", "token_ttl", "random_faults")
+
 
 class Runtime:
-    """The emulated server: its state, latency model, fault plan and package import."""
+    """The emulated server: its state, latency model, fault plan, late requests and package import."""
 
     def __init__(
         self,
@@ -22,6 +28,7 @@ class Runtime:
     ) -> None:
         self.state = state
         self.faults = FaultPlan()
+        self.late = LateCalls()
         self.latency = LatencyModel(latency)
         self.server_version = server_version
 
@@ -30,13 +37,12 @@ class Runtime:
 
         ``latency`` (a :class:`LatencyModel` dict, or None for no latency), ``details_cache_seconds``
         (GetReservationDetails snapshot lifetime), ``token_ttl`` (seconds a session token lives, None:
-        forever; applies to sessions opened afterwards).
+        forever; applies to sessions opened afterwards), ``random_faults`` (a
+        :class:`~.faults.RandomFaults` dict, or None for none).
         """
-        unknown = set(settings) - {"latency", "details_cache_seconds", "token_ttl"}
+        unknown = set(settings) - set(_SETTINGS)
         if unknown:
-            raise ValueError(
-                f"unknown settings {sorted(unknown)}; use latency, details_cache_seconds, token_ttl"
-            )
+            raise ValueError(f"unknown settings {sorted(unknown)}; use {', '.join(_SETTINGS)}")
         # Validate everything before changing anything.
         latency = LatencyModel(settings["latency"]) if "latency" in settings else self.latency
         cache = self.state.details_cache_seconds
@@ -49,9 +55,15 @@ class Runtime:
             ttl = None if settings["token_ttl"] is None else number("token_ttl", settings["token_ttl"])
             if ttl is not None and ttl <= 0:
                 raise ValueError("token_ttl must be positive, or None for tokens that never expire")
+        random_faults = self.faults.random
+        if "random_faults" in settings:
+            plan = FaultPlan()
+            plan.set_random(settings["random_faults"])
+            random_faults = plan.random
         self.latency = latency
         self.state.details_cache_seconds = cache
         self.state.token_ttl = ttl
+        self.faults.random = random_faults
         return self.settings()
 
     def settings(self) -> Dict[str, Any]:
@@ -60,8 +72,46 @@ class Runtime:
             "latency": self.latency.to_dict(),
             "details_cache_seconds": self.state.details_cache_seconds,
             "token_ttl": self.state.token_ttl,
+            "random_faults": None if self.faults.random is None else self.faults.random.to_dict(),
             "server_version": self.server_version,
         }
+
+    def apply_late(self, fault: Fault, ctx: CallContext, method: str, params: Params) -> None:
+        """Make a call take effect ``fault.params["delay"]`` seconds after now (None: on :meth:`land_late`),
+        against the state as it is then; the outcome goes into the fault's record."""
+
+        def land() -> None:
+            tags = EVENT_TAGS.set({"fault": {"id": fault.id, "kind": fault.kind}, "late": True})
+            try:
+                execute(ctx, method, params)
+                failure: Optional[ApiError] = None
+            except ApiError as error:
+                failure = error
+            except Exception as error:  # an emulator bug: record it rather than kill the late-call worker
+                traceback.print_exc()
+                self.faults.settle(fault.id, "error", message=repr(error))
+                return
+            finally:
+                EVENT_TAGS.reset(tags)
+            result, details = outcome(failure)
+            self.faults.settle(fault.id, result, landed_monotonic=time.monotonic(), **details)
+
+        delay = fault.params["delay"]
+        self.late.schedule(fault.id, None if delay is None else time.monotonic() + delay, land)
+
+    def land_late(self, fault_ids: Optional[Sequence[int]] = None) -> int:
+        """Apply pending late calls now (those of ``fault_ids``, default all); return how many landed."""
+        if fault_ids is not None and (
+            isinstance(fault_ids, (str, bytes))
+            or not all(isinstance(i, int) and not isinstance(i, bool) for i in fault_ids)
+        ):
+            raise ValueError(f"fault_ids must be a list of fault ids (whole numbers), got {fault_ids!r}")
+        return self.late.land(fault_ids)
+
+    def stop(self) -> None:
+        """Forget late calls that have not landed (the emulator stops; they never will)."""
+        for fault_id in self.late.stop():
+            self.faults.settle(fault_id, "discarded")
 
     def import_package(self, zip_bytes: bytes) -> Dict[str, Any]:
         """Validate and register a package zip (the Quali API import); raises PackageError."""

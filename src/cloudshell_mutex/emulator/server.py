@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import json
+import select
 import socket
 import sys
 import threading
@@ -21,11 +22,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Dict, Optional, Tuple
 from urllib.parse import parse_qs, urlsplit
 
-from .faults import DROP_AFTER_COMMIT, ERROR_BEFORE_COMMIT
-from .methods import PUBLIC_METHODS, CallContext, dispatch
+from .faults import APPLY_LATE, DROP_AFTER_COMMIT, ERROR_BEFORE_COMMIT, SPIKE, Fault
+from .methods import PUBLIC_METHODS, CallContext, dispatch, outcome
 from .quali import QualiTokens, first_file_part
 from .runtime import Runtime
-from .state import GENERIC_ERROR
+from .state import EVENT_TAGS, GENERIC_ERROR
 from .wire import RequestError, failure_response, parse_authorization, parse_request
 
 API_PREFIX = "/resourcemanagerapiservice/"
@@ -181,6 +182,23 @@ class _Handler(BaseHTTPRequestHandler):
         connection instead of answering)."""
         return not (seconds and self.server.stopping.wait(seconds))
 
+    def wait_for_client_to_leave(self, limit: float) -> None:
+        """Send nothing until the client closes its end (its timeout), the emulator stops, or ``limit``
+        seconds pass."""
+        deadline = time.monotonic() + limit
+        while not self.server.stopping.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            try:
+                # select() works on sockets on Windows too. The client sends nothing while it waits for
+                # this answer, so a readable socket is its EOF (it gave up).
+                readable, _, _ = select.select([self.connection], [], [], min(0.1, remaining))
+            except (OSError, ValueError):
+                return
+            if readable:
+                return
+
     def send_json(self, status: int, value: Any) -> None:
         """Answer with JSON."""
         self.send_body(status, json.dumps(value).encode("utf-8"), "application/json; charset=utf-8")
@@ -242,27 +260,51 @@ class ApiRequestHandler(_Handler):
             self.send_body(200, answer, XML_CONTENT_TYPE)
             return None
 
-        fault = runtime.faults.take(method)
+        try:
+            reservation_id = params.text("reservationId", "")
+        except RequestError:
+            reservation_id = ""
+        fault = runtime.faults.take(method, reservation_id)
+        ctx = CallContext(state, session, self.headers.get("DateTimeFormat"))
+        if fault is not None and fault.kind == APPLY_LATE:
+            runtime.apply_late(fault, ctx, method, params)
+            self._answer_never(fault)
+            return None
         before, after = runtime.latency.split()
+        if fault is not None and fault.kind == SPIKE:
+            before += fault.params["seconds"]
         if not self.wait(before):
             self.drop_connection()
             return None
-        if fault == ERROR_BEFORE_COMMIT:
+        if fault is not None and fault.kind == ERROR_BEFORE_COMMIT:
             self.send_text(500, "Internal Server Error (injected fault before commit)")
             return None
+        tags = EVENT_TAGS.set({"fault": {"id": fault.id, "kind": fault.kind}} if fault else {})
         try:
-            response = dispatch(
-                CallContext(state, session, self.headers.get("DateTimeFormat")), method, params
-            )
+            response, failure = dispatch(ctx, method, params)
         except Exception as error:  # an emulator bug: say so instead of dropping the connection
             traceback.print_exc()
             self.send_text(500, f"emulator internal error in {method}: {error!r}")
             return None
-        if fault == DROP_AFTER_COMMIT or not self.wait(after):
+        finally:
+            EVENT_TAGS.reset(tags)
+        if fault is not None:
+            result, details = outcome(failure)
+            runtime.faults.settle(fault.id, result, **details)
+        if (fault is not None and fault.kind == DROP_AFTER_COMMIT) or not self.wait(after):
             self.drop_connection()
             return None
         self.send_body(200, response, XML_CONTENT_TYPE)
         return before + after
+
+    def _answer_never(self, fault: Fault) -> None:
+        """Reset the connection after ``reset_after`` seconds, or (``reply="hang"``) leave the call
+        unanswered until the client gives up, the emulator stops or ``hang_limit`` passes."""
+        if fault.params["reply"] == "hang":
+            self.wait_for_client_to_leave(fault.params["hang_limit"])
+        else:
+            self.wait(fault.params["reset_after"])
+        self.drop_connection()
 
     def _control(self, op: str) -> None:
         if not is_loopback(self.client_address[0]):

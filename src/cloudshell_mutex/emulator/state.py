@@ -7,6 +7,7 @@ Operations raise :class:`ApiError`, which the wire layer turns into a ``Success=
 
 from __future__ import annotations
 
+import contextvars
 import datetime as _dt
 import secrets
 import threading
@@ -151,6 +152,11 @@ class Session:
     issued: float
     expires: Optional[float]
 
+
+#: Fields added to every event the current call records (e.g. the fault it got); set per call by the server.
+EVENT_TAGS: contextvars.ContextVar[Optional[Dict[str, Any]]] = contextvars.ContextVar(
+    "emulator_event_tags", default=None
+)
 
 #: How many service changes the event log keeps; older ones are dropped first.
 EVENT_LOG_LIMIT = 200_000
@@ -350,6 +356,7 @@ class EmulatorState:
             "user": user,
         }
         event.update(extra)
+        event.update(EVENT_TAGS.get() or {})
         self._event_seq += 1
         self._events.append(event)
 
