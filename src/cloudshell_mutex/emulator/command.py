@@ -127,6 +127,12 @@ def register(subparsers: Any) -> None:
         metavar="JSON",
         help='seeded random faults, e.g. \'{"seed": 7, "rates": {"apply_late": 0.02, "spike": 0.05}}\'',
     )
+    parser.add_argument(
+        "--reword-errors",
+        action="store_true",
+        help="send every error text except the documented 'Service with given alias already exists' in "
+        "other words (same codes), to show a client does not depend on guessed wording",
+    )
     parser.set_defaults(func=run)
 
 
@@ -150,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
             details_cache_seconds=args.details_cache_seconds,
             faults=args.fault,
             random_faults=args.random_faults,
+            reword_errors=args.reword_errors,
         )
         emulator.start()
     except (OSError, ValueError) as error:

@@ -24,7 +24,8 @@ class Emulator:
     settings dict and ``faults`` a list of ``(method, kind[, count[, params]])`` queued at start (see
     :meth:`EmulatorControl.inject_fault`); ``random_faults`` switches the seeded random fault mode on (a
     :class:`~cloudshell_mutex.emulator.faults.RandomFaults` settings dict). Use it as a context manager,
-    or call :meth:`start` and :meth:`stop`.
+    or call :meth:`start` and :meth:`stop`. ``reword_errors=True`` sends every error text but the
+    documented one in other words (:mod:`~cloudshell_mutex.emulator.messages`).
     """
 
     def __init__(
@@ -41,6 +42,7 @@ class Emulator:
         server_version: str = DEFAULT_SERVER_VERSION,
         faults: Iterable[Sequence[Any]] = (),
         random_faults: Optional[Mapping[str, Any]] = None,
+        reword_errors: bool = False,
     ) -> None:
         self.host = host
         self.port = port
@@ -55,7 +57,7 @@ class Emulator:
             if isinstance(fault, (str, bytes)) or not 2 <= len(fault) <= 4:
                 raise ValueError(f"a fault is (method, kind[, count[, params]]), got {fault!r}")
             self.runtime.faults.inject(*fault)
-        self.runtime.faults.set_random(random_faults)
+        self.runtime.configure(random_faults=random_faults, reword_errors=reword_errors)
         self._api: Optional[ApiServer] = None
         self._quali: Optional[QualiServer] = None
         self._threads: List[threading.Thread] = []

@@ -12,10 +12,8 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 from xml.etree.ElementTree import Element
 
+from .messages import ApiError
 from .state import (
-    GENERIC_ERROR,
-    UNKNOWN_COMMAND_ERROR,
-    ApiError,
     CatalogModel,
     EmulatorState,
     Reservation,
@@ -45,6 +43,8 @@ class CallContext:
     state: EmulatorState
     session: Optional[Session]
     datetime_format: Optional[str]
+    #: Send every error text but the documented one in its alternative wording (``reword_errors``).
+    reword: bool = False
 
     @property
     def user(self) -> str:
@@ -70,11 +70,11 @@ def execute(ctx: CallContext, method: str, params: Params) -> Optional[Info]:
     """Run one API call; raise ApiError for a ``Success="false"`` answer."""
     handler = METHODS.get(method)
     if handler is None:
-        raise ApiError(UNKNOWN_COMMAND_ERROR, f"Command '{method}' does not exist")
+        raise ApiError.of("unknown_command", method=method)
     try:
         return handler(ctx, params)
     except RequestError as error:
-        raise ApiError(GENERIC_ERROR, f"Invalid request: {error}") from None
+        raise ApiError.of("invalid_request", problem=str(error)) from None
 
 
 def dispatch(ctx: CallContext, method: str, params: Params) -> Tuple[bytes, Optional[ApiError]]:
@@ -82,7 +82,7 @@ def dispatch(ctx: CallContext, method: str, params: Params) -> Tuple[bytes, Opti
     try:
         return success_response(method, execute(ctx, method, params)), None
     except ApiError as error:
-        return failure_response(method, error.code, error.message), error
+        return failure_response(method, error.code, error.text(ctx.reword)), error
 
 
 def outcome(failure: Optional[ApiError]) -> Tuple[str, Dict[str, str]]:

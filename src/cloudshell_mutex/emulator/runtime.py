@@ -7,14 +7,15 @@ import traceback
 from typing import Any, Dict, Mapping, Optional, Sequence
 
 from .faults import Fault, FaultPlan, LateCalls, LatencyModel, number
+from .messages import ApiError
 from .methods import CallContext, execute, outcome
-from .state import EVENT_TAGS, ApiError, EmulatorState
+from .state import EVENT_TAGS, EmulatorState
 from .wire import Params
 
 #: The CloudShell version the emulator claims; a package whose metadata names a newer one is refused.
 DEFAULT_SERVER_VERSION = "2026.1.0"
 
-_SETTINGS = ("latency", "details_cache_seconds", "token_ttl", "random_faults")
+_SETTINGS = ("latency", "details_cache_seconds", "token_ttl", "random_faults", "reword_errors")
 
 
 class Runtime:
@@ -31,6 +32,8 @@ class Runtime:
         self.late = LateCalls()
         self.latency = LatencyModel(latency)
         self.server_version = server_version
+        #: Send every error text but the documented one in its alternative wording (docs/emulator.md).
+        self.reword_errors = False
 
     def configure(self, **settings: Any) -> Dict[str, Any]:
         """Change settings at run time and return all of them.
@@ -38,7 +41,8 @@ class Runtime:
         ``latency`` (a :class:`LatencyModel` dict, or None for no latency), ``details_cache_seconds``
         (GetReservationDetails snapshot lifetime), ``token_ttl`` (seconds a session token lives, None:
         forever; applies to sessions opened afterwards), ``random_faults`` (a
-        :class:`~.faults.RandomFaults` dict, or None for none).
+        :class:`~.faults.RandomFaults` dict, or None for none), ``reword_errors`` (True: every error
+        text but the documented one in its alternative wording, see :mod:`.messages`).
         """
         unknown = set(settings) - set(_SETTINGS)
         if unknown:
@@ -60,7 +64,13 @@ class Runtime:
             plan = FaultPlan()
             plan.set_random(settings["random_faults"])
             random_faults = plan.random
+        reword = self.reword_errors
+        if "reword_errors" in settings:
+            if not isinstance(settings["reword_errors"], bool):
+                raise ValueError(f"reword_errors must be true or false, got {settings['reword_errors']!r}")
+            reword = settings["reword_errors"]
         self.latency = latency
+        self.reword_errors = reword
         self.state.details_cache_seconds = cache
         self.state.token_ttl = ttl
         self.faults.random = random_faults
@@ -73,6 +83,7 @@ class Runtime:
             "details_cache_seconds": self.state.details_cache_seconds,
             "token_ttl": self.state.token_ttl,
             "random_faults": None if self.faults.random is None else self.faults.random.to_dict(),
+            "reword_errors": self.reword_errors,
             "server_version": self.server_version,
         }
 

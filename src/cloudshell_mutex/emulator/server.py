@@ -23,10 +23,11 @@ from typing import Any, Dict, Optional, Tuple
 from urllib.parse import parse_qs, urlsplit
 
 from .faults import APPLY_LATE, DROP_AFTER_COMMIT, ERROR_BEFORE_COMMIT, SPIKE, Fault
+from .messages import ApiError, render
 from .methods import PUBLIC_METHODS, CallContext, dispatch, outcome
 from .quali import QualiTokens, first_file_part
 from .runtime import Runtime
-from .state import EVENT_TAGS, GENERIC_ERROR
+from .state import EVENT_TAGS
 from .wire import RequestError, failure_response, parse_authorization, parse_request
 
 API_PREFIX = "/resourcemanagerapiservice/"
@@ -130,16 +131,16 @@ class _Handler(BaseHTTPRequestHandler):
         must not be read as the next request.
         """
         if self.headers.get("Transfer-Encoding"):
-            self.refuse(411, "send the request body with a Content-Length (chunked bodies are not supported)")
+            self.refuse(411, self.text("http_chunked_body"))
             return None
         length_header = self.headers.get("Content-Length")
         try:
             length = int(length_header) if length_header is not None else 0
         except ValueError:
-            self.refuse(400, f"Content-Length is not a number: {length_header!r}")
+            self.refuse(400, self.text("http_bad_length", value=repr(length_header)))
             return None
         if length < 0 or length > MAX_BODY_BYTES:
-            self.refuse(413, f"request body too large: {length} bytes (at most {MAX_BODY_BYTES})")
+            self.refuse(413, self.text("http_body_too_large", length=length, limit=MAX_BODY_BYTES))
             return None
         if not length:
             return b""
@@ -152,7 +153,7 @@ class _Handler(BaseHTTPRequestHandler):
             with contextlib.suppress(OSError):
                 self.connection.settimeout(None)
         if body is None or len(body) < length:
-            self.refuse(408, f"the request body did not arrive within {BODY_TIMEOUT_SECONDS:g} s")
+            self.refuse(408, self.text("http_body_timeout", seconds=BODY_TIMEOUT_SECONDS))
             return None
         return body
 
@@ -166,6 +167,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         self.end_headers()
         self.wfile.write(body)
+
+    def text(self, name: str, **fields: Any) -> str:
+        """Message ``name`` of :mod:`.messages`, worded as the emulator's ``reword_errors`` mode says."""
+        return render(name, self.server.runtime.reword_errors, **fields)
 
     def send_text(self, status: int, text: str) -> None:
         """Answer with plain text."""
@@ -222,7 +227,7 @@ class ApiRequestHandler(_Handler):
         if not path.lower().startswith(API_PREFIX) or "/" in path[len(API_PREFIX) :].strip("/"):
             body = self.read_body()
             if body is not None:
-                self.send_text(404, f"No such endpoint: {path}")
+                self.send_text(404, self.text("http_no_endpoint", path=path))
             return
         started = time.perf_counter()
         body = self.read_body()
@@ -235,7 +240,7 @@ class ApiRequestHandler(_Handler):
         if path.startswith(CONTROL_PREFIX):
             self._control(path[len(CONTROL_PREFIX) :])
         else:
-            self.send_text(404, f"No such endpoint: {path}")
+            self.send_text(404, self.text("http_no_endpoint", path=path))
 
     def _api_call(self, method: str, body: bytes, started: float) -> None:
         """Answer one API call and record the emulator's own time on it (from the parsed request headers
@@ -251,12 +256,13 @@ class ApiRequestHandler(_Handler):
         state.count_call(method)
         session = state.session_for(parse_authorization(self.headers.get("Authorization")))
         if method not in PUBLIC_METHODS and session is None:
-            self.send_text(401, "Unauthorized: the token is missing, unknown or expired; log on again")
+            self.send_text(401, self.text("http_unauthorized"))
             return None
         try:
             params = parse_request(body, method)
         except RequestError as error:
-            answer = failure_response(method, GENERIC_ERROR, f"Invalid request: {error}")
+            invalid = ApiError.of("invalid_request", problem=str(error))
+            answer = failure_response(method, invalid.code, invalid.text(runtime.reword_errors))
             self.send_body(200, answer, XML_CONTENT_TYPE)
             return None
 
@@ -265,7 +271,7 @@ class ApiRequestHandler(_Handler):
         except RequestError:
             reservation_id = ""
         fault = runtime.faults.take(method, reservation_id)
-        ctx = CallContext(state, session, self.headers.get("DateTimeFormat"))
+        ctx = CallContext(state, session, self.headers.get("DateTimeFormat"), runtime.reword_errors)
         if fault is not None and fault.kind == APPLY_LATE:
             runtime.apply_late(fault, ctx, method, params)
             self._answer_never(fault)
@@ -277,14 +283,14 @@ class ApiRequestHandler(_Handler):
             self.drop_connection()
             return None
         if fault is not None and fault.kind == ERROR_BEFORE_COMMIT:
-            self.send_text(500, "Internal Server Error (injected fault before commit)")
+            self.send_text(500, self.text("http_injected_error"))
             return None
         tags = EVENT_TAGS.set({"fault": {"id": fault.id, "kind": fault.kind}} if fault else {})
         try:
             response, failure = dispatch(ctx, method, params)
         except Exception as error:  # an emulator bug: say so instead of dropping the connection
             traceback.print_exc()
-            self.send_text(500, f"emulator internal error in {method}: {error!r}")
+            self.send_text(500, self.text("http_internal_error", method=method, error=repr(error)))
             return None
         finally:
             EVENT_TAGS.reset(tags)
@@ -340,7 +346,7 @@ class QualiRequestHandler(_Handler):
         path = urlsplit(self.path).path
         body = self.read_body()
         if body is not None and path.lower().rstrip("/") != QUALI_PREFIX + endpoint:
-            self.send_text(404, f"No such endpoint: {path}")
+            self.send_text(404, self.text("http_no_endpoint", path=path))
             return None
         return body
 
@@ -367,7 +373,7 @@ class QualiRequestHandler(_Handler):
         else:
             ok = state.check_password(user, form.get("password", ""))
         if not ok:
-            self.send_text(401, "Login failed: the username or password is not correct")
+            self.send_text(401, self.text("quali_login_failed"))
             return
         self.send_json(200, self.server.tokens.issue(user))
 
@@ -378,20 +384,15 @@ class QualiRequestHandler(_Handler):
             return
         user = self.server.tokens.user(self.headers.get("Authorization"))
         if user is None:
-            self.send_text(401, "Unauthorized: log in through /API/Auth/Login first")
+            self.send_text(401, self.text("quali_unauthorized"))
             return
         runtime = self.server.runtime
         if not runtime.state.is_admin(user):
-            self.send_json(
-                200, {"Success": False, "ErrorMessage": "Importing packages requires a system administrator"}
-            )
+            self.send_json(200, {"Success": False, "ErrorMessage": self.text("quali_import_not_admin")})
             return
         data = first_file_part(self.headers.get("Content-Type", ""), body)
         if data is None:
-            self.send_json(
-                200,
-                {"Success": False, "ErrorMessage": "No package file in the request (multipart field 'file')"},
-            )
+            self.send_json(200, {"Success": False, "ErrorMessage": self.text("quali_import_no_file")})
             return
         try:
             runtime.import_package(data)

@@ -17,25 +17,18 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field, replace
 from typing import Any, Deque, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-GENERIC_ERROR = "100"
-UNKNOWN_COMMAND_ERROR = "101"
-CONNECTOR_NOT_FOUND_ERROR = "123"
-
-DUPLICATE_ALIAS = "Service with given alias already exists"
+from .messages import (  # noqa: F401 (re-exported: the names other modules and tests know them by)
+    CONNECTOR_NOT_FOUND_ERROR,
+    DUPLICATE_ALIAS,
+    GENERIC_ERROR,
+    UNKNOWN_COMMAND_ERROR,
+    ApiError,
+)
 
 #: How long GetReservationDetails answers from its per-reservation snapshot (the real server: 5 s).
 DEFAULT_DETAILS_CACHE_SECONDS = 5.0
 
 CONNECTOR_DIRECTIONS = ("bi", "uni")
-
-
-class ApiError(Exception):
-    """An API-level failure: the client raises ``CloudShellAPIError(code, message)`` for it."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
 
 
 def utcnow() -> _dt.datetime:
@@ -219,10 +212,7 @@ class EmulatorState:
     def logon(self, user: str, password: str, domain: str) -> str:
         """Check credentials and open a session; return its token."""
         if not self.check_password(user, password):
-            raise ApiError(
-                GENERIC_ERROR,
-                f"Login failed for user '{user}'. Please make sure the username and password are correct.",
-            )
+            raise ApiError.of("logon_failed", user=user)
         return self._open_session(user, domain or self.admin_domain)
 
     def auth_token_user(self, token: str) -> Optional[str]:
@@ -234,7 +224,7 @@ class EmulatorState:
         """Open a session for the user an auth token was issued to; return the session token."""
         user = self.auth_token_user(token)
         if user is None:
-            raise ApiError(GENERIC_ERROR, "Login failed: the token is not valid. Log on with a valid token.")
+            raise ApiError.of("token_invalid")
         return self._open_session(user, domain or self.admin_domain)
 
     def _open_session(self, user: str, domain: str) -> str:
@@ -325,7 +315,7 @@ class EmulatorState:
         """The service model called ``name``, or ApiError."""
         model = self.catalog.get(name)
         if model is None or not model.is_service:
-            raise ApiError(GENERIC_ERROR, f"Service model '{name}' was not found in the catalog")
+            raise ApiError.of("service_model_not_found", model=name)
         return model
 
     def services(self, category: str = "", name: str = "") -> List[CatalogModel]:
@@ -369,7 +359,7 @@ class EmulatorState:
     def create_reservation(self, name: str, owner: str, minutes: int, domain: str) -> Reservation:
         """Start a reservation now for ``minutes``."""
         if minutes <= 0:
-            raise ApiError(GENERIC_ERROR, "Reservation duration must be a positive number of minutes")
+            raise ApiError.of("duration_not_positive")
         now = utcnow()
         reservation = Reservation(
             id=str(uuid.uuid4()),
@@ -388,9 +378,9 @@ class EmulatorState:
         """An active reservation, or ApiError for an unknown or ended one (caller holds the lock)."""
         reservation = self.reservations.get(reservation_id)
         if reservation is None:
-            raise ApiError(GENERIC_ERROR, f"Reservation '{reservation_id}' was not found")
+            raise ApiError.of("reservation_not_found", reservation_id=reservation_id)
         if reservation.is_ended(utcnow()):
-            raise ApiError(GENERIC_ERROR, f"Reservation '{reservation_id}' has ended")
+            raise ApiError.of("reservation_ended", reservation_id=reservation_id)
         return reservation
 
     def end_reservation(self, reservation_id: str) -> None:
@@ -443,9 +433,7 @@ class EmulatorState:
     def _check_attributes(self, model: CatalogModel, names: Iterable[str]) -> None:
         for name in names:
             if name not in model.attributes:
-                raise ApiError(
-                    GENERIC_ERROR, f"Attribute '{name}' is not defined on service model '{model.name}'"
-                )
+                raise ApiError.of("attribute_not_on_model", attribute=name, model=model.name)
 
     def add_service(
         self,
@@ -462,7 +450,7 @@ class EmulatorState:
             self._check_attributes(model, (name for name, _ in attributes))
             alias = alias or model.name
             if alias in reservation.services:
-                raise ApiError(GENERIC_ERROR, DUPLICATE_ALIAS)
+                raise ApiError.of("duplicate_alias")
             values = OrderedDict((name, spec.default) for name, spec in model.attributes.items())
             values.update(attributes)
             position = (
@@ -478,9 +466,7 @@ class EmulatorState:
     def _service(self, reservation: Reservation, alias: str) -> ServiceRecord:
         service = reservation.services.get(alias)
         if service is None:
-            raise ApiError(
-                GENERIC_ERROR, f"Service with alias '{alias}' was not found in reservation '{reservation.id}'"
-            )
+            raise ApiError.of("service_not_found", alias=alias, reservation_id=reservation.id)
         return service
 
     def remove_services(self, reservation_id: str, aliases: Sequence[str], user: str) -> None:
@@ -522,20 +508,18 @@ class EmulatorState:
     ) -> ResourceRecord:
         """CreateResource: the model must be a resource model in the catalog; names are unique."""
         if not name:
-            raise ApiError(GENERIC_ERROR, "Resource name must not be empty")
+            raise ApiError.of("resource_name_empty")
         with self.lock:
             model = self.catalog.get(model_name)
             if model is None or model.is_service:
-                raise ApiError(GENERIC_ERROR, f"Resource model '{model_name}' was not found in the catalog")
+                raise ApiError.of("resource_model_not_found", model=model_name)
             if family and family != model.family:
-                raise ApiError(
-                    GENERIC_ERROR, f"Resource model '{model_name}' does not belong to family '{family}'"
-                )
+                raise ApiError.of("resource_model_wrong_family", model=model_name, family=family)
             full_name = f"{parent}/{name}" if parent else name
             if parent and parent not in self.resources:
-                raise ApiError(GENERIC_ERROR, f"Resource '{parent}' was not found")
+                raise ApiError.of("resource_not_found", name=parent)
             if full_name in self.resources:
-                raise ApiError(GENERIC_ERROR, f"Resource '{full_name}' already exists")
+                raise ApiError.of("resource_exists", name=full_name)
             record = ResourceRecord(
                 name=full_name,
                 family=model.family,
@@ -555,7 +539,7 @@ class EmulatorState:
             reservation = self.reservation(reservation_id)
             for name in names:
                 if name not in self.resources:
-                    raise ApiError(GENERIC_ERROR, f"Resource '{name}' was not found")
+                    raise ApiError.of("resource_not_found", name=name)
             conflicts: List[Tuple[str, str]] = []
             now = utcnow()
             for name in names:
@@ -574,9 +558,7 @@ class EmulatorState:
             reservation = self.reservation(reservation_id)
             for name in names:
                 if name not in reservation.resources:
-                    raise ApiError(
-                        GENERIC_ERROR, f"Resource '{name}' is not in reservation '{reservation.id}'"
-                    )
+                    raise ApiError.of("resource_not_in_reservation", name=name, reservation_id=reservation.id)
             for name in names:
                 if name in reservation.resources:
                     reservation.resources.remove(name)
@@ -595,13 +577,11 @@ class EmulatorState:
                 direction = request.get("Direction", "") or "bi"
                 for endpoint in (source, target):
                     if endpoint not in reservation.resources and endpoint not in reservation.services:
-                        raise ApiError(
-                            GENERIC_ERROR, f"Resource '{endpoint}' is not in reservation '{reservation.id}'"
+                        raise ApiError.of(
+                            "resource_not_in_reservation", name=endpoint, reservation_id=reservation.id
                         )
                 if direction not in CONNECTOR_DIRECTIONS:
-                    raise ApiError(
-                        GENERIC_ERROR, f"Connector direction '{direction}' is not valid; use 'bi' or 'uni'"
-                    )
+                    raise ApiError.of("connector_direction_invalid", direction=direction)
                 parsed.append(ConnectorRecord(source, target, direction, request.get("Alias", "")))
             for connector in parsed:
                 reservation.connectors = [
@@ -616,15 +596,10 @@ class EmulatorState:
         with self.lock:
             reservation = self.reservation(reservation_id)
             if len(endpoints) % 2:
-                raise ApiError(
-                    GENERIC_ERROR, "Endpoints must come in pairs: source, target, source, target, ..."
-                )
+                raise ApiError.of("endpoints_not_paired")
             pairs = [{endpoints[i], endpoints[i + 1]} for i in range(0, len(endpoints), 2)]
             for pair in pairs:
                 if not any({c.source, c.target} == pair for c in reservation.connectors):
                     a, b = sorted(pair) if len(pair) == 2 else (next(iter(pair)),) * 2
-                    raise ApiError(
-                        CONNECTOR_NOT_FOUND_ERROR,
-                        f"Connector between '{a}' and '{b}' was not found in reservation '{reservation.id}'",
-                    )
+                    raise ApiError.of("connector_not_found", a=a, b=b, reservation_id=reservation.id)
             reservation.connectors = [c for c in reservation.connectors if {c.source, c.target} not in pairs]
