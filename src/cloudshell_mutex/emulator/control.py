@@ -15,6 +15,7 @@ import urllib.request
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .runtime import Runtime
+from .state import utcnow
 
 
 class EmulatorControlError(RuntimeError):
@@ -22,8 +23,6 @@ class EmulatorControlError(RuntimeError):
 
 
 def _reservation_snapshot(runtime: Runtime, reservation_id: str) -> Dict[str, Any]:
-    from .state import utcnow
-
     state = runtime.state
     with state.lock:
         reservation = state.reservations.get(reservation_id)
@@ -71,14 +70,16 @@ _OPS: Dict[str, Callable[[Runtime, Dict[str, Any]], Any]] = {
     "faults": lambda rt, p: rt.faults.pending(),
     "faults_injected": lambda rt, p: rt.faults.injected(),
     "land_late": lambda rt, p: rt.land_late(p.get("fault_ids")),
-    "events": lambda rt, p: rt.state.events(p.get("reservation_id")),
+    "events": lambda rt, p: rt.state.instrumentation.events(p.get("reservation_id")),
     "output": lambda rt, p: rt.state.output(p["reservation_id"]),
-    "call_counts": lambda rt, p: rt.state.call_counts(),
-    "reset_counts": lambda rt, p: rt.state.reset_counts(),
-    "overhead": lambda rt, p: rt.state.overhead(),
-    "revoke_sessions": lambda rt, p: rt.state.revoke_sessions(),
-    "issue_token": lambda rt, p: rt.state.issue_auth_token(p.get("user")),
-    "add_user": lambda rt, p: rt.state.add_user(p["name"], p["password"], bool(p.get("admin", False))),
+    "call_counts": lambda rt, p: rt.state.instrumentation.call_counts(),
+    "reset_counts": lambda rt, p: rt.state.instrumentation.reset_counts(),
+    "overhead": lambda rt, p: rt.state.instrumentation.overhead(),
+    "revoke_sessions": lambda rt, p: rt.state.accounts.revoke_sessions(),
+    "issue_token": lambda rt, p: rt.state.accounts.issue_auth_token(p.get("user")),
+    "add_user": lambda rt, p: rt.state.accounts.add_user(
+        p["name"], p["password"], bool(p.get("admin", False))
+    ),
     "import_package": _import,
     "reservation": lambda rt, p: _reservation_snapshot(rt, p["reservation_id"]),
 }

@@ -160,7 +160,7 @@ class Emulator:
 
     def issue_token(self, user: Optional[str] = None) -> str:
         """A SecureLogon token (what CloudShell passes to drivers as ``admin_auth_token``)."""
-        return self.runtime.state.issue_auth_token(user)
+        return self.runtime.state.accounts.issue_auth_token(user)
 
     # ------------------------------------------------------------------ catalog
     def import_package(self, package: PackageSource) -> Dict[str, Any]:

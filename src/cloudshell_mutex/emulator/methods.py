@@ -202,7 +202,7 @@ def _service_info(model: CatalogModel) -> Element:
 
 # ---------------------------------------------------------------------- logon and time
 def _logon_info(ctx: CallContext, token: str, user: str, domain: str) -> Info:
-    is_admin = ctx.state.is_admin(user)
+    is_admin = ctx.state.accounts.is_admin(user)
     return Info(
         "LogonResponseInfo",
         [
@@ -227,17 +227,17 @@ def _logon_info(ctx: CallContext, token: str, user: str, domain: str) -> Info:
 @api_method
 def Logon(ctx: CallContext, p: Params) -> Optional[Info]:
     """Logon(username, password, domainName) -> LogonResponseInfo."""
-    user, domain = p.text("username"), p.text("domainName", "") or ctx.state.admin_domain
-    token = ctx.state.logon(user, p.text("password"), domain)
+    user, domain = p.text("username"), p.text("domainName", "") or ctx.state.accounts.admin_domain
+    token = ctx.state.accounts.logon(user, p.text("password"), domain)
     return _logon_info(ctx, token, user, domain)
 
 
 @api_method
 def SecureLogon(ctx: CallContext, p: Params) -> Optional[Info]:
     """SecureLogon(token, domainName) -> LogonResponseInfo."""
-    domain = p.text("domainName", "") or ctx.state.admin_domain
-    session_token = ctx.state.secure_logon(p.text("token"), domain)
-    session = ctx.state.session_for(session_token)
+    domain = p.text("domainName", "") or ctx.state.accounts.admin_domain
+    session_token = ctx.state.accounts.secure_logon(p.text("token"), domain)
+    session = ctx.state.accounts.session_for(session_token)
     return _logon_info(ctx, session_token, session.user if session else "", domain)
 
 
@@ -258,7 +258,7 @@ def CreateImmediateReservation(ctx: CallContext, p: Params) -> Optional[Info]:
         name=p.text("reservationName"),
         owner=p.text("owner", "") or ctx.user,
         minutes=p.number("durationInMinutes"),
-        domain=ctx.session.domain if ctx.session else ctx.state.admin_domain,
+        domain=ctx.session.domain if ctx.session else ctx.state.accounts.admin_domain,
     )
     return Info("CreateReservationResponseInfo", [node("Reservation", _reservation_fields(ctx, reservation))])
 
@@ -396,7 +396,7 @@ def CreateResource(ctx: CallContext, p: Params) -> Optional[Info]:
         "Description": resource.description,
         "Permission": "RW",
         "CreatedByUser": resource.created_by,
-        "CreatedInDomain": ctx.session.domain if ctx.session else ctx.state.admin_domain,
+        "CreatedInDomain": ctx.session.domain if ctx.session else ctx.state.accounts.admin_domain,
         "CreateDate": now,
         "ModificationDate": now,
         "Version": 1,

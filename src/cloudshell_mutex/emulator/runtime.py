@@ -9,6 +9,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 from .faults import Fault, FaultPlan, LateCalls, LatencyModel, number
 from .messages import ApiError
 from .methods import CallContext, execute, outcome
+from .quali import register_package
 from .state import EVENT_TAGS, EmulatorState
 from .wire import Params
 
@@ -54,7 +55,7 @@ class Runtime:
             cache = number("details_cache_seconds", settings["details_cache_seconds"])
             if cache < 0:
                 raise ValueError("details_cache_seconds must not be negative")
-        ttl = self.state.token_ttl
+        ttl = self.state.accounts.token_ttl
         if "token_ttl" in settings:
             ttl = None if settings["token_ttl"] is None else number("token_ttl", settings["token_ttl"])
             if ttl is not None and ttl <= 0:
@@ -72,7 +73,7 @@ class Runtime:
         self.latency = latency
         self.reword_errors = reword
         self.state.details_cache_seconds = cache
-        self.state.token_ttl = ttl
+        self.state.accounts.token_ttl = ttl
         self.faults.random = random_faults
         return self.settings()
 
@@ -81,7 +82,7 @@ class Runtime:
         return {
             "latency": self.latency.to_dict(),
             "details_cache_seconds": self.state.details_cache_seconds,
-            "token_ttl": self.state.token_ttl,
+            "token_ttl": self.state.accounts.token_ttl,
             "random_faults": None if self.faults.random is None else self.faults.random.to_dict(),
             "reword_errors": self.reword_errors,
             "server_version": self.server_version,
@@ -126,6 +127,4 @@ class Runtime:
 
     def import_package(self, zip_bytes: bytes) -> Dict[str, Any]:
         """Validate and register a package zip (the Quali API import); raises PackageError."""
-        from .quali import register_package
-
-        return register_package(self, zip_bytes)
+        return register_package(self.state, self.server_version, zip_bytes)

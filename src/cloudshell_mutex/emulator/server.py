@@ -22,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Dict, Optional, Tuple
 from urllib.parse import parse_qs, urlsplit
 
+from .control import handle_control
 from .faults import APPLY_LATE, DROP_AFTER_COMMIT, ERROR_BEFORE_COMMIT, SPIKE, Fault
 from .messages import ApiError, render
 from .methods import PUBLIC_METHODS, CallContext, dispatch, outcome
@@ -247,14 +248,14 @@ class ApiRequestHandler(_Handler):
         to the written response, injected latency excluded)."""
         slept = self._api_call_inner(method, body)
         if slept is not None:
-            self.server.runtime.state.record_overhead(time.perf_counter() - started - slept)
+            self.server.runtime.state.instrumentation.record_overhead(time.perf_counter() - started - slept)
 
     def _api_call_inner(self, method: str, body: bytes) -> Optional[float]:
         """Answer one API call; return the injected latency slept (None: not a measured call)."""
         runtime = self.server.runtime
         state = runtime.state
-        state.count_call(method)
-        session = state.session_for(parse_authorization(self.headers.get("Authorization")))
+        state.instrumentation.count_call(method)
+        session = state.accounts.session_for(parse_authorization(self.headers.get("Authorization")))
         if method not in PUBLIC_METHODS and session is None:
             self.send_text(401, self.text("http_unauthorized"))
             return None
@@ -330,8 +331,6 @@ class ApiRequestHandler(_Handler):
                     return
         else:
             payload = {k: v[-1] for k, v in parse_qs(urlsplit(self.path).query).items()}
-        from .control import handle_control
-
         status, result = handle_control(self.server.runtime, op.strip("/"), payload)
         self.send_json(status, result)
 
@@ -368,10 +367,10 @@ class QualiRequestHandler(_Handler):
         user = form.get("username", "")
         token = form.get("token", "")
         if token:
-            user = state.auth_token_user(token) or ""
+            user = state.accounts.auth_token_user(token) or ""
             ok = bool(user)
         else:
-            ok = state.check_password(user, form.get("password", ""))
+            ok = state.accounts.check_password(user, form.get("password", ""))
         if not ok:
             self.send_text(401, self.text("quali_login_failed"))
             return
@@ -387,7 +386,7 @@ class QualiRequestHandler(_Handler):
             self.send_text(401, self.text("quali_unauthorized"))
             return
         runtime = self.server.runtime
-        if not runtime.state.is_admin(user):
+        if not runtime.state.accounts.is_admin(user):
             self.send_json(200, {"Success": False, "ErrorMessage": self.text("quali_import_not_admin")})
             return
         data = first_file_part(self.headers.get("Content-Type", ""), body)

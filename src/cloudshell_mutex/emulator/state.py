@@ -1,4 +1,5 @@
-"""The emulated server's data: users and tokens, the catalog, resources, reservations and the event log.
+"""The emulated server's data: the catalog, resources, reservations with their services and connectors,
+and (as parts of :class:`EmulatorState`) the accounts and the instrumentation.
 
 Every change and every read of reservation data happens under one lock, so a check and the change it
 guards (for example "alias free?" then "insert service") are one atomic step, as on the real server.
@@ -7,16 +8,16 @@ Operations raise :class:`ApiError`, which the wire layer turns into a ``Success=
 
 from __future__ import annotations
 
-import contextvars
 import datetime as _dt
-import secrets
 import threading
 import time
 import uuid
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
-from typing import Any, Deque, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from .accounts import Accounts, Session  # noqa: F401 (Session: re-exported)
+from .instrumentation import EVENT_LOG_LIMIT, EVENT_TAGS, Instrumentation, utcnow  # noqa: F401 (re-exported)
 from .messages import (  # noqa: F401 (re-exported: the names other modules and tests know them by)
     CONNECTOR_NOT_FOUND_ERROR,
     DUPLICATE_ALIAS,
@@ -29,11 +30,6 @@ from .messages import (  # noqa: F401 (re-exported: the names other modules and 
 DEFAULT_DETAILS_CACHE_SECONDS = 5.0
 
 CONNECTOR_DIRECTIONS = ("bi", "uni")
-
-
-def utcnow() -> _dt.datetime:
-    """The server's wall clock (UTC)."""
-    return _dt.datetime.now(_dt.timezone.utc)
 
 
 @dataclass
@@ -136,27 +132,11 @@ class Reservation:
         return "Completed" if self.is_ended(now) else "Started"
 
 
-@dataclass
-class Session:
-    """A logged-on session (the token in the ``Authorization`` header)."""
-
-    user: str
-    domain: str
-    issued: float
-    expires: Optional[float]
-
-
-#: Fields added to every event the current call records (e.g. the fault it got); set per call by the server.
-EVENT_TAGS: contextvars.ContextVar[Optional[Dict[str, Any]]] = contextvars.ContextVar(
-    "emulator_event_tags", default=None
-)
-
-#: How many service changes the event log keeps; older ones are dropped first.
-EVENT_LOG_LIMIT = 200_000
-
-
 class EmulatorState:
-    """Everything the emulated server knows, guarded by one lock."""
+    """Everything the emulated server knows, guarded by one lock, in three parts with one job each:
+    :attr:`accounts` (users, sessions, tokens), :attr:`instrumentation` (call counts, overhead, the event
+    log) and, in this class, the catalog and the reservations with their services, resources and
+    connectors."""
 
     def __init__(
         self,
@@ -166,139 +146,21 @@ class EmulatorState:
         details_cache_seconds: float = DEFAULT_DETAILS_CACHE_SECONDS,
     ) -> None:
         self.lock = threading.RLock()
-        self.admin_user = admin_user
-        self.admin_domain = admin_domain
-        self._passwords: Dict[str, str] = {admin_user: admin_password}
-        self._admins = {admin_user}
-        self._sessions: Dict[str, Session] = {}
-        self._auth_tokens: Dict[str, str] = {}  # SecureLogon token -> user
-        self.token_ttl: Optional[float] = None
+        self.accounts = Accounts(self.lock, admin_user, admin_password, admin_domain)
+        self.instrumentation = Instrumentation(self.lock)
         self.details_cache_seconds = float(details_cache_seconds)
         self.catalog: OrderedDict[str, CatalogModel] = OrderedDict()
         self.drivers: Dict[str, int] = {}  # driver name -> zip size
         self.resources: OrderedDict[str, ResourceRecord] = OrderedDict()
         self.reservations: OrderedDict[str, Reservation] = OrderedDict()
-        # Bounded, so that an emulator left running for days does not grow without limit; "seq" keeps
-        # counting, so a checker sees a gap rather than a silently shortened history.
-        self._events: Deque[Dict[str, Any]] = deque(maxlen=EVENT_LOG_LIMIT)
-        self._event_seq = 0
-        self._call_counts: Dict[str, int] = {}
-        # The emulator's own time per API call (injected latency excluded), most recent calls only.
-        self._overheads: Deque[float] = deque(maxlen=100_000)
 
-    # ------------------------------------------------------------------ users and tokens
-    def add_user(self, name: str, password: str, admin: bool = False) -> None:
-        """Create or update a user."""
-        if not name:
-            raise ValueError("user name must not be empty")
-        with self.lock:
-            self._passwords[name] = password
-            if admin:
-                self._admins.add(name)
-            else:
-                self._admins.discard(name)
-
-    def is_admin(self, user: str) -> bool:
-        """True for system administrators."""
-        with self.lock:
-            return user in self._admins
-
-    def check_password(self, user: str, password: str) -> bool:
-        """True when ``user`` exists and ``password`` is theirs."""
-        with self.lock:
-            known = self._passwords.get(user)
-        return known is not None and secrets.compare_digest(known.encode(), password.encode())
-
-    def logon(self, user: str, password: str, domain: str) -> str:
-        """Check credentials and open a session; return its token."""
-        if not self.check_password(user, password):
-            raise ApiError.of("logon_failed", user=user)
-        return self._open_session(user, domain or self.admin_domain)
-
-    def auth_token_user(self, token: str) -> Optional[str]:
-        """The user an auth token (see :meth:`issue_auth_token`) was issued to, or None."""
-        with self.lock:
-            return self._auth_tokens.get(token)
-
-    def secure_logon(self, token: str, domain: str) -> str:
-        """Open a session for the user an auth token was issued to; return the session token."""
-        user = self.auth_token_user(token)
-        if user is None:
-            raise ApiError.of("token_invalid")
-        return self._open_session(user, domain or self.admin_domain)
-
-    def _open_session(self, user: str, domain: str) -> str:
-        token = secrets.token_urlsafe(24)
-        now = time.monotonic()
-        with self.lock:
-            expires = now + self.token_ttl if self.token_ttl else None
-            self._sessions[token] = Session(user, domain, now, expires)
-        return token
-
-    def session_for(self, token: Optional[str]) -> Optional[Session]:
-        """The live session of a token, or None (the caller answers HTTP 401)."""
-        if not token:
-            return None
-        with self.lock:
-            session = self._sessions.get(token)
-            if session is not None and session.expires is not None and time.monotonic() >= session.expires:
-                del self._sessions[token]
-                return None
-            return session
-
-    def issue_auth_token(self, user: Optional[str] = None) -> str:
-        """Issue a token that SecureLogon accepts (what CloudShell puts in ``admin_auth_token``)."""
-        user = user or self.admin_user
-        with self.lock:
-            if user not in self._passwords:
-                raise ValueError(f"user {user!r} does not exist")
-            token = secrets.token_urlsafe(24)
-            self._auth_tokens[token] = user
-        return token
-
-    def revoke_sessions(self) -> int:
-        """End every logged-on session (their next call gets HTTP 401); return how many."""
-        with self.lock:
-            count = len(self._sessions)
-            self._sessions.clear()
-        return count
-
-    # ------------------------------------------------------------------ call counts
-    def count_call(self, method: str) -> None:
-        """Count one received call of ``method``."""
-        with self.lock:
-            self._call_counts[method] = self._call_counts.get(method, 0) + 1
-
-    def call_counts(self) -> Dict[str, int]:
-        """Calls received per API method."""
-        with self.lock:
-            return dict(self._call_counts)
-
-    def reset_counts(self) -> None:
-        """Start counting from zero (call counts and overhead samples)."""
-        with self.lock:
-            self._call_counts.clear()
-            self._overheads.clear()
-
-    def record_overhead(self, seconds: float) -> None:
-        """Remember how long the emulator itself spent on one call."""
-        with self.lock:
-            self._overheads.append(seconds)
-
-    def overhead(self) -> Dict[str, float]:
-        """Statistics of the emulator's own per-call time in milliseconds (injected latency excluded)."""
-        with self.lock:
-            samples = sorted(self._overheads)
-        if not samples:
-            return {"calls": 0}
-        n = len(samples)
-        return {
-            "calls": n,
-            "mean_ms": 1000.0 * sum(samples) / n,
-            "p50_ms": 1000.0 * samples[n // 2],
-            "p99_ms": 1000.0 * samples[min(n - 1, (n * 99) // 100)],
-            "max_ms": 1000.0 * samples[-1],
-        }
+    def _record(
+        self, op: str, reservation: Reservation, service: ServiceRecord, user: str, **extra: Any
+    ) -> None:
+        """Log a committed service change (caller holds the lock)."""
+        self.instrumentation.record(
+            op, reservation.id, service.alias, service.model, service.attributes, user, **extra
+        )
 
     # ------------------------------------------------------------------ catalog
     def register_model(self, model: CatalogModel) -> None:
@@ -330,32 +192,6 @@ class EmulatorState:
             ]
 
     # ------------------------------------------------------------------ events
-    def _record(
-        self, op: str, reservation: Reservation, service: ServiceRecord, user: str, **extra: Any
-    ) -> None:
-        """Append a committed service change to the ordered log (caller holds the lock)."""
-        event = {
-            "seq": self._event_seq + 1,
-            "time": utcnow().isoformat(),
-            "monotonic": time.monotonic(),
-            "reservation_id": reservation.id,
-            "op": op,
-            "alias": service.alias,
-            "model": service.model,
-            "attributes": dict(service.attributes),
-            "user": user,
-        }
-        event.update(extra)
-        event.update(EVENT_TAGS.get() or {})
-        self._event_seq += 1
-        self._events.append(event)
-
-    def events(self, reservation_id: Optional[str] = None) -> List[Dict[str, Any]]:
-        """The ordered log of committed service changes (the latest ``EVENT_LOG_LIMIT`` of them)."""
-        with self.lock:
-            return [dict(e) for e in self._events if reservation_id in (None, e["reservation_id"])]
-
-    # ------------------------------------------------------------------ reservations
     def create_reservation(self, name: str, owner: str, minutes: int, domain: str) -> Reservation:
         """Start a reservation now for ``minutes``."""
         if minutes <= 0:
