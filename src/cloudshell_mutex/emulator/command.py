@@ -4,12 +4,25 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from .faults import FAULT_KINDS, RandomFaults, fault_kind
+from .runtime import DEFAULT_HEADER_TIMEOUT
+from .state import CATALOG_MODES, ENDED_RESERVATION_MODES
+
+#: Where the CLI takes the admin password from when ``--admin-password`` is not given.
+PASSWORD_ENV = "CLOUDSHELL_EMULATOR_ADMIN_PASSWORD"
+
+
+def admin_password(option: Optional[str], environ: Mapping[str, str]) -> str:
+    """The admin password: the option, else the environment variable, else ``admin``."""
+    if option is not None:
+        return option
+    return environ.get(PASSWORD_ENV) or "admin"
 
 
 def _latency(text: str) -> Optional[Dict[str, Any]]:
@@ -82,7 +95,12 @@ def register(subparsers: Any) -> None:
         "--quali-port", type=int, default=9000, help="Quali API port (default: 9000; 0: free)"
     )
     parser.add_argument("--admin-user", default="admin", help="admin user name (default: admin)")
-    parser.add_argument("--admin-password", default="admin", help="admin password (default: admin)")
+    parser.add_argument(
+        "--admin-password",
+        default=None,
+        help=f"admin password (default: the environment variable {PASSWORD_ENV}, else 'admin'); prefer the "
+        "environment variable, which other users cannot see in the process list",
+    )
     parser.add_argument("--admin-domain", default="Global", help="admin domain (default: Global)")
     parser.add_argument(
         "--package",
@@ -128,6 +146,28 @@ def register(subparsers: Any) -> None:
         help='seeded random faults, e.g. \'{"seed": 7, "rates": {"apply_late": 0.02, "spike": 0.05}}\'',
     )
     parser.add_argument(
+        "--catalog",
+        choices=CATALOG_MODES,
+        default="permissive",
+        help="permissive (default): GetServices lists every service model; strict: only families linked "
+        "to a category, admin-only families to admins only (as the real server most likely does)",
+    )
+    parser.add_argument(
+        "--ended-reservations",
+        choices=ENDED_RESERVATION_MODES,
+        default="readable",
+        help="readable (default): reads of an ended reservation answer (status Completed), changes fail; "
+        "closed: every call on it fails",
+    )
+    parser.add_argument(
+        "--header-timeout",
+        type=float,
+        default=DEFAULT_HEADER_TIMEOUT,
+        metavar="SECONDS",
+        help="close connections that do not finish their request headers, or sit idle, this long "
+        f"(default: {DEFAULT_HEADER_TIMEOUT:g})",
+    )
+    parser.add_argument(
         "--reword-errors",
         action="store_true",
         help="send every error text except the documented 'Service with given alias already exists' in "
@@ -149,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
             port=args.port,
             quali_port=args.quali_port,
             admin_user=args.admin_user,
-            admin_password=args.admin_password,
+            admin_password=admin_password(args.admin_password, os.environ),
             admin_domain=args.admin_domain,
             packages=args.package,
             latency=latency,
@@ -157,6 +197,9 @@ def run(args: argparse.Namespace) -> int:
             faults=args.fault,
             random_faults=args.random_faults,
             reword_errors=args.reword_errors,
+            catalog=args.catalog,
+            ended_reservations=args.ended_reservations,
+            header_timeout=args.header_timeout,
         )
         emulator.start()
     except (OSError, ValueError) as error:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import random
 import threading
 import time
@@ -29,6 +30,14 @@ DROP_AFTER_COMMIT = "drop_after_commit"
 APPLY_LATE = "apply_late"
 #: ``seconds`` of extra latency before the commit (e.g. past a client's socket timeout).
 SPIKE = "spike"
+#: An add whose alias is taken answers success anyway (nothing is stored; the event log shows it).
+DOUBLE_GRANT = "double_grant"
+#: GetReservationDetails (cached or not) shows the reservation as it was ``ms`` milliseconds ago.
+STALE_FRESH_READ = "stale_fresh_read"
+#: A ``Success="false"`` answer in SQL deadlock-victim wording; nothing changes.
+TRANSIENT_FALSE = "transient_false"
+#: No answer until the client gives up; the call takes effect at once if ``commit``, else never.
+HANG = "hang"
 
 #: ``inject_fault`` method name that matches every API method.
 ANY_METHOD = "*"
@@ -42,6 +51,7 @@ _DISTRIBUTIONS = {
     "uniform": ("low", "high"),
     "normal": ("mean", "stddev"),
     "exponential": ("mean",),
+    "lognormal": ("median", "sigma"),
 }
 
 
@@ -77,6 +87,12 @@ def _reply(name: str, value: Any) -> str:
     if value not in ("reset", "hang"):
         raise ValueError(f"{name} must be 'reset' or 'hang', got {value!r}")
     return str(value)
+
+
+def _whole(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a whole number, got {value!r}")
+    return value
 
 
 def _flag(name: str, value: Any) -> bool:
@@ -133,6 +149,27 @@ FAULT_KINDS: Dict[str, FaultKind] = {
         FaultKind(
             SPIKE, "seconds of extra latency before the call takes effect", {"seconds": (2.0, _positive)}
         ),
+        FaultKind(
+            DOUBLE_GRANT,
+            "an add whose alias is taken answers success; the existing service stays as it is and the "
+            "event log records a service_double_granted event with the caller's attributes",
+        ),
+        FaultKind(
+            STALE_FRESH_READ,
+            "GetReservationDetails, even with disableCache, shows the reservation as it was ms ago",
+            {"ms": (500.0, _positive)},
+        ),
+        FaultKind(
+            TRANSIENT_FALSE,
+            "a Success=false answer in SQL Server's deadlock-victim wording; nothing changes",
+            {"process_id": (57, _whole)},
+        ),
+        FaultKind(
+            HANG,
+            "no answer until the client gives up (or hang_limit); with commit=true the call takes effect "
+            "at once, else never",
+            {"commit": (False, _flag), "hang_limit": _HANG_LIMIT},
+        ),
     )
 }
 
@@ -151,10 +188,14 @@ class LatencyModel:
     Settings are a dict, as the control endpoint carries them:
     ``{"distribution": "uniform", "low": 0.005, "high": 0.02, "commit_fraction": 0.5, "seed": 1}``.
     Distributions: ``none``, ``fixed`` (``seconds``), ``uniform`` (``low``, ``high``),
-    ``normal`` (``mean``, ``stddev``; clipped at 0), ``exponential`` (``mean``).
+    ``normal`` (``mean``, ``stddev``; clipped at 0), ``exponential`` (``mean``), ``lognormal``
+    (``median``, ``sigma``: the log of the delay is normal around log(median), a long tail of slow calls).
+    ``methods`` maps an API method (or ``GetReservationDetails:uncached``, a ``disableCache`` read) to its
+    own settings of the same form, e.g. ``{"distribution": "fixed", "seconds": 0.005, "methods":
+    {"GetReservationDetails:uncached": {"distribution": "lognormal", "median": 0.05, "sigma": 0.5}}}``.
     """
 
-    def __init__(self, settings: Optional[Mapping[str, Any]] = None) -> None:
+    def __init__(self, settings: Optional[Mapping[str, Any]] = None, _nested: bool = False) -> None:
         if settings is not None and not isinstance(settings, Mapping):
             raise ValueError(
                 f"latency must be a mapping such as {{'distribution': 'fixed', 'seconds': 0.01}}, "
@@ -170,6 +211,10 @@ class LatencyModel:
         if not 0.0 <= commit_fraction <= 1.0:
             raise ValueError(f"latency commit_fraction must be between 0 and 1, got {commit_fraction}")
         seed = settings.pop("seed", None)
+        methods = settings.pop("methods", None) or {}
+        if not isinstance(methods, Mapping) or (methods and _nested):
+            raise ValueError("latency methods must map API method names to latency settings (one level deep)")
+        self.per_method = {str(name): LatencyModel(sub, _nested=True) for name, sub in methods.items()}
         params: Dict[str, float] = {}
         for name in _DISTRIBUTIONS[distribution]:
             if name not in settings:
@@ -195,6 +240,8 @@ class LatencyModel:
         result["commit_fraction"] = self.commit_fraction
         if self.seed is not None:
             result["seed"] = self.seed
+        if self.per_method:
+            result["methods"] = {name: model.to_dict() for name, model in self.per_method.items()}
         return result
 
     def sample(self) -> float:
@@ -210,12 +257,16 @@ class LatencyModel:
                 return rnd.uniform(p["low"], p["high"])
             if d == "normal":
                 return max(0.0, rnd.gauss(p["mean"], p["stddev"]))
+            if d == "lognormal":
+                return rnd.lognormvariate(math.log(p["median"]), p["sigma"]) if p["median"] > 0 else 0.0
             return rnd.expovariate(1.0 / p["mean"]) if p["mean"] > 0 else 0.0
 
-    def split(self) -> Tuple[float, float]:
-        """Draw a delay and return ``(before_commit, after_commit)`` seconds."""
-        total = self.sample()
-        before = total * self.commit_fraction
+    def split(self, *keys: str) -> Tuple[float, float]:
+        """Draw a delay and return ``(before_commit, after_commit)`` seconds, from the settings of the
+        first of ``keys`` (method names) that has its own, else from the default ones."""
+        model = next((self.per_method[k] for k in keys if k in self.per_method), self)
+        total = model.sample()
+        before = total * model.commit_fraction
         return before, total - before
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 from .control import EmulatorControl
-from .runtime import DEFAULT_SERVER_VERSION, Runtime
+from .runtime import DEFAULT_HEADER_TIMEOUT, DEFAULT_SERVER_VERSION, Runtime
 from .server import ApiServer, QualiServer
 from .state import DEFAULT_DETAILS_CACHE_SECONDS, AttributeSpec, CatalogModel, EmulatorState
 
@@ -24,8 +24,12 @@ class Emulator:
     settings dict and ``faults`` a list of ``(method, kind[, count[, params]])`` queued at start (see
     :meth:`EmulatorControl.inject_fault`); ``random_faults`` switches the seeded random fault mode on (a
     :class:`~cloudshell_mutex.emulator.faults.RandomFaults` settings dict). Use it as a context manager,
-    or call :meth:`start` and :meth:`stop`. ``reword_errors=True`` sends every error text but the
-    documented one in other words (:mod:`~cloudshell_mutex.emulator.messages`).
+    or call :meth:`start` and :meth:`stop`. The real-server modes (docs/emulator.md): ``reword_errors``
+    (every error text but the documented one in other words), ``catalog`` (``"permissive"``: GetServices
+    lists every service model; ``"strict"``: only those in a category, admin-only ones to admins only),
+    ``ended_reservations`` (``"readable"``: reads of an ended reservation answer and changes fail;
+    ``"closed"``: every call fails) and ``header_timeout`` (seconds a connection may take to send its
+    request headers or sit idle).
     """
 
     def __init__(
@@ -43,6 +47,9 @@ class Emulator:
         faults: Iterable[Sequence[Any]] = (),
         random_faults: Optional[Mapping[str, Any]] = None,
         reword_errors: bool = False,
+        catalog: str = "permissive",
+        ended_reservations: str = "readable",
+        header_timeout: float = DEFAULT_HEADER_TIMEOUT,
     ) -> None:
         self.host = host
         self.port = port
@@ -57,7 +64,13 @@ class Emulator:
             if isinstance(fault, (str, bytes)) or not 2 <= len(fault) <= 4:
                 raise ValueError(f"a fault is (method, kind[, count[, params]]), got {fault!r}")
             self.runtime.faults.inject(*fault)
-        self.runtime.configure(random_faults=random_faults, reword_errors=reword_errors)
+        self.runtime.configure(
+            random_faults=random_faults,
+            reword_errors=reword_errors,
+            catalog=catalog,
+            ended_reservations=ended_reservations,
+            header_timeout=header_timeout,
+        )
         self._api: Optional[ApiServer] = None
         self._quali: Optional[QualiServer] = None
         self._threads: List[threading.Thread] = []

@@ -45,6 +45,8 @@ class CallContext:
     datetime_format: Optional[str]
     #: Send every error text but the documented one in its alternative wording (``reword_errors``).
     reword: bool = False
+    #: GetReservationDetails shows the reservation as it was this many seconds ago (``stale_fresh_read``).
+    staleness: float = 0.0
 
     @property
     def user(self) -> str:
@@ -273,7 +275,7 @@ def EndReservation(ctx: CallContext, p: Params) -> Optional[Info]:
 @api_method
 def GetReservationDetails(ctx: CallContext, p: Params) -> Optional[Info]:
     """GetReservationDetails(reservationId, disableCache) -> GetReservationDescriptionResponseInfo."""
-    reservation = ctx.state.details(p.text("reservationId"), p.flag("disableCache"))
+    reservation = ctx.state.details(p.text("reservationId"), p.flag("disableCache"), ctx.staleness)
     return Info("GetReservationDescriptionResponseInfo", [_render_details(ctx, reservation)])
 
 
@@ -281,7 +283,7 @@ def GetReservationDetails(ctx: CallContext, p: Params) -> Optional[Info]:
 def GetReservationStatus(ctx: CallContext, p: Params) -> Optional[Info]:
     """GetReservationStatus(reservationId) -> ReservationSlimStatusInfo."""
     with ctx.state.lock:
-        reservation = ctx.state.reservation(p.text("reservationId"))
+        reservation = ctx.state.reservation(p.text("reservationId"), change=False)
         fields = _reservation_fields(ctx, reservation)
     status = {
         "ReservationId": reservation.id,
@@ -307,7 +309,7 @@ def GetCurrentReservations(ctx: CallContext, p: Params) -> Optional[Info]:
 @api_method
 def GetServices(ctx: CallContext, p: Params) -> Optional[Info]:
     """GetServices(categoryName, serviceName) -> ServicesListInfo with attribute definitions."""
-    models = ctx.state.services(p.text("categoryName", ""), p.text("serviceName", ""))
+    models = ctx.state.services(p.text("categoryName", ""), p.text("serviceName", ""), ctx.user)
     return Info("ServicesListInfo", [node("Services", children=[_service_info(m) for m in models])])
 
 
@@ -347,7 +349,7 @@ def GetReservationServicesPositions(ctx: CallContext, p: Params) -> Optional[Inf
     Services only, as the real server answers.
     """
     with ctx.state.lock:
-        reservation = ctx.state.reservation(p.text("reservationId"))
+        reservation = ctx.state.reservation(p.text("reservationId"), change=False)
         items = [
             node("ResourceDiagramLayout", {"ResourceName": s.alias, "X": s.position[0], "Y": s.position[1]})
             for s in reservation.services.values()

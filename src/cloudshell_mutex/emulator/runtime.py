@@ -4,19 +4,80 @@ from __future__ import annotations
 
 import time
 import traceback
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
-from .faults import Fault, FaultPlan, LateCalls, LatencyModel, number
+from .faults import Fault, FaultPlan, LateCalls, LatencyModel, RandomFaults, number
 from .messages import ApiError
 from .methods import CallContext, execute, outcome
 from .quali import register_package
-from .state import EVENT_TAGS, EmulatorState
+from .state import CATALOG_MODES, ENDED_RESERVATION_MODES, EVENT_TAGS, EmulatorState
 from .wire import Params
 
 #: The CloudShell version the emulator claims; a package whose metadata names a newer one is refused.
 DEFAULT_SERVER_VERSION = "2026.1.0"
 
-_SETTINGS = ("latency", "details_cache_seconds", "token_ttl", "random_faults", "reword_errors")
+#: How long a connection may take to send a request's headers (and how long it may sit idle between
+#: requests) before the server closes it.
+DEFAULT_HEADER_TIMEOUT = 30.0
+
+
+def _checked_cache(value: Any) -> float:
+    cache = number("details_cache_seconds", value)
+    if cache < 0:
+        raise ValueError("details_cache_seconds must not be negative")
+    return cache
+
+
+def _checked_ttl(value: Any) -> Optional[float]:
+    ttl = None if value is None else number("token_ttl", value)
+    if ttl is not None and ttl <= 0:
+        raise ValueError("token_ttl must be positive, or None for tokens that never expire")
+    return ttl
+
+
+def _checked_flag(name: str) -> Callable[[Any], bool]:
+    def check(value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be true or false, got {value!r}")
+        return value
+
+    return check
+
+
+def _checked_choice(name: str, choices: Sequence[str]) -> Callable[[Any], str]:
+    def check(value: Any) -> str:
+        if value not in choices:
+            raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+        return str(value)
+
+    return check
+
+
+def _checked_positive(name: str) -> Callable[[Any], float]:
+    def check(value: Any) -> float:
+        seconds = number(name, value)
+        if seconds <= 0:
+            raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        return seconds
+
+    return check
+
+
+def _checked_random(value: Any) -> Optional[RandomFaults]:
+    return None if value is None else RandomFaults(value)
+
+
+#: Every setting: how a value is checked (and converted). Documented in docs/emulator.md.
+_CHECKS: Dict[str, Callable[[Any], Any]] = {
+    "latency": LatencyModel,
+    "details_cache_seconds": _checked_cache,
+    "token_ttl": _checked_ttl,
+    "random_faults": _checked_random,
+    "reword_errors": _checked_flag("reword_errors"),
+    "catalog": _checked_choice("catalog", CATALOG_MODES),
+    "ended_reservations": _checked_choice("ended_reservations", ENDED_RESERVATION_MODES),
+    "header_timeout": _checked_positive("header_timeout"),
+}
 
 
 class Runtime:
@@ -35,46 +96,39 @@ class Runtime:
         self.server_version = server_version
         #: Send every error text but the documented one in its alternative wording (docs/emulator.md).
         self.reword_errors = False
+        #: Seconds a connection may take to send its request headers, or sit idle between requests.
+        self.header_timeout = DEFAULT_HEADER_TIMEOUT
 
     def configure(self, **settings: Any) -> Dict[str, Any]:
-        """Change settings at run time and return all of them.
+        """Change settings at run time and return all of them; nothing changes if one is wrong.
 
         ``latency`` (a :class:`LatencyModel` dict, or None for no latency), ``details_cache_seconds``
         (GetReservationDetails snapshot lifetime), ``token_ttl`` (seconds a session token lives, None:
         forever; applies to sessions opened afterwards), ``random_faults`` (a
         :class:`~.faults.RandomFaults` dict, or None for none), ``reword_errors`` (True: every error
-        text but the documented one in its alternative wording, see :mod:`.messages`).
+        text but the documented one in its alternative wording, see :mod:`.messages`), ``catalog``
+        (``"permissive"`` or ``"strict"``), ``ended_reservations`` (``"readable"`` or ``"closed"``),
+        ``header_timeout`` (seconds; applies to connections opened afterwards).
         """
-        unknown = set(settings) - set(_SETTINGS)
+        unknown = set(settings) - set(_CHECKS)
         if unknown:
-            raise ValueError(f"unknown settings {sorted(unknown)}; use {', '.join(_SETTINGS)}")
-        # Validate everything before changing anything.
-        latency = LatencyModel(settings["latency"]) if "latency" in settings else self.latency
-        cache = self.state.details_cache_seconds
-        if "details_cache_seconds" in settings:
-            cache = number("details_cache_seconds", settings["details_cache_seconds"])
-            if cache < 0:
-                raise ValueError("details_cache_seconds must not be negative")
-        ttl = self.state.accounts.token_ttl
-        if "token_ttl" in settings:
-            ttl = None if settings["token_ttl"] is None else number("token_ttl", settings["token_ttl"])
-            if ttl is not None and ttl <= 0:
-                raise ValueError("token_ttl must be positive, or None for tokens that never expire")
-        random_faults = self.faults.random
-        if "random_faults" in settings:
-            plan = FaultPlan()
-            plan.set_random(settings["random_faults"])
-            random_faults = plan.random
-        reword = self.reword_errors
-        if "reword_errors" in settings:
-            if not isinstance(settings["reword_errors"], bool):
-                raise ValueError(f"reword_errors must be true or false, got {settings['reword_errors']!r}")
-            reword = settings["reword_errors"]
-        self.latency = latency
-        self.reword_errors = reword
-        self.state.details_cache_seconds = cache
-        self.state.accounts.token_ttl = ttl
-        self.faults.random = random_faults
+            raise ValueError(f"unknown settings {sorted(unknown)}; use {', '.join(_CHECKS)}")
+        checked = {name: _CHECKS[name](value) for name, value in settings.items()}
+        for name, value in checked.items():
+            if name == "latency":
+                self.latency = value
+            elif name == "details_cache_seconds":
+                self.state.details_cache_seconds = value
+            elif name == "token_ttl":
+                self.state.accounts.token_ttl = value
+            elif name == "random_faults":
+                self.faults.random = value
+            elif name == "catalog":
+                self.state.catalog_mode = value
+            elif name == "ended_reservations":
+                self.state.ended_reservations = value
+            else:  # reword_errors, header_timeout
+                setattr(self, name, value)
         return self.settings()
 
     def settings(self) -> Dict[str, Any]:
@@ -85,6 +139,9 @@ class Runtime:
             "token_ttl": self.state.accounts.token_ttl,
             "random_faults": None if self.faults.random is None else self.faults.random.to_dict(),
             "reword_errors": self.reword_errors,
+            "catalog": self.state.catalog_mode,
+            "ended_reservations": self.state.ended_reservations,
+            "header_timeout": self.header_timeout,
             "server_version": self.server_version,
         }
 
@@ -110,6 +167,17 @@ class Runtime:
 
         delay = fault.params["delay"]
         self.late.schedule(fault.id, None if delay is None else time.monotonic() + delay, land)
+
+    def record_double_grant(self, ctx: CallContext, params: Params) -> None:
+        """Log the add that a ``double_grant`` fault answered with success although its alias was taken:
+        nothing is stored, but the event log shows the second holder (with the attributes it sent)."""
+        model = params.text("serviceName", "")
+        alias = params.text("alias", "") or model
+        attributes = dict(params.name_values("attributes", required=False))
+        with self.state.lock:
+            self.state.instrumentation.record(
+                "service_double_granted", params.text("reservationId", ""), alias, model, attributes, ctx.user
+            )
 
     def land_late(self, fault_ids: Optional[Sequence[int]] = None) -> int:
         """Apply pending late calls now (those of ``fault_ids``, default all); return how many landed."""

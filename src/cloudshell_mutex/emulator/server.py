@@ -23,13 +23,23 @@ from typing import Any, Dict, Optional, Tuple
 from urllib.parse import parse_qs, urlsplit
 
 from .control import handle_control
-from .faults import APPLY_LATE, DROP_AFTER_COMMIT, ERROR_BEFORE_COMMIT, SPIKE, Fault
+from .faults import (
+    APPLY_LATE,
+    DOUBLE_GRANT,
+    DROP_AFTER_COMMIT,
+    ERROR_BEFORE_COMMIT,
+    HANG,
+    SPIKE,
+    STALE_FRESH_READ,
+    TRANSIENT_FALSE,
+    Fault,
+)
 from .messages import ApiError, render
 from .methods import PUBLIC_METHODS, CallContext, dispatch, outcome
 from .quali import QualiTokens, first_file_part
 from .runtime import Runtime
 from .state import EVENT_TAGS
-from .wire import RequestError, failure_response, parse_authorization, parse_request
+from .wire import RequestError, failure_response, parse_authorization, parse_request, success_response
 
 API_PREFIX = "/resourcemanagerapiservice/"
 CONTROL_PREFIX = "/_emulator/"
@@ -121,6 +131,12 @@ class _Handler(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True
     server: _TrackingServer
 
+    def setup(self) -> None:
+        """Give the connection the header timeout: a client that never finishes its request headers (or
+        idles between requests) is cut off, as real servers do, instead of holding a thread forever."""
+        self.timeout = self.server.runtime.header_timeout
+        super().setup()
+
     def log_message(self, format: str, *args: Any) -> None:
         """Stay quiet: request lines could carry tokens, and tests run thousands of calls."""
 
@@ -152,7 +168,7 @@ class _Handler(BaseHTTPRequestHandler):
             body = None
         finally:
             with contextlib.suppress(OSError):
-                self.connection.settimeout(None)
+                self.connection.settimeout(self.timeout)
         if body is None or len(body) < length:
             self.refuse(408, self.text("http_body_timeout", seconds=BODY_TIMEOUT_SECONDS))
             return None
@@ -269,26 +285,48 @@ class ApiRequestHandler(_Handler):
 
         try:
             reservation_id = params.text("reservationId", "")
+            uncached = method == "GetReservationDetails" and params.flag("disableCache")
         except RequestError:
-            reservation_id = ""
+            reservation_id, uncached = "", False
         fault = runtime.faults.take(method, reservation_id)
+        kind = fault.kind if fault is not None else None
         ctx = CallContext(state, session, self.headers.get("DateTimeFormat"), runtime.reword_errors)
-        if fault is not None and fault.kind == APPLY_LATE:
+        if fault is not None and kind == APPLY_LATE:
             runtime.apply_late(fault, ctx, method, params)
             self._answer_never(fault)
             return None
-        before, after = runtime.latency.split()
-        if fault is not None and fault.kind == SPIKE:
+        if fault is not None and kind == STALE_FRESH_READ:
+            ctx.staleness = fault.params["ms"] / 1000.0
+        before, after = runtime.latency.split(*((f"{method}:uncached",) if uncached else ()), method)
+        if fault is not None and kind == SPIKE:
             before += fault.params["seconds"]
-        if not self.wait(before):
+        if kind == HANG and not (fault is not None and fault.params["commit"]):
+            before = 0.0  # nothing happens: no reason to wait before hanging
+        elif not self.wait(before):
+            self._settle(fault, "discarded")
             self.drop_connection()
             return None
-        if fault is not None and fault.kind == ERROR_BEFORE_COMMIT:
+        if fault is not None and kind == ERROR_BEFORE_COMMIT:
+            self._settle(fault, "not_applied")
             self.send_text(500, self.text("http_injected_error"))
             return None
-        tags = EVENT_TAGS.set({"fault": {"id": fault.id, "kind": fault.kind}} if fault else {})
+        if fault is not None and kind == TRANSIENT_FALSE:
+            transient = ApiError.of("deadlock_victim", process_id=fault.params["process_id"])
+            self._settle(fault, "not_applied", code=transient.code, message=transient.message)
+            answer = failure_response(method, transient.code, transient.text(runtime.reword_errors))
+            self.send_body(200, answer, XML_CONTENT_TYPE)
+            return before
+        if fault is not None and kind == HANG and not fault.params["commit"]:
+            self._settle(fault, "not_applied")
+            self._hang(fault)
+            return None
+        tags = EVENT_TAGS.set({"fault": {"id": fault.id, "kind": kind}} if fault is not None else {})
+        double_granted = False
         try:
             response, failure = dispatch(ctx, method, params)
+            if kind == DOUBLE_GRANT and failure is not None and failure.name == "duplicate_alias":
+                runtime.record_double_grant(ctx, params)
+                response, failure, double_granted = success_response(method), None, True
         except Exception as error:  # an emulator bug: say so instead of dropping the connection
             traceback.print_exc()
             self.send_text(500, self.text("http_internal_error", method=method, error=repr(error)))
@@ -297,12 +335,25 @@ class ApiRequestHandler(_Handler):
             EVENT_TAGS.reset(tags)
         if fault is not None:
             result, details = outcome(failure)
-            runtime.faults.settle(fault.id, result, **details)
-        if (fault is not None and fault.kind == DROP_AFTER_COMMIT) or not self.wait(after):
+            self._settle(fault, result, double_granted=double_granted, **details)
+        if fault is not None and kind == HANG:
+            self._hang(fault)
+            return None
+        if (fault is not None and kind == DROP_AFTER_COMMIT) or not self.wait(after):
             self.drop_connection()
             return None
         self.send_body(200, response, XML_CONTENT_TYPE)
         return before + after
+
+    def _settle(self, fault: Optional[Fault], outcome_name: str, **details: Any) -> None:
+        """Note what became of a faulted call in its record (see FaultPlan.injected)."""
+        if fault is not None:
+            self.server.runtime.faults.settle(fault.id, outcome_name, **details)
+
+    def _hang(self, fault: Fault) -> None:
+        """Answer nothing until the client gives up, then close the connection."""
+        self.wait_for_client_to_leave(fault.params["hang_limit"])
+        self.drop_connection()
 
     def _answer_never(self, fault: Fault) -> None:
         """Reset the connection after ``reset_after`` seconds, or (``reply="hang"``) leave the call

@@ -12,9 +12,9 @@ import datetime as _dt
 import threading
 import time
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Deque, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .accounts import Accounts, Session  # noqa: F401 (Session: re-exported)
 from .instrumentation import EVENT_LOG_LIMIT, EVENT_TAGS, Instrumentation, utcnow  # noqa: F401 (re-exported)
@@ -30,6 +30,17 @@ from .messages import (  # noqa: F401 (re-exported: the names other modules and 
 DEFAULT_DETAILS_CACHE_SECONDS = 5.0
 
 CONNECTOR_DIRECTIONS = ("bi", "uni")
+
+#: ``catalog`` modes: what GetServices lists (docs/emulator.md).
+PERMISSIVE, STRICT = "permissive", "strict"
+CATALOG_MODES = (PERMISSIVE, STRICT)
+
+#: ``ended_reservations`` modes: ``readable`` (reads answer, changes fail) or ``closed`` (every call fails).
+READABLE, CLOSED = "readable", "closed"
+ENDED_RESERVATION_MODES = (READABLE, CLOSED)
+
+#: How far back a reservation's versions are kept for ``stale_fresh_read`` (seconds).
+HISTORY_SECONDS = 30.0
 
 
 @dataclass
@@ -107,6 +118,8 @@ class Reservation:
     #: GetReservationDetails snapshot: (monotonic time taken, copy of the reservation then).
     details_cache: Optional[Tuple[float, Reservation]] = None
     next_position: int = 0
+    #: (monotonic time, copy) after each change, the last HISTORY_SECONDS: what a stale read shows.
+    versions: Deque[Tuple[float, Reservation]] = field(default_factory=deque)
 
     def snapshot(self) -> Reservation:
         """A copy of what GetReservationDetails shows, unaffected by later changes (caller holds the lock)."""
@@ -121,7 +134,24 @@ class Reservation:
             connectors=list(self.connectors),
             output=[],
             details_cache=None,
+            versions=deque(),
         )
+
+    def remember_version(self, now: float) -> None:
+        """Keep a copy of the reservation as it is after a change (caller holds the lock)."""
+        self.versions.append((now, self.snapshot()))
+        # Keep one version older than the horizon: it is what the reservation looked like then.
+        while len(self.versions) > 1 and self.versions[1][0] <= now - HISTORY_SECONDS:
+            self.versions.popleft()
+
+    def version_at(self, when: float) -> Reservation:
+        """The copy in effect at monotonic time ``when`` (the oldest kept one if ``when`` is older)."""
+        chosen = self.versions[0][1]
+        for taken, version in self.versions:
+            if taken > when:
+                break
+            chosen = version
+        return chosen
 
     def is_ended(self, now: _dt.datetime) -> bool:
         """True once EndReservation ran or the reservation's end time passed."""
@@ -149,6 +179,11 @@ class EmulatorState:
         self.accounts = Accounts(self.lock, admin_user, admin_password, admin_domain)
         self.instrumentation = Instrumentation(self.lock)
         self.details_cache_seconds = float(details_cache_seconds)
+        #: What GetServices lists: every service model (permissive) or as the real server most likely
+        #: does (strict: only families with a category, admin-only ones to admins only).
+        self.catalog_mode = PERMISSIVE
+        #: Ended reservations: reads still answer (readable) or every call fails (closed).
+        self.ended_reservations = READABLE
         self.catalog: OrderedDict[str, CatalogModel] = OrderedDict()
         self.drivers: Dict[str, int] = {}  # driver name -> zip size
         self.resources: OrderedDict[str, ResourceRecord] = OrderedDict()
@@ -157,7 +192,8 @@ class EmulatorState:
     def _record(
         self, op: str, reservation: Reservation, service: ServiceRecord, user: str, **extra: Any
     ) -> None:
-        """Log a committed service change (caller holds the lock)."""
+        """Log a committed service change and keep the new version (caller holds the lock)."""
+        self._changed(reservation)
         self.instrumentation.record(
             op, reservation.id, service.alias, service.model, service.attributes, user, **extra
         )
@@ -180,15 +216,19 @@ class EmulatorState:
             raise ApiError.of("service_model_not_found", model=name)
         return model
 
-    def services(self, category: str = "", name: str = "") -> List[CatalogModel]:
-        """Catalog service models, optionally filtered by category and name."""
+    def services(self, category: str = "", name: str = "", user: Optional[str] = None) -> List[CatalogModel]:
+        """Catalog service models, optionally filtered by category and name; in the strict catalog mode
+        only those in a category, and admin-only families only for admins (``user`` None: an admin)."""
         with self.lock:
+            strict = self.catalog_mode == STRICT
+            admin = user is None or self.accounts.is_admin(user)
             return [
                 model
                 for model in self.catalog.values()
                 if model.is_service
                 and (not name or model.name == name)
                 and (not category or model.category == category)
+                and not (strict and (not model.category or (model.admin_only and not admin)))
             ]
 
     # ------------------------------------------------------------------ events
@@ -208,16 +248,22 @@ class EmulatorState:
         )
         with self.lock:
             self.reservations[reservation.id] = reservation
+            reservation.remember_version(time.monotonic())
         return reservation
 
-    def reservation(self, reservation_id: str) -> Reservation:
-        """An active reservation, or ApiError for an unknown or ended one (caller holds the lock)."""
+    def reservation(self, reservation_id: str, change: bool = True) -> Reservation:
+        """A reservation to change (``change``) or to read, or ApiError: unknown, or ended and either
+        changed or read in the ``closed`` mode (caller holds the lock)."""
         reservation = self.reservations.get(reservation_id)
         if reservation is None:
             raise ApiError.of("reservation_not_found", reservation_id=reservation_id)
-        if reservation.is_ended(utcnow()):
+        if (change or self.ended_reservations == CLOSED) and reservation.is_ended(utcnow()):
             raise ApiError.of("reservation_ended", reservation_id=reservation_id)
         return reservation
+
+    def _changed(self, reservation: Reservation) -> None:
+        """Note a change of ``reservation`` for stale reads (caller holds the lock)."""
+        reservation.remember_version(time.monotonic())
 
     def end_reservation(self, reservation_id: str) -> None:
         """End a reservation; its later calls fail."""
@@ -234,16 +280,19 @@ class EmulatorState:
                 if not r.is_ended(now) and (not owner or r.owner == owner)
             ]
 
-    def details(self, reservation_id: str, disable_cache: bool) -> Reservation:
+    def details(self, reservation_id: str, disable_cache: bool, staleness: float = 0.0) -> Reservation:
         """GetReservationDetails: a copy of the reservation, from the 5-second snapshot unless disabled.
 
         Changes made after the snapshot was taken stay invisible to cached reads until it expires.
         A ``disableCache`` read gets a fresh copy and neither uses nor refreshes the snapshot. Copies,
         not rendered answers, are kept, so each caller gets times in its own ``DateTimeFormat``.
+        ``staleness`` > 0 (the ``stale_fresh_read`` fault): the reservation as it was that many seconds ago.
         """
         with self.lock:
-            reservation = self.reservation(reservation_id)
+            reservation = self.reservation(reservation_id, change=False)
             now = time.monotonic()
+            if staleness > 0:
+                return reservation.version_at(now - staleness)
             cached = reservation.details_cache
             if not disable_cache and cached is not None and now - cached[0] < self.details_cache_seconds:
                 return cached[1]
@@ -386,6 +435,7 @@ class EmulatorState:
                         if other is not reservation and not other.is_ended(now) and name in other.resources:
                             conflicts.append((name, other.id))
                 reservation.resources.append(name)
+            self._changed(reservation)
             return conflicts
 
     def remove_resources(self, reservation_id: str, names: Sequence[str]) -> None:
@@ -401,6 +451,7 @@ class EmulatorState:
                 reservation.connectors = [
                     c for c in reservation.connectors if name not in (c.source, c.target)
                 ]
+            self._changed(reservation)
 
     def set_connectors(self, reservation_id: str, connectors: Sequence[Mapping[str, str]]) -> None:
         """SetConnectorsInReservation: both endpoints must be in the reservation."""
@@ -426,6 +477,7 @@ class EmulatorState:
                     if {c.source, c.target} != {connector.source, connector.target}
                 ]
                 reservation.connectors.append(connector)
+            self._changed(reservation)
 
     def remove_connectors(self, reservation_id: str, endpoints: Sequence[str]) -> None:
         """RemoveConnectorsFromReservation: ``endpoints`` lists (source, target) pairs, flattened."""
@@ -439,3 +491,4 @@ class EmulatorState:
                     a, b = sorted(pair) if len(pair) == 2 else (next(iter(pair)),) * 2
                     raise ApiError.of("connector_not_found", a=a, b=b, reservation_id=reservation.id)
             reservation.connectors = [c for c in reservation.connectors if {c.source, c.target} not in pairs]
+            self._changed(reservation)
