@@ -106,6 +106,7 @@ def test_reservation_lifecycle(emu: Emulator, api: CloudShellAPISession):
 
 
 def test_ended_and_unknown_reservations_fail_every_reservation_call(emu: Emulator, api: CloudShellAPISession):
+    emu.control.configure(ended_reservations="closed")  # the stricter mode: reads fail too
     rid = emu.create_reservation()
     api.GetReservationDetails(rid)  # a cached snapshot must not outlive the reservation either
     api.EndReservation(rid)
@@ -129,6 +130,34 @@ def test_ended_and_unknown_reservations_fail_every_reservation_call(emu: Emulato
         assert (error.code, error.message) == ("100", f"Reservation '{rid}' has ended"), func.__name__
         error = api_error(func, "no-such-id", *args[1:])
         assert (error.code, error.message) == ("100", "Reservation 'no-such-id' was not found"), func.__name__
+
+
+def test_ended_reservations_answer_reads_and_refuse_changes_by_default(
+    emu: Emulator, api: CloudShellAPISession
+):
+    assert emu.control.settings()["ended_reservations"] == "readable"
+    rid = emu.create_reservation()
+    api.AddServiceToReservation(rid, SERVICE_MODEL, DEFAULT_ALIAS, owner("holder"))
+    api.EndReservation(rid)
+    assert api.GetReservationStatus(rid).ReservationSlimStatus.Status == "Completed"
+    details = api.GetReservationDetails(rid, True).ReservationDescription
+    assert details.Status == "Completed"
+    assert [s.Alias for s in details.Services] == [DEFAULT_ALIAS]
+    assert [p.ResourceName for p in api.GetReservationServicesPositions(rid).ResourceDiagramLayouts] == [
+        DEFAULT_ALIAS
+    ]
+    changes = [
+        (api.AddServiceToReservation, rid, SERVICE_MODEL, "OTHER", []),
+        (api.RemoveServicesFromReservation, rid, [DEFAULT_ALIAS]),
+        (api.SetServiceAttributesValues, rid, DEFAULT_ALIAS, owner("x")),
+        (api.WriteMessageToReservationOutput, rid, "hi"),
+        (api.EndReservation, rid),
+    ]
+    for func, *args in changes:
+        error = api_error(func, *args)
+        assert (error.code, error.message) == ("100", f"Reservation '{rid}' has ended"), func.__name__
+    error = api_error(api.GetReservationDetails, "no-such-id", True)
+    assert error.message == "Reservation 'no-such-id' was not found"
 
 
 def test_duplicate_alias_is_contention(emu: Emulator, api: CloudShellAPISession):

@@ -8,7 +8,7 @@ from collections import OrderedDict
 
 import pytest
 
-from cloudshell_mutex.emulator import state as state_module
+from cloudshell_mutex.emulator import instrumentation
 from cloudshell_mutex.emulator.faults import FaultPlan, LatencyModel
 from cloudshell_mutex.emulator.server import is_loopback
 from cloudshell_mutex.emulator.state import ApiError, AttributeSpec, CatalogModel, EmulatorState
@@ -98,7 +98,7 @@ def test_alias_check_and_insert_are_atomic_under_threads():
     for t in threads:
         t.join()
     assert len(wins) == 1
-    [event] = state.events(rid)
+    [event] = state.instrumentation.events(rid)
     assert event["op"] == "service_added" and event["attributes"][ATTR_OWNER] == str(wins[0])
 
 
@@ -137,7 +137,7 @@ def test_events_are_ordered_and_carry_owner_and_user():
     state.add_service(rid, SERVICE_MODEL, "MUTEX", [(ATTR_OWNER, "a")], "alice")
     state.set_service_attributes(rid, "MUTEX", [(ATTR_OWNER, "b")], "bob")
     state.remove_services(rid, ["MUTEX"], "carol")
-    events = state.events(rid)
+    events = state.instrumentation.events(rid)
     assert [(e["seq"], e["op"], e["attributes"][ATTR_OWNER], e["user"]) for e in events] == [
         (1, "service_added", "a", "alice"),
         (2, "service_attributes_set", "b", "bob"),
@@ -147,14 +147,14 @@ def test_events_are_ordered_and_carry_owner_and_user():
 
 
 def test_event_log_is_bounded_and_keeps_counting(monkeypatch):
-    monkeypatch.setattr(state_module, "EVENT_LOG_LIMIT", 4)
+    monkeypatch.setattr(instrumentation, "EVENT_LOG_LIMIT", 4)
     state = make_state()
     rid = state.create_reservation("r", "admin", 10, "Global").id
     for owner in "abc":
         state.add_service(rid, SERVICE_MODEL, "MUTEX", [(ATTR_OWNER, owner)], "alice")
         state.remove_services(rid, ["MUTEX"], "alice")
     # Six changes, four kept: the oldest go first, and seq shows the gap.
-    assert [(e["seq"], e["op"], e["attributes"][ATTR_OWNER]) for e in state.events(rid)] == [
+    assert [(e["seq"], e["op"], e["attributes"][ATTR_OWNER]) for e in state.instrumentation.events(rid)] == [
         (3, "service_added", "b"),
         (4, "service_removed", "b"),
         (5, "service_added", "c"),
@@ -164,15 +164,15 @@ def test_event_log_is_bounded_and_keeps_counting(monkeypatch):
 
 def test_sessions_expire_and_revoke():
     state = make_state()
-    state.token_ttl = 0.05
-    token = state.logon("admin", "secret", "Global")
-    assert state.session_for(token).user == "admin"
+    state.accounts.token_ttl = 0.05
+    token = state.accounts.logon("admin", "secret", "Global")
+    assert state.accounts.session_for(token).user == "admin"
     time.sleep(0.06)
-    assert state.session_for(token) is None
-    token = state.logon("admin", "secret", "Global")
-    state.revoke_sessions()
-    assert state.session_for(token) is None
-    assert "Login failed" in api_error(state.logon, "admin", "wrong", "Global").message
+    assert state.accounts.session_for(token) is None
+    token = state.accounts.logon("admin", "secret", "Global")
+    state.accounts.revoke_sessions()
+    assert state.accounts.session_for(token) is None
+    assert "Login failed" in api_error(state.accounts.logon, "admin", "wrong", "Global").message
 
 
 def test_latency_split_puts_the_commit_inside_the_delay():
@@ -203,8 +203,8 @@ def test_fault_plan_queues_per_method_and_wildcard():
     plan = FaultPlan()
     plan.inject("AddServiceToReservation", "drop_after_commit", 2)
     plan.inject("*", "error_before_commit")
-    assert plan.take("AddServiceToReservation") == "drop_after_commit"
-    assert plan.take("GetReservationDetails") == "error_before_commit"
+    assert plan.take("AddServiceToReservation").kind == "drop_after_commit"
+    assert plan.take("GetReservationDetails").kind == "error_before_commit"
     assert plan.take("GetReservationDetails") is None
     assert plan.pending() == {"AddServiceToReservation": ["drop_after_commit"]}
     plan.clear()

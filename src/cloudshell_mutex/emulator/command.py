@@ -3,10 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import signal
 import sys
 import threading
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+from .faults import FAULT_KINDS, RandomFaults, fault_kind
+from .runtime import DEFAULT_HEADER_TIMEOUT
+from .state import CATALOG_MODES, ENDED_RESERVATION_MODES
+
+#: Where the CLI takes the admin password from when ``--admin-password`` is not given.
+PASSWORD_ENV = "CLOUDSHELL_EMULATOR_ADMIN_PASSWORD"
+
+
+def admin_password(option: Optional[str], environ: Mapping[str, str]) -> str:
+    """The admin password: the option, else the environment variable, else ``admin``."""
+    if option is not None:
+        return option
+    return environ.get(PASSWORD_ENV) or "admin"
 
 
 def _latency(text: str) -> Optional[Dict[str, Any]]:
@@ -22,16 +38,47 @@ def _latency(text: str) -> Optional[Dict[str, Any]]:
     raise argparse.ArgumentTypeError(f"latency must be LOW_MS or LOW_MS:HIGH_MS, got {text!r}")
 
 
-def _fault(text: str) -> Tuple[str, str, int]:
-    """``METHOD:KIND[:COUNT]``."""
-    parts = text.split(":")
-    if len(parts) not in (2, 3) or not all(parts):
-        raise argparse.ArgumentTypeError(f"fault must be METHOD:KIND[:COUNT], got {text!r}")
+_FAULT_FORM = "METHOD:KIND[:COUNT[:NAME=VALUE,...]]"
+
+
+def _fault_value(text: str) -> Any:
+    """A fault parameter value from the command line: JSON when it parses (numbers, true, null), else text."""
     try:
-        count = int(parts[2]) if len(parts) == 3 else 1
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _fault(text: str) -> Tuple[str, str, int, Dict[str, Any]]:
+    """``METHOD:KIND[:COUNT[:NAME=VALUE,...]]``, e.g. ``AddServiceToReservation:apply_late:1:delay=3``."""
+    parts = text.split(":", 3)
+    if len(parts) < 2 or not all(parts[:3]):
+        raise argparse.ArgumentTypeError(f"fault must be {_FAULT_FORM}, got {text!r}")
+    try:
+        count = int(parts[2]) if len(parts) > 2 else 1
     except ValueError:
         raise argparse.ArgumentTypeError(f"fault count must be a number, got {parts[2]!r}") from None
-    return parts[0], parts[1], count
+    params: Dict[str, Any] = {}
+    for item in parts[3].split(",") if len(parts) > 3 and parts[3] else ():
+        name, equals, value = item.partition("=")
+        if not equals or not name:
+            raise argparse.ArgumentTypeError(f"fault parameter must be NAME=VALUE, got {item!r} in {text!r}")
+        params[name] = _fault_value(value)
+    try:
+        fault_kind(parts[1]).check(params)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return parts[0], parts[1], count, params
+
+
+def _random_faults(text: str) -> Dict[str, Any]:
+    """A JSON object of random fault settings, checked now so that a typo stops the start."""
+    try:
+        settings = json.loads(text)
+        RandomFaults(settings)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"random faults: {error}") from None
+    return settings
 
 
 def register(subparsers: Any) -> None:
@@ -48,7 +95,12 @@ def register(subparsers: Any) -> None:
         "--quali-port", type=int, default=9000, help="Quali API port (default: 9000; 0: free)"
     )
     parser.add_argument("--admin-user", default="admin", help="admin user name (default: admin)")
-    parser.add_argument("--admin-password", default="admin", help="admin password (default: admin)")
+    parser.add_argument(
+        "--admin-password",
+        default=None,
+        help=f"admin password (default: the environment variable {PASSWORD_ENV}, else 'admin'); prefer the "
+        "environment variable, which other users cannot see in the process list",
+    )
     parser.add_argument("--admin-domain", default="Global", help="admin domain (default: Global)")
     parser.add_argument(
         "--package",
@@ -81,8 +133,45 @@ def register(subparsers: Any) -> None:
         action="append",
         default=[],
         type=_fault,
-        metavar="METHOD:KIND[:COUNT]",
-        help="queue a fault at start: KIND is error_before_commit or drop_after_commit; METHOD may be *",
+        metavar=_FAULT_FORM,
+        help="queue a fault at start (repeatable); METHOD may be *; KIND is one of "
+        f"{', '.join(FAULT_KINDS)}; e.g. RemoveServicesFromReservation:apply_late:1:delay=3,reply=hang "
+        "(docs/emulator.md)",
+    )
+    parser.add_argument(
+        "--random-faults",
+        type=_random_faults,
+        default=None,
+        metavar="JSON",
+        help='seeded random faults, e.g. \'{"seed": 7, "rates": {"apply_late": 0.02, "spike": 0.05}}\'',
+    )
+    parser.add_argument(
+        "--catalog",
+        choices=CATALOG_MODES,
+        default="permissive",
+        help="permissive (default): GetServices lists every service model; strict: only families linked "
+        "to a category, admin-only families to admins only (as the real server most likely does)",
+    )
+    parser.add_argument(
+        "--ended-reservations",
+        choices=ENDED_RESERVATION_MODES,
+        default="readable",
+        help="readable (default): reads of an ended reservation answer (status Completed), changes fail; "
+        "closed: every call on it fails",
+    )
+    parser.add_argument(
+        "--header-timeout",
+        type=float,
+        default=DEFAULT_HEADER_TIMEOUT,
+        metavar="SECONDS",
+        help="close connections that do not finish their request headers, or sit idle, this long "
+        f"(default: {DEFAULT_HEADER_TIMEOUT:g})",
+    )
+    parser.add_argument(
+        "--reword-errors",
+        action="store_true",
+        help="send every error text except the documented 'Service with given alias already exists' in "
+        "other words (same codes), to show a client does not depend on guessed wording",
     )
     parser.set_defaults(func=run)
 
@@ -100,12 +189,17 @@ def run(args: argparse.Namespace) -> int:
             port=args.port,
             quali_port=args.quali_port,
             admin_user=args.admin_user,
-            admin_password=args.admin_password,
+            admin_password=admin_password(args.admin_password, os.environ),
             admin_domain=args.admin_domain,
             packages=args.package,
             latency=latency,
             details_cache_seconds=args.details_cache_seconds,
             faults=args.fault,
+            random_faults=args.random_faults,
+            reword_errors=args.reword_errors,
+            catalog=args.catalog,
+            ended_reservations=args.ended_reservations,
+            header_timeout=args.header_timeout,
         )
         emulator.start()
     except (OSError, ValueError) as error:

@@ -15,6 +15,7 @@ import urllib.request
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .runtime import Runtime
+from .state import utcnow
 
 
 class EmulatorControlError(RuntimeError):
@@ -22,8 +23,6 @@ class EmulatorControlError(RuntimeError):
 
 
 def _reservation_snapshot(runtime: Runtime, reservation_id: str) -> Dict[str, Any]:
-    from .state import utcnow
-
     state = runtime.state
     with state.lock:
         reservation = state.reservations.get(reservation_id)
@@ -64,17 +63,23 @@ class _Payload(dict):
 _OPS: Dict[str, Callable[[Runtime, Dict[str, Any]], Any]] = {
     "settings": lambda rt, p: rt.settings(),
     "configure": lambda rt, p: rt.configure(**p),
-    "inject_fault": lambda rt, p: rt.faults.inject(p["method"], p["kind"], p.get("count", 1)),
+    "inject_fault": lambda rt, p: rt.faults.inject(
+        p["method"], p["kind"], p.get("count", 1), p.get("params")
+    ),
     "clear_faults": lambda rt, p: rt.faults.clear(),
     "faults": lambda rt, p: rt.faults.pending(),
-    "events": lambda rt, p: rt.state.events(p.get("reservation_id")),
+    "faults_injected": lambda rt, p: rt.faults.injected(),
+    "land_late": lambda rt, p: rt.land_late(p.get("fault_ids")),
+    "events": lambda rt, p: rt.state.instrumentation.events(p.get("reservation_id")),
     "output": lambda rt, p: rt.state.output(p["reservation_id"]),
-    "call_counts": lambda rt, p: rt.state.call_counts(),
-    "reset_counts": lambda rt, p: rt.state.reset_counts(),
-    "overhead": lambda rt, p: rt.state.overhead(),
-    "revoke_sessions": lambda rt, p: rt.state.revoke_sessions(),
-    "issue_token": lambda rt, p: rt.state.issue_auth_token(p.get("user")),
-    "add_user": lambda rt, p: rt.state.add_user(p["name"], p["password"], bool(p.get("admin", False))),
+    "call_counts": lambda rt, p: rt.state.instrumentation.call_counts(),
+    "reset_counts": lambda rt, p: rt.state.instrumentation.reset_counts(),
+    "overhead": lambda rt, p: rt.state.instrumentation.overhead(),
+    "revoke_sessions": lambda rt, p: rt.state.accounts.revoke_sessions(),
+    "issue_token": lambda rt, p: rt.state.accounts.issue_auth_token(p.get("user")),
+    "add_user": lambda rt, p: rt.state.accounts.add_user(
+        p["name"], p["password"], bool(p.get("admin", False))
+    ),
     "import_package": _import,
     "reservation": lambda rt, p: _reservation_snapshot(rt, p["reservation_id"]),
 }
@@ -128,24 +133,40 @@ class EmulatorControl:
 
     def configure(self, **settings: Any) -> Dict[str, Any]:
         """Change settings, e.g. ``latency={"distribution": "uniform", "low": 0.005, "high": 0.02,
-        "commit_fraction": 0.5}``, ``details_cache_seconds=5``, ``token_ttl=None``; returns all settings."""
+        "commit_fraction": 0.5}``, ``details_cache_seconds=5``, ``token_ttl=None``,
+        ``random_faults={"seed": 7, "rates": {"spike": 0.05}}``; returns all settings."""
         return self._call("configure", settings)
 
-    def inject_fault(self, method: str, kind: str, count: int = 1) -> None:
-        """Queue ``count`` faults for the next calls of ``method`` (``"*"``: any method).
+    def inject_fault(self, method: str, kind: str, count: int = 1, **params: Any) -> None:
+        """Queue ``count`` faults of ``kind`` with ``params`` for the next calls of ``method`` (``"*"``: any).
 
         ``error_before_commit``: HTTP 500, nothing changes. ``drop_after_commit``: the call takes effect,
-        then the connection closes without a response.
+        then the connection closes without a response. ``apply_late(delay=1.0, reset_after=0.0,
+        reply="reset"|"hang", hang_limit=300)``: no answer; the request takes effect ``delay`` seconds
+        after it arrived (None: at :meth:`land_late`). ``spike(seconds=2.0)``: extra latency before the
+        commit. See docs/emulator.md for all kinds.
         """
-        self._call("inject_fault", {"method": method, "kind": kind, "count": count})
+        self._call("inject_fault", {"method": method, "kind": kind, "count": count, "params": params})
 
     def clear_faults(self) -> None:
-        """Drop every queued fault."""
+        """Drop every queued fault and switch the random fault mode off (records and late calls stay)."""
         self._call("clear_faults")
 
     def faults(self) -> Dict[str, List[str]]:
-        """Queued faults per method."""
+        """Queued fault kinds per method."""
         return self._call("faults")
+
+    def faults_injected(self) -> List[Dict[str, Any]]:
+        """Every fault handed to a call, oldest first: ``{"id", "method", "kind", "params", "source"
+        ("queued"/"random"), "reservation_id", "time", "monotonic", "outcome"}``; ``outcome`` is
+        ``"pending"`` until the call took effect (``"applied"``), failed (``"failed"``, with ``code`` and
+        ``message``) or was discarded at stop; late calls add ``landed_monotonic``."""
+        return self._call("faults_injected")
+
+    def land_late(self, fault_ids: Optional[List[int]] = None) -> int:
+        """Apply pending ``apply_late`` calls now (those with these fault ids, default all), in arrival
+        order; they have landed when this returns. Returns how many landed."""
+        return self._call("land_late", {"fault_ids": fault_ids} if fault_ids is not None else {})
 
     def events(self, reservation_id: Optional[str] = None) -> List[Dict[str, Any]]:
         """The ordered log of committed service changes (optionally of one reservation)."""

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 from .control import EmulatorControl
-from .runtime import DEFAULT_SERVER_VERSION, Runtime
+from .runtime import DEFAULT_HEADER_TIMEOUT, DEFAULT_SERVER_VERSION, Runtime
 from .server import ApiServer, QualiServer
 from .state import DEFAULT_DETAILS_CACHE_SECONDS, AttributeSpec, CatalogModel, EmulatorState
 
@@ -21,9 +21,15 @@ class Emulator:
     ``port=0`` / ``quali_port=0`` pick free ports; :attr:`port` and :attr:`quali_port` are the bound
     ones after :meth:`start`. ``packages`` (paths or zip bytes) are imported at start, through the same
     code as the Quali API import. ``latency`` is a :class:`~cloudshell_mutex.emulator.faults.LatencyModel`
-    settings dict and ``faults`` a list of ``(method, kind[, count])`` queued at start (see
-    :meth:`EmulatorControl.inject_fault`). Use it as a context manager, or call :meth:`start` and
-    :meth:`stop`.
+    settings dict and ``faults`` a list of ``(method, kind[, count[, params]])`` queued at start (see
+    :meth:`EmulatorControl.inject_fault`); ``random_faults`` switches the seeded random fault mode on (a
+    :class:`~cloudshell_mutex.emulator.faults.RandomFaults` settings dict). Use it as a context manager,
+    or call :meth:`start` and :meth:`stop`. The real-server modes (docs/emulator.md): ``reword_errors``
+    (every error text but the documented one in other words), ``catalog`` (``"permissive"``: GetServices
+    lists every service model; ``"strict"``: only those in a category, admin-only ones to admins only),
+    ``ended_reservations`` (``"readable"``: reads of an ended reservation answer and changes fail;
+    ``"closed"``: every call fails) and ``header_timeout`` (seconds a connection may take to send its
+    request headers or sit idle).
     """
 
     def __init__(
@@ -39,6 +45,11 @@ class Emulator:
         details_cache_seconds: float = DEFAULT_DETAILS_CACHE_SECONDS,
         server_version: str = DEFAULT_SERVER_VERSION,
         faults: Iterable[Sequence[Any]] = (),
+        random_faults: Optional[Mapping[str, Any]] = None,
+        reword_errors: bool = False,
+        catalog: str = "permissive",
+        ended_reservations: str = "readable",
+        header_timeout: float = DEFAULT_HEADER_TIMEOUT,
     ) -> None:
         self.host = host
         self.port = port
@@ -49,8 +60,17 @@ class Emulator:
         self._packages = list(packages)
         state = EmulatorState(admin_user, admin_password, admin_domain, details_cache_seconds)
         self.runtime = Runtime(state, latency=latency, server_version=server_version)
-        for fault in faults:  # (method, kind) or (method, kind, count)
+        for fault in faults:  # (method, kind), (method, kind, count) or (method, kind, count, params)
+            if isinstance(fault, (str, bytes)) or not 2 <= len(fault) <= 4:
+                raise ValueError(f"a fault is (method, kind[, count[, params]]), got {fault!r}")
             self.runtime.faults.inject(*fault)
+        self.runtime.configure(
+            random_faults=random_faults,
+            reword_errors=reword_errors,
+            catalog=catalog,
+            ended_reservations=ended_reservations,
+            header_timeout=header_timeout,
+        )
         self._api: Optional[ApiServer] = None
         self._quali: Optional[QualiServer] = None
         self._threads: List[threading.Thread] = []
@@ -93,6 +113,7 @@ class Emulator:
                 server.stop()
         for thread in self._threads:
             thread.join(timeout=5)
+        self.runtime.stop()
         self._api = self._quali = None
         self._threads = []
         self._own_session = None
@@ -152,7 +173,7 @@ class Emulator:
 
     def issue_token(self, user: Optional[str] = None) -> str:
         """A SecureLogon token (what CloudShell passes to drivers as ``admin_auth_token``)."""
-        return self.runtime.state.issue_auth_token(user)
+        return self.runtime.state.accounts.issue_auth_token(user)
 
     # ------------------------------------------------------------------ catalog
     def import_package(self, package: PackageSource) -> Dict[str, Any]:

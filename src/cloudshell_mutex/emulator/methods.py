@@ -12,10 +12,8 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 from xml.etree.ElementTree import Element
 
+from .messages import ApiError
 from .state import (
-    GENERIC_ERROR,
-    UNKNOWN_COMMAND_ERROR,
-    ApiError,
     CatalogModel,
     EmulatorState,
     Reservation,
@@ -45,6 +43,10 @@ class CallContext:
     state: EmulatorState
     session: Optional[Session]
     datetime_format: Optional[str]
+    #: Send every error text but the documented one in its alternative wording (``reword_errors``).
+    reword: bool = False
+    #: GetReservationDetails shows the reservation as it was this many seconds ago (``stale_fresh_read``).
+    staleness: float = 0.0
 
     @property
     def user(self) -> str:
@@ -66,17 +68,30 @@ def api_method(func: Handler) -> Handler:
     return func
 
 
-def dispatch(ctx: CallContext, method: str, params: Params) -> bytes:
-    """Run one API call and return the response envelope (failures included)."""
+def execute(ctx: CallContext, method: str, params: Params) -> Optional[Info]:
+    """Run one API call; raise ApiError for a ``Success="false"`` answer."""
     handler = METHODS.get(method)
     if handler is None:
-        return failure_response(method, UNKNOWN_COMMAND_ERROR, f"Command '{method}' does not exist")
+        raise ApiError.of("unknown_command", method=method)
     try:
-        return success_response(method, handler(ctx, params))
-    except ApiError as error:
-        return failure_response(method, error.code, error.message)
+        return handler(ctx, params)
     except RequestError as error:
-        return failure_response(method, GENERIC_ERROR, f"Invalid request: {error}")
+        raise ApiError.of("invalid_request", problem=str(error)) from None
+
+
+def dispatch(ctx: CallContext, method: str, params: Params) -> Tuple[bytes, Optional[ApiError]]:
+    """Run one API call; return the response envelope and, for a ``Success="false"`` one, the error."""
+    try:
+        return success_response(method, execute(ctx, method, params)), None
+    except ApiError as error:
+        return failure_response(method, error.code, error.text(ctx.reword)), error
+
+
+def outcome(failure: Optional[ApiError]) -> Tuple[str, Dict[str, str]]:
+    """How a faulted call ended, for its record: ``("applied", {})`` or ``("failed", {code, message})``."""
+    if failure is None:
+        return "applied", {}
+    return "failed", {"code": failure.code, "message": failure.message}
 
 
 # ---------------------------------------------------------------------- rendering
@@ -189,7 +204,7 @@ def _service_info(model: CatalogModel) -> Element:
 
 # ---------------------------------------------------------------------- logon and time
 def _logon_info(ctx: CallContext, token: str, user: str, domain: str) -> Info:
-    is_admin = ctx.state.is_admin(user)
+    is_admin = ctx.state.accounts.is_admin(user)
     return Info(
         "LogonResponseInfo",
         [
@@ -214,17 +229,17 @@ def _logon_info(ctx: CallContext, token: str, user: str, domain: str) -> Info:
 @api_method
 def Logon(ctx: CallContext, p: Params) -> Optional[Info]:
     """Logon(username, password, domainName) -> LogonResponseInfo."""
-    user, domain = p.text("username"), p.text("domainName", "") or ctx.state.admin_domain
-    token = ctx.state.logon(user, p.text("password"), domain)
+    user, domain = p.text("username"), p.text("domainName", "") or ctx.state.accounts.admin_domain
+    token = ctx.state.accounts.logon(user, p.text("password"), domain)
     return _logon_info(ctx, token, user, domain)
 
 
 @api_method
 def SecureLogon(ctx: CallContext, p: Params) -> Optional[Info]:
     """SecureLogon(token, domainName) -> LogonResponseInfo."""
-    domain = p.text("domainName", "") or ctx.state.admin_domain
-    session_token = ctx.state.secure_logon(p.text("token"), domain)
-    session = ctx.state.session_for(session_token)
+    domain = p.text("domainName", "") or ctx.state.accounts.admin_domain
+    session_token = ctx.state.accounts.secure_logon(p.text("token"), domain)
+    session = ctx.state.accounts.session_for(session_token)
     return _logon_info(ctx, session_token, session.user if session else "", domain)
 
 
@@ -245,7 +260,7 @@ def CreateImmediateReservation(ctx: CallContext, p: Params) -> Optional[Info]:
         name=p.text("reservationName"),
         owner=p.text("owner", "") or ctx.user,
         minutes=p.number("durationInMinutes"),
-        domain=ctx.session.domain if ctx.session else ctx.state.admin_domain,
+        domain=ctx.session.domain if ctx.session else ctx.state.accounts.admin_domain,
     )
     return Info("CreateReservationResponseInfo", [node("Reservation", _reservation_fields(ctx, reservation))])
 
@@ -260,7 +275,7 @@ def EndReservation(ctx: CallContext, p: Params) -> Optional[Info]:
 @api_method
 def GetReservationDetails(ctx: CallContext, p: Params) -> Optional[Info]:
     """GetReservationDetails(reservationId, disableCache) -> GetReservationDescriptionResponseInfo."""
-    reservation = ctx.state.details(p.text("reservationId"), p.flag("disableCache"))
+    reservation = ctx.state.details(p.text("reservationId"), p.flag("disableCache"), ctx.staleness)
     return Info("GetReservationDescriptionResponseInfo", [_render_details(ctx, reservation)])
 
 
@@ -268,7 +283,7 @@ def GetReservationDetails(ctx: CallContext, p: Params) -> Optional[Info]:
 def GetReservationStatus(ctx: CallContext, p: Params) -> Optional[Info]:
     """GetReservationStatus(reservationId) -> ReservationSlimStatusInfo."""
     with ctx.state.lock:
-        reservation = ctx.state.reservation(p.text("reservationId"))
+        reservation = ctx.state.reservation(p.text("reservationId"), change=False)
         fields = _reservation_fields(ctx, reservation)
     status = {
         "ReservationId": reservation.id,
@@ -294,7 +309,7 @@ def GetCurrentReservations(ctx: CallContext, p: Params) -> Optional[Info]:
 @api_method
 def GetServices(ctx: CallContext, p: Params) -> Optional[Info]:
     """GetServices(categoryName, serviceName) -> ServicesListInfo with attribute definitions."""
-    models = ctx.state.services(p.text("categoryName", ""), p.text("serviceName", ""))
+    models = ctx.state.services(p.text("categoryName", ""), p.text("serviceName", ""), ctx.user)
     return Info("ServicesListInfo", [node("Services", children=[_service_info(m) for m in models])])
 
 
@@ -334,7 +349,7 @@ def GetReservationServicesPositions(ctx: CallContext, p: Params) -> Optional[Inf
     Services only, as the real server answers.
     """
     with ctx.state.lock:
-        reservation = ctx.state.reservation(p.text("reservationId"))
+        reservation = ctx.state.reservation(p.text("reservationId"), change=False)
         items = [
             node("ResourceDiagramLayout", {"ResourceName": s.alias, "X": s.position[0], "Y": s.position[1]})
             for s in reservation.services.values()
@@ -383,7 +398,7 @@ def CreateResource(ctx: CallContext, p: Params) -> Optional[Info]:
         "Description": resource.description,
         "Permission": "RW",
         "CreatedByUser": resource.created_by,
-        "CreatedInDomain": ctx.session.domain if ctx.session else ctx.state.admin_domain,
+        "CreatedInDomain": ctx.session.domain if ctx.session else ctx.state.accounts.admin_domain,
         "CreateDate": now,
         "ModificationDate": now,
         "Version": 1,

@@ -18,12 +18,9 @@ import threading
 from collections import OrderedDict
 from email.parser import BytesParser
 from email.policy import HTTP
-from typing import TYPE_CHECKING, Any, Dict, Optional
+from typing import Any, Dict, Optional
 
-from .state import AttributeSpec, CatalogModel
-
-if TYPE_CHECKING:
-    from .runtime import Runtime
+from .state import AttributeSpec, CatalogModel, EmulatorState
 
 
 class QualiTokens:
@@ -70,8 +67,9 @@ def first_file_part(content_type: str, body: bytes) -> Optional[bytes]:
     return None
 
 
-def register_package(runtime: Runtime, zip_bytes: bytes) -> Dict[str, Any]:
-    """Validate a package zip and register its families, models, attributes and drivers.
+def register_package(state: EmulatorState, server_version: str, zip_bytes: bytes) -> Dict[str, Any]:
+    """Validate a package zip and register its families, models, attributes and drivers in ``state``;
+    a package built for a CloudShell newer than ``server_version`` is refused.
 
     Raises ``PackageError`` (a ValueError naming the file and the problem) and registers nothing then.
     Returns a summary: ``{"services": [...], "resources": [...], "drivers": [...]}``.
@@ -79,10 +77,10 @@ def register_package(runtime: Runtime, zip_bytes: bytes) -> Dict[str, Any]:
     from cloudshell_mutex.packaging.format import PackageError, parse_version, read_package
 
     package = read_package(zip_bytes)
-    if package.metadata.server_version_info > parse_version(runtime.server_version):
+    if package.metadata.server_version_info > parse_version(server_version):
         raise PackageError(
             f"metadata.xml: ServerVersion {package.metadata.server_version} is newer than this server "
-            f"({runtime.server_version}); build the package for {runtime.server_version} or older"
+            f"({server_version}); build the package for {server_version} or older"
         )
     datamodel = package.datamodel
     models = []
@@ -104,7 +102,6 @@ def register_package(runtime: Runtime, zip_bytes: bytes) -> Dict[str, Any]:
                     admin_only=family.is_admin_only,
                 )
             )
-    state = runtime.state
     with state.lock:
         for catalog_model in models:
             state.register_model(catalog_model)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import json
+import select
 import socket
 import sys
 import threading
@@ -21,12 +22,24 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Dict, Optional, Tuple
 from urllib.parse import parse_qs, urlsplit
 
-from .faults import DROP_AFTER_COMMIT, ERROR_BEFORE_COMMIT
-from .methods import PUBLIC_METHODS, CallContext, dispatch
+from .control import handle_control
+from .faults import (
+    APPLY_LATE,
+    DOUBLE_GRANT,
+    DROP_AFTER_COMMIT,
+    ERROR_BEFORE_COMMIT,
+    HANG,
+    SPIKE,
+    STALE_FRESH_READ,
+    TRANSIENT_FALSE,
+    Fault,
+)
+from .messages import ApiError, render
+from .methods import PUBLIC_METHODS, CallContext, dispatch, outcome
 from .quali import QualiTokens, first_file_part
 from .runtime import Runtime
-from .state import GENERIC_ERROR
-from .wire import RequestError, failure_response, parse_authorization, parse_request
+from .state import EVENT_TAGS
+from .wire import RequestError, failure_response, parse_authorization, parse_request, success_response
 
 API_PREFIX = "/resourcemanagerapiservice/"
 CONTROL_PREFIX = "/_emulator/"
@@ -118,6 +131,12 @@ class _Handler(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True
     server: _TrackingServer
 
+    def setup(self) -> None:
+        """Give the connection the header timeout: a client that never finishes its request headers (or
+        idles between requests) is cut off, as real servers do, instead of holding a thread forever."""
+        self.timeout = self.server.runtime.header_timeout
+        super().setup()
+
     def log_message(self, format: str, *args: Any) -> None:
         """Stay quiet: request lines could carry tokens, and tests run thousands of calls."""
 
@@ -129,16 +148,16 @@ class _Handler(BaseHTTPRequestHandler):
         must not be read as the next request.
         """
         if self.headers.get("Transfer-Encoding"):
-            self.refuse(411, "send the request body with a Content-Length (chunked bodies are not supported)")
+            self.refuse(411, self.text("http_chunked_body"))
             return None
         length_header = self.headers.get("Content-Length")
         try:
             length = int(length_header) if length_header is not None else 0
         except ValueError:
-            self.refuse(400, f"Content-Length is not a number: {length_header!r}")
+            self.refuse(400, self.text("http_bad_length", value=repr(length_header)))
             return None
         if length < 0 or length > MAX_BODY_BYTES:
-            self.refuse(413, f"request body too large: {length} bytes (at most {MAX_BODY_BYTES})")
+            self.refuse(413, self.text("http_body_too_large", length=length, limit=MAX_BODY_BYTES))
             return None
         if not length:
             return b""
@@ -149,9 +168,9 @@ class _Handler(BaseHTTPRequestHandler):
             body = None
         finally:
             with contextlib.suppress(OSError):
-                self.connection.settimeout(None)
+                self.connection.settimeout(self.timeout)
         if body is None or len(body) < length:
-            self.refuse(408, f"the request body did not arrive within {BODY_TIMEOUT_SECONDS:g} s")
+            self.refuse(408, self.text("http_body_timeout", seconds=BODY_TIMEOUT_SECONDS))
             return None
         return body
 
@@ -165,6 +184,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         self.end_headers()
         self.wfile.write(body)
+
+    def text(self, name: str, **fields: Any) -> str:
+        """Message ``name`` of :mod:`.messages`, worded as the emulator's ``reword_errors`` mode says."""
+        return render(name, self.server.runtime.reword_errors, **fields)
 
     def send_text(self, status: int, text: str) -> None:
         """Answer with plain text."""
@@ -180,6 +203,23 @@ class _Handler(BaseHTTPRequestHandler):
         """Spend injected latency; False when the emulator stops meanwhile (the caller then drops the
         connection instead of answering)."""
         return not (seconds and self.server.stopping.wait(seconds))
+
+    def wait_for_client_to_leave(self, limit: float) -> None:
+        """Send nothing until the client closes its end (its timeout), the emulator stops, or ``limit``
+        seconds pass."""
+        deadline = time.monotonic() + limit
+        while not self.server.stopping.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            try:
+                # select() works on sockets on Windows too. The client sends nothing while it waits for
+                # this answer, so a readable socket is its EOF (it gave up).
+                readable, _, _ = select.select([self.connection], [], [], min(0.1, remaining))
+            except (OSError, ValueError):
+                return
+            if readable:
+                return
 
     def send_json(self, status: int, value: Any) -> None:
         """Answer with JSON."""
@@ -204,7 +244,7 @@ class ApiRequestHandler(_Handler):
         if not path.lower().startswith(API_PREFIX) or "/" in path[len(API_PREFIX) :].strip("/"):
             body = self.read_body()
             if body is not None:
-                self.send_text(404, f"No such endpoint: {path}")
+                self.send_text(404, self.text("http_no_endpoint", path=path))
             return
         started = time.perf_counter()
         body = self.read_body()
@@ -217,52 +257,112 @@ class ApiRequestHandler(_Handler):
         if path.startswith(CONTROL_PREFIX):
             self._control(path[len(CONTROL_PREFIX) :])
         else:
-            self.send_text(404, f"No such endpoint: {path}")
+            self.send_text(404, self.text("http_no_endpoint", path=path))
 
     def _api_call(self, method: str, body: bytes, started: float) -> None:
         """Answer one API call and record the emulator's own time on it (from the parsed request headers
         to the written response, injected latency excluded)."""
         slept = self._api_call_inner(method, body)
         if slept is not None:
-            self.server.runtime.state.record_overhead(time.perf_counter() - started - slept)
+            self.server.runtime.state.instrumentation.record_overhead(time.perf_counter() - started - slept)
 
     def _api_call_inner(self, method: str, body: bytes) -> Optional[float]:
         """Answer one API call; return the injected latency slept (None: not a measured call)."""
         runtime = self.server.runtime
         state = runtime.state
-        state.count_call(method)
-        session = state.session_for(parse_authorization(self.headers.get("Authorization")))
+        state.instrumentation.count_call(method)
+        session = state.accounts.session_for(parse_authorization(self.headers.get("Authorization")))
         if method not in PUBLIC_METHODS and session is None:
-            self.send_text(401, "Unauthorized: the token is missing, unknown or expired; log on again")
+            self.send_text(401, self.text("http_unauthorized"))
             return None
         try:
             params = parse_request(body, method)
         except RequestError as error:
-            answer = failure_response(method, GENERIC_ERROR, f"Invalid request: {error}")
+            invalid = ApiError.of("invalid_request", problem=str(error))
+            answer = failure_response(method, invalid.code, invalid.text(runtime.reword_errors))
             self.send_body(200, answer, XML_CONTENT_TYPE)
             return None
 
-        fault = runtime.faults.take(method)
-        before, after = runtime.latency.split()
-        if not self.wait(before):
+        try:
+            reservation_id = params.text("reservationId", "")
+            uncached = method == "GetReservationDetails" and params.flag("disableCache")
+        except RequestError:
+            reservation_id, uncached = "", False
+        fault = runtime.faults.take(method, reservation_id)
+        kind = fault.kind if fault is not None else None
+        ctx = CallContext(state, session, self.headers.get("DateTimeFormat"), runtime.reword_errors)
+        if fault is not None and kind == APPLY_LATE:
+            runtime.apply_late(fault, ctx, method, params)
+            self._answer_never(fault)
+            return None
+        if fault is not None and kind == STALE_FRESH_READ:
+            ctx.staleness = fault.params["ms"] / 1000.0
+        before, after = runtime.latency.split(*((f"{method}:uncached",) if uncached else ()), method)
+        if fault is not None and kind == SPIKE:
+            before += fault.params["seconds"]
+        if kind == HANG and not (fault is not None and fault.params["commit"]):
+            before = 0.0  # nothing happens: no reason to wait before hanging
+        elif not self.wait(before):
+            self._settle(fault, "discarded")
             self.drop_connection()
             return None
-        if fault == ERROR_BEFORE_COMMIT:
-            self.send_text(500, "Internal Server Error (injected fault before commit)")
+        if fault is not None and kind == ERROR_BEFORE_COMMIT:
+            self._settle(fault, "not_applied")
+            self.send_text(500, self.text("http_injected_error"))
             return None
+        if fault is not None and kind == TRANSIENT_FALSE:
+            transient = ApiError.of("deadlock_victim", process_id=fault.params["process_id"])
+            self._settle(fault, "not_applied", code=transient.code, message=transient.message)
+            answer = failure_response(method, transient.code, transient.text(runtime.reword_errors))
+            self.send_body(200, answer, XML_CONTENT_TYPE)
+            return before
+        if fault is not None and kind == HANG and not fault.params["commit"]:
+            self._settle(fault, "not_applied")
+            self._hang(fault)
+            return None
+        tags = EVENT_TAGS.set({"fault": {"id": fault.id, "kind": kind}} if fault is not None else {})
+        double_granted = False
         try:
-            response = dispatch(
-                CallContext(state, session, self.headers.get("DateTimeFormat")), method, params
-            )
+            response, failure = dispatch(ctx, method, params)
+            if kind == DOUBLE_GRANT and failure is not None and failure.name == "duplicate_alias":
+                runtime.record_double_grant(ctx, params)
+                response, failure, double_granted = success_response(method), None, True
         except Exception as error:  # an emulator bug: say so instead of dropping the connection
             traceback.print_exc()
-            self.send_text(500, f"emulator internal error in {method}: {error!r}")
+            self.send_text(500, self.text("http_internal_error", method=method, error=repr(error)))
             return None
-        if fault == DROP_AFTER_COMMIT or not self.wait(after):
+        finally:
+            EVENT_TAGS.reset(tags)
+        if fault is not None:
+            result, details = outcome(failure)
+            self._settle(fault, result, double_granted=double_granted, **details)
+        if fault is not None and kind == HANG:
+            self._hang(fault)
+            return None
+        if (fault is not None and kind == DROP_AFTER_COMMIT) or not self.wait(after):
             self.drop_connection()
             return None
         self.send_body(200, response, XML_CONTENT_TYPE)
         return before + after
+
+    def _settle(self, fault: Optional[Fault], outcome_name: str, **details: Any) -> None:
+        """Note what became of a faulted call in its record (see FaultPlan.injected)."""
+        if fault is not None:
+            self.server.runtime.faults.settle(fault.id, outcome_name, **details)
+
+    def _hang(self, fault: Fault) -> None:
+        """Answer nothing until the client gives up, then close the connection."""
+        self.wait_for_client_to_leave(fault.params["hang_limit"])
+        self.drop_connection()
+
+    def _answer_never(self, fault: Fault) -> None:
+        """Reset the connection after ``reset_after`` seconds, or (``reply="hang"``) leave the call
+        unanswered until the client gives up, the emulator stops or ``hang_limit`` passes."""
+        if fault.params["reply"] == "hang":
+            self.wait_for_client_to_leave(fault.params["hang_limit"])
+        else:
+            self.wait(fault.params["reset_after"])
+        self.drop_connection()
 
     def _control(self, op: str) -> None:
         if not is_loopback(self.client_address[0]):
@@ -282,8 +382,6 @@ class ApiRequestHandler(_Handler):
                     return
         else:
             payload = {k: v[-1] for k, v in parse_qs(urlsplit(self.path).query).items()}
-        from .control import handle_control
-
         status, result = handle_control(self.server.runtime, op.strip("/"), payload)
         self.send_json(status, result)
 
@@ -298,7 +396,7 @@ class QualiRequestHandler(_Handler):
         path = urlsplit(self.path).path
         body = self.read_body()
         if body is not None and path.lower().rstrip("/") != QUALI_PREFIX + endpoint:
-            self.send_text(404, f"No such endpoint: {path}")
+            self.send_text(404, self.text("http_no_endpoint", path=path))
             return None
         return body
 
@@ -320,12 +418,12 @@ class QualiRequestHandler(_Handler):
         user = form.get("username", "")
         token = form.get("token", "")
         if token:
-            user = state.auth_token_user(token) or ""
+            user = state.accounts.auth_token_user(token) or ""
             ok = bool(user)
         else:
-            ok = state.check_password(user, form.get("password", ""))
+            ok = state.accounts.check_password(user, form.get("password", ""))
         if not ok:
-            self.send_text(401, "Login failed: the username or password is not correct")
+            self.send_text(401, self.text("quali_login_failed"))
             return
         self.send_json(200, self.server.tokens.issue(user))
 
@@ -336,20 +434,15 @@ class QualiRequestHandler(_Handler):
             return
         user = self.server.tokens.user(self.headers.get("Authorization"))
         if user is None:
-            self.send_text(401, "Unauthorized: log in through /API/Auth/Login first")
+            self.send_text(401, self.text("quali_unauthorized"))
             return
         runtime = self.server.runtime
-        if not runtime.state.is_admin(user):
-            self.send_json(
-                200, {"Success": False, "ErrorMessage": "Importing packages requires a system administrator"}
-            )
+        if not runtime.state.accounts.is_admin(user):
+            self.send_json(200, {"Success": False, "ErrorMessage": self.text("quali_import_not_admin")})
             return
         data = first_file_part(self.headers.get("Content-Type", ""), body)
         if data is None:
-            self.send_json(
-                200,
-                {"Success": False, "ErrorMessage": "No package file in the request (multipart field 'file')"},
-            )
+            self.send_json(200, {"Success": False, "ErrorMessage": self.text("quali_import_no_file")})
             return
         try:
             runtime.import_package(data)

@@ -1,4 +1,5 @@
-"""The emulated server's data: users and tokens, the catalog, resources, reservations and the event log.
+"""The emulated server's data: the catalog, resources, reservations with their services and connectors,
+and (as parts of :class:`EmulatorState`) the accounts and the instrumentation.
 
 Every change and every read of reservation data happens under one lock, so a check and the change it
 guards (for example "alias free?" then "insert service") are one atomic step, as on the real server.
@@ -8,7 +9,6 @@ Operations raise :class:`ApiError`, which the wire layer turns into a ``Success=
 from __future__ import annotations
 
 import datetime as _dt
-import secrets
 import threading
 import time
 import uuid
@@ -16,30 +16,31 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field, replace
 from typing import Any, Deque, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-GENERIC_ERROR = "100"
-UNKNOWN_COMMAND_ERROR = "101"
-CONNECTOR_NOT_FOUND_ERROR = "123"
-
-DUPLICATE_ALIAS = "Service with given alias already exists"
+from .accounts import Accounts, Session  # noqa: F401 (Session: re-exported)
+from .instrumentation import EVENT_LOG_LIMIT, EVENT_TAGS, Instrumentation, utcnow  # noqa: F401 (re-exported)
+from .messages import (  # noqa: F401 (re-exported: the names other modules and tests know them by)
+    CONNECTOR_NOT_FOUND_ERROR,
+    DUPLICATE_ALIAS,
+    GENERIC_ERROR,
+    UNKNOWN_COMMAND_ERROR,
+    ApiError,
+)
 
 #: How long GetReservationDetails answers from its per-reservation snapshot (the real server: 5 s).
 DEFAULT_DETAILS_CACHE_SECONDS = 5.0
 
 CONNECTOR_DIRECTIONS = ("bi", "uni")
 
+#: ``catalog`` modes: what GetServices lists (docs/emulator.md).
+PERMISSIVE, STRICT = "permissive", "strict"
+CATALOG_MODES = (PERMISSIVE, STRICT)
 
-class ApiError(Exception):
-    """An API-level failure: the client raises ``CloudShellAPIError(code, message)`` for it."""
+#: ``ended_reservations`` modes: ``readable`` (reads answer, changes fail) or ``closed`` (every call fails).
+READABLE, CLOSED = "readable", "closed"
+ENDED_RESERVATION_MODES = (READABLE, CLOSED)
 
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-
-
-def utcnow() -> _dt.datetime:
-    """The server's wall clock (UTC)."""
-    return _dt.datetime.now(_dt.timezone.utc)
+#: How far back a reservation's versions are kept for ``stale_fresh_read`` (seconds).
+HISTORY_SECONDS = 30.0
 
 
 @dataclass
@@ -117,6 +118,8 @@ class Reservation:
     #: GetReservationDetails snapshot: (monotonic time taken, copy of the reservation then).
     details_cache: Optional[Tuple[float, Reservation]] = None
     next_position: int = 0
+    #: (monotonic time, copy) after each change, the last HISTORY_SECONDS: what a stale read shows.
+    versions: Deque[Tuple[float, Reservation]] = field(default_factory=deque)
 
     def snapshot(self) -> Reservation:
         """A copy of what GetReservationDetails shows, unaffected by later changes (caller holds the lock)."""
@@ -131,7 +134,24 @@ class Reservation:
             connectors=list(self.connectors),
             output=[],
             details_cache=None,
+            versions=deque(),
         )
+
+    def remember_version(self, now: float) -> None:
+        """Keep a copy of the reservation as it is after a change (caller holds the lock)."""
+        self.versions.append((now, self.snapshot()))
+        # Keep one version older than the horizon: it is what the reservation looked like then.
+        while len(self.versions) > 1 and self.versions[1][0] <= now - HISTORY_SECONDS:
+            self.versions.popleft()
+
+    def version_at(self, when: float) -> Reservation:
+        """The copy in effect at monotonic time ``when`` (the oldest kept one if ``when`` is older)."""
+        chosen = self.versions[0][1]
+        for taken, version in self.versions:
+            if taken > when:
+                break
+            chosen = version
+        return chosen
 
     def is_ended(self, now: _dt.datetime) -> bool:
         """True once EndReservation ran or the reservation's end time passed."""
@@ -142,22 +162,11 @@ class Reservation:
         return "Completed" if self.is_ended(now) else "Started"
 
 
-@dataclass
-class Session:
-    """A logged-on session (the token in the ``Authorization`` header)."""
-
-    user: str
-    domain: str
-    issued: float
-    expires: Optional[float]
-
-
-#: How many service changes the event log keeps; older ones are dropped first.
-EVENT_LOG_LIMIT = 200_000
-
-
 class EmulatorState:
-    """Everything the emulated server knows, guarded by one lock."""
+    """Everything the emulated server knows, guarded by one lock, in three parts with one job each:
+    :attr:`accounts` (users, sessions, tokens), :attr:`instrumentation` (call counts, overhead, the event
+    log) and, in this class, the catalog and the reservations with their services, resources and
+    connectors."""
 
     def __init__(
         self,
@@ -167,142 +176,27 @@ class EmulatorState:
         details_cache_seconds: float = DEFAULT_DETAILS_CACHE_SECONDS,
     ) -> None:
         self.lock = threading.RLock()
-        self.admin_user = admin_user
-        self.admin_domain = admin_domain
-        self._passwords: Dict[str, str] = {admin_user: admin_password}
-        self._admins = {admin_user}
-        self._sessions: Dict[str, Session] = {}
-        self._auth_tokens: Dict[str, str] = {}  # SecureLogon token -> user
-        self.token_ttl: Optional[float] = None
+        self.accounts = Accounts(self.lock, admin_user, admin_password, admin_domain)
+        self.instrumentation = Instrumentation(self.lock)
         self.details_cache_seconds = float(details_cache_seconds)
+        #: What GetServices lists: every service model (permissive) or as the real server most likely
+        #: does (strict: only families with a category, admin-only ones to admins only).
+        self.catalog_mode = PERMISSIVE
+        #: Ended reservations: reads still answer (readable) or every call fails (closed).
+        self.ended_reservations = READABLE
         self.catalog: OrderedDict[str, CatalogModel] = OrderedDict()
         self.drivers: Dict[str, int] = {}  # driver name -> zip size
         self.resources: OrderedDict[str, ResourceRecord] = OrderedDict()
         self.reservations: OrderedDict[str, Reservation] = OrderedDict()
-        # Bounded, so that an emulator left running for days does not grow without limit; "seq" keeps
-        # counting, so a checker sees a gap rather than a silently shortened history.
-        self._events: Deque[Dict[str, Any]] = deque(maxlen=EVENT_LOG_LIMIT)
-        self._event_seq = 0
-        self._call_counts: Dict[str, int] = {}
-        # The emulator's own time per API call (injected latency excluded), most recent calls only.
-        self._overheads: Deque[float] = deque(maxlen=100_000)
 
-    # ------------------------------------------------------------------ users and tokens
-    def add_user(self, name: str, password: str, admin: bool = False) -> None:
-        """Create or update a user."""
-        if not name:
-            raise ValueError("user name must not be empty")
-        with self.lock:
-            self._passwords[name] = password
-            if admin:
-                self._admins.add(name)
-            else:
-                self._admins.discard(name)
-
-    def is_admin(self, user: str) -> bool:
-        """True for system administrators."""
-        with self.lock:
-            return user in self._admins
-
-    def check_password(self, user: str, password: str) -> bool:
-        """True when ``user`` exists and ``password`` is theirs."""
-        with self.lock:
-            known = self._passwords.get(user)
-        return known is not None and secrets.compare_digest(known.encode(), password.encode())
-
-    def logon(self, user: str, password: str, domain: str) -> str:
-        """Check credentials and open a session; return its token."""
-        if not self.check_password(user, password):
-            raise ApiError(
-                GENERIC_ERROR,
-                f"Login failed for user '{user}'. Please make sure the username and password are correct.",
-            )
-        return self._open_session(user, domain or self.admin_domain)
-
-    def auth_token_user(self, token: str) -> Optional[str]:
-        """The user an auth token (see :meth:`issue_auth_token`) was issued to, or None."""
-        with self.lock:
-            return self._auth_tokens.get(token)
-
-    def secure_logon(self, token: str, domain: str) -> str:
-        """Open a session for the user an auth token was issued to; return the session token."""
-        user = self.auth_token_user(token)
-        if user is None:
-            raise ApiError(GENERIC_ERROR, "Login failed: the token is not valid. Log on with a valid token.")
-        return self._open_session(user, domain or self.admin_domain)
-
-    def _open_session(self, user: str, domain: str) -> str:
-        token = secrets.token_urlsafe(24)
-        now = time.monotonic()
-        with self.lock:
-            expires = now + self.token_ttl if self.token_ttl else None
-            self._sessions[token] = Session(user, domain, now, expires)
-        return token
-
-    def session_for(self, token: Optional[str]) -> Optional[Session]:
-        """The live session of a token, or None (the caller answers HTTP 401)."""
-        if not token:
-            return None
-        with self.lock:
-            session = self._sessions.get(token)
-            if session is not None and session.expires is not None and time.monotonic() >= session.expires:
-                del self._sessions[token]
-                return None
-            return session
-
-    def issue_auth_token(self, user: Optional[str] = None) -> str:
-        """Issue a token that SecureLogon accepts (what CloudShell puts in ``admin_auth_token``)."""
-        user = user or self.admin_user
-        with self.lock:
-            if user not in self._passwords:
-                raise ValueError(f"user {user!r} does not exist")
-            token = secrets.token_urlsafe(24)
-            self._auth_tokens[token] = user
-        return token
-
-    def revoke_sessions(self) -> int:
-        """End every logged-on session (their next call gets HTTP 401); return how many."""
-        with self.lock:
-            count = len(self._sessions)
-            self._sessions.clear()
-        return count
-
-    # ------------------------------------------------------------------ call counts
-    def count_call(self, method: str) -> None:
-        """Count one received call of ``method``."""
-        with self.lock:
-            self._call_counts[method] = self._call_counts.get(method, 0) + 1
-
-    def call_counts(self) -> Dict[str, int]:
-        """Calls received per API method."""
-        with self.lock:
-            return dict(self._call_counts)
-
-    def reset_counts(self) -> None:
-        """Start counting from zero (call counts and overhead samples)."""
-        with self.lock:
-            self._call_counts.clear()
-            self._overheads.clear()
-
-    def record_overhead(self, seconds: float) -> None:
-        """Remember how long the emulator itself spent on one call."""
-        with self.lock:
-            self._overheads.append(seconds)
-
-    def overhead(self) -> Dict[str, float]:
-        """Statistics of the emulator's own per-call time in milliseconds (injected latency excluded)."""
-        with self.lock:
-            samples = sorted(self._overheads)
-        if not samples:
-            return {"calls": 0}
-        n = len(samples)
-        return {
-            "calls": n,
-            "mean_ms": 1000.0 * sum(samples) / n,
-            "p50_ms": 1000.0 * samples[n // 2],
-            "p99_ms": 1000.0 * samples[min(n - 1, (n * 99) // 100)],
-            "max_ms": 1000.0 * samples[-1],
-        }
+    def _record(
+        self, op: str, reservation: Reservation, service: ServiceRecord, user: str, **extra: Any
+    ) -> None:
+        """Log a committed service change and keep the new version (caller holds the lock)."""
+        self._changed(reservation)
+        self.instrumentation.record(
+            op, reservation.id, service.alias, service.model, service.attributes, user, **extra
+        )
 
     # ------------------------------------------------------------------ catalog
     def register_model(self, model: CatalogModel) -> None:
@@ -319,50 +213,29 @@ class EmulatorState:
         """The service model called ``name``, or ApiError."""
         model = self.catalog.get(name)
         if model is None or not model.is_service:
-            raise ApiError(GENERIC_ERROR, f"Service model '{name}' was not found in the catalog")
+            raise ApiError.of("service_model_not_found", model=name)
         return model
 
-    def services(self, category: str = "", name: str = "") -> List[CatalogModel]:
-        """Catalog service models, optionally filtered by category and name."""
+    def services(self, category: str = "", name: str = "", user: Optional[str] = None) -> List[CatalogModel]:
+        """Catalog service models, optionally filtered by category and name; in the strict catalog mode
+        only those in a category, and admin-only families only for admins (``user`` None: an admin)."""
         with self.lock:
+            strict = self.catalog_mode == STRICT
+            admin = user is None or self.accounts.is_admin(user)
             return [
                 model
                 for model in self.catalog.values()
                 if model.is_service
                 and (not name or model.name == name)
                 and (not category or model.category == category)
+                and not (strict and (not model.category or (model.admin_only and not admin)))
             ]
 
     # ------------------------------------------------------------------ events
-    def _record(
-        self, op: str, reservation: Reservation, service: ServiceRecord, user: str, **extra: Any
-    ) -> None:
-        """Append a committed service change to the ordered log (caller holds the lock)."""
-        event = {
-            "seq": self._event_seq + 1,
-            "time": utcnow().isoformat(),
-            "monotonic": time.monotonic(),
-            "reservation_id": reservation.id,
-            "op": op,
-            "alias": service.alias,
-            "model": service.model,
-            "attributes": dict(service.attributes),
-            "user": user,
-        }
-        event.update(extra)
-        self._event_seq += 1
-        self._events.append(event)
-
-    def events(self, reservation_id: Optional[str] = None) -> List[Dict[str, Any]]:
-        """The ordered log of committed service changes (the latest ``EVENT_LOG_LIMIT`` of them)."""
-        with self.lock:
-            return [dict(e) for e in self._events if reservation_id in (None, e["reservation_id"])]
-
-    # ------------------------------------------------------------------ reservations
     def create_reservation(self, name: str, owner: str, minutes: int, domain: str) -> Reservation:
         """Start a reservation now for ``minutes``."""
         if minutes <= 0:
-            raise ApiError(GENERIC_ERROR, "Reservation duration must be a positive number of minutes")
+            raise ApiError.of("duration_not_positive")
         now = utcnow()
         reservation = Reservation(
             id=str(uuid.uuid4()),
@@ -375,16 +248,22 @@ class EmulatorState:
         )
         with self.lock:
             self.reservations[reservation.id] = reservation
+            reservation.remember_version(time.monotonic())
         return reservation
 
-    def reservation(self, reservation_id: str) -> Reservation:
-        """An active reservation, or ApiError for an unknown or ended one (caller holds the lock)."""
+    def reservation(self, reservation_id: str, change: bool = True) -> Reservation:
+        """A reservation to change (``change``) or to read, or ApiError: unknown, or ended and either
+        changed or read in the ``closed`` mode (caller holds the lock)."""
         reservation = self.reservations.get(reservation_id)
         if reservation is None:
-            raise ApiError(GENERIC_ERROR, f"Reservation '{reservation_id}' was not found")
-        if reservation.is_ended(utcnow()):
-            raise ApiError(GENERIC_ERROR, f"Reservation '{reservation_id}' has ended")
+            raise ApiError.of("reservation_not_found", reservation_id=reservation_id)
+        if (change or self.ended_reservations == CLOSED) and reservation.is_ended(utcnow()):
+            raise ApiError.of("reservation_ended", reservation_id=reservation_id)
         return reservation
+
+    def _changed(self, reservation: Reservation) -> None:
+        """Note a change of ``reservation`` for stale reads (caller holds the lock)."""
+        reservation.remember_version(time.monotonic())
 
     def end_reservation(self, reservation_id: str) -> None:
         """End a reservation; its later calls fail."""
@@ -401,16 +280,19 @@ class EmulatorState:
                 if not r.is_ended(now) and (not owner or r.owner == owner)
             ]
 
-    def details(self, reservation_id: str, disable_cache: bool) -> Reservation:
+    def details(self, reservation_id: str, disable_cache: bool, staleness: float = 0.0) -> Reservation:
         """GetReservationDetails: a copy of the reservation, from the 5-second snapshot unless disabled.
 
         Changes made after the snapshot was taken stay invisible to cached reads until it expires.
         A ``disableCache`` read gets a fresh copy and neither uses nor refreshes the snapshot. Copies,
         not rendered answers, are kept, so each caller gets times in its own ``DateTimeFormat``.
+        ``staleness`` > 0 (the ``stale_fresh_read`` fault): the reservation as it was that many seconds ago.
         """
         with self.lock:
-            reservation = self.reservation(reservation_id)
+            reservation = self.reservation(reservation_id, change=False)
             now = time.monotonic()
+            if staleness > 0:
+                return reservation.version_at(now - staleness)
             cached = reservation.details_cache
             if not disable_cache and cached is not None and now - cached[0] < self.details_cache_seconds:
                 return cached[1]
@@ -436,9 +318,7 @@ class EmulatorState:
     def _check_attributes(self, model: CatalogModel, names: Iterable[str]) -> None:
         for name in names:
             if name not in model.attributes:
-                raise ApiError(
-                    GENERIC_ERROR, f"Attribute '{name}' is not defined on service model '{model.name}'"
-                )
+                raise ApiError.of("attribute_not_on_model", attribute=name, model=model.name)
 
     def add_service(
         self,
@@ -455,7 +335,7 @@ class EmulatorState:
             self._check_attributes(model, (name for name, _ in attributes))
             alias = alias or model.name
             if alias in reservation.services:
-                raise ApiError(GENERIC_ERROR, DUPLICATE_ALIAS)
+                raise ApiError.of("duplicate_alias")
             values = OrderedDict((name, spec.default) for name, spec in model.attributes.items())
             values.update(attributes)
             position = (
@@ -471,9 +351,7 @@ class EmulatorState:
     def _service(self, reservation: Reservation, alias: str) -> ServiceRecord:
         service = reservation.services.get(alias)
         if service is None:
-            raise ApiError(
-                GENERIC_ERROR, f"Service with alias '{alias}' was not found in reservation '{reservation.id}'"
-            )
+            raise ApiError.of("service_not_found", alias=alias, reservation_id=reservation.id)
         return service
 
     def remove_services(self, reservation_id: str, aliases: Sequence[str], user: str) -> None:
@@ -515,20 +393,18 @@ class EmulatorState:
     ) -> ResourceRecord:
         """CreateResource: the model must be a resource model in the catalog; names are unique."""
         if not name:
-            raise ApiError(GENERIC_ERROR, "Resource name must not be empty")
+            raise ApiError.of("resource_name_empty")
         with self.lock:
             model = self.catalog.get(model_name)
             if model is None or model.is_service:
-                raise ApiError(GENERIC_ERROR, f"Resource model '{model_name}' was not found in the catalog")
+                raise ApiError.of("resource_model_not_found", model=model_name)
             if family and family != model.family:
-                raise ApiError(
-                    GENERIC_ERROR, f"Resource model '{model_name}' does not belong to family '{family}'"
-                )
+                raise ApiError.of("resource_model_wrong_family", model=model_name, family=family)
             full_name = f"{parent}/{name}" if parent else name
             if parent and parent not in self.resources:
-                raise ApiError(GENERIC_ERROR, f"Resource '{parent}' was not found")
+                raise ApiError.of("resource_not_found", name=parent)
             if full_name in self.resources:
-                raise ApiError(GENERIC_ERROR, f"Resource '{full_name}' already exists")
+                raise ApiError.of("resource_exists", name=full_name)
             record = ResourceRecord(
                 name=full_name,
                 family=model.family,
@@ -548,7 +424,7 @@ class EmulatorState:
             reservation = self.reservation(reservation_id)
             for name in names:
                 if name not in self.resources:
-                    raise ApiError(GENERIC_ERROR, f"Resource '{name}' was not found")
+                    raise ApiError.of("resource_not_found", name=name)
             conflicts: List[Tuple[str, str]] = []
             now = utcnow()
             for name in names:
@@ -559,6 +435,7 @@ class EmulatorState:
                         if other is not reservation and not other.is_ended(now) and name in other.resources:
                             conflicts.append((name, other.id))
                 reservation.resources.append(name)
+            self._changed(reservation)
             return conflicts
 
     def remove_resources(self, reservation_id: str, names: Sequence[str]) -> None:
@@ -567,15 +444,14 @@ class EmulatorState:
             reservation = self.reservation(reservation_id)
             for name in names:
                 if name not in reservation.resources:
-                    raise ApiError(
-                        GENERIC_ERROR, f"Resource '{name}' is not in reservation '{reservation.id}'"
-                    )
+                    raise ApiError.of("resource_not_in_reservation", name=name, reservation_id=reservation.id)
             for name in names:
                 if name in reservation.resources:
                     reservation.resources.remove(name)
                 reservation.connectors = [
                     c for c in reservation.connectors if name not in (c.source, c.target)
                 ]
+            self._changed(reservation)
 
     def set_connectors(self, reservation_id: str, connectors: Sequence[Mapping[str, str]]) -> None:
         """SetConnectorsInReservation: both endpoints must be in the reservation."""
@@ -588,13 +464,11 @@ class EmulatorState:
                 direction = request.get("Direction", "") or "bi"
                 for endpoint in (source, target):
                     if endpoint not in reservation.resources and endpoint not in reservation.services:
-                        raise ApiError(
-                            GENERIC_ERROR, f"Resource '{endpoint}' is not in reservation '{reservation.id}'"
+                        raise ApiError.of(
+                            "resource_not_in_reservation", name=endpoint, reservation_id=reservation.id
                         )
                 if direction not in CONNECTOR_DIRECTIONS:
-                    raise ApiError(
-                        GENERIC_ERROR, f"Connector direction '{direction}' is not valid; use 'bi' or 'uni'"
-                    )
+                    raise ApiError.of("connector_direction_invalid", direction=direction)
                 parsed.append(ConnectorRecord(source, target, direction, request.get("Alias", "")))
             for connector in parsed:
                 reservation.connectors = [
@@ -603,21 +477,18 @@ class EmulatorState:
                     if {c.source, c.target} != {connector.source, connector.target}
                 ]
                 reservation.connectors.append(connector)
+            self._changed(reservation)
 
     def remove_connectors(self, reservation_id: str, endpoints: Sequence[str]) -> None:
         """RemoveConnectorsFromReservation: ``endpoints`` lists (source, target) pairs, flattened."""
         with self.lock:
             reservation = self.reservation(reservation_id)
             if len(endpoints) % 2:
-                raise ApiError(
-                    GENERIC_ERROR, "Endpoints must come in pairs: source, target, source, target, ..."
-                )
+                raise ApiError.of("endpoints_not_paired")
             pairs = [{endpoints[i], endpoints[i + 1]} for i in range(0, len(endpoints), 2)]
             for pair in pairs:
                 if not any({c.source, c.target} == pair for c in reservation.connectors):
                     a, b = sorted(pair) if len(pair) == 2 else (next(iter(pair)),) * 2
-                    raise ApiError(
-                        CONNECTOR_NOT_FOUND_ERROR,
-                        f"Connector between '{a}' and '{b}' was not found in reservation '{reservation.id}'",
-                    )
+                    raise ApiError.of("connector_not_found", a=a, b=b, reservation_id=reservation.id)
             reservation.connectors = [c for c in reservation.connectors if {c.source, c.target} not in pairs]
+            self._changed(reservation)
