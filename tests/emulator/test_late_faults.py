@@ -12,7 +12,7 @@ from cloudshell.api.common_cloudshell_api import CloudShellAPIError
 from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
 from cloudshell_mutex.emulator import DROP_AFTER_COMMIT, ERROR_BEFORE_COMMIT, Emulator
-from cloudshell_mutex.protocol import ATTR_OWNER, DEFAULT_ALIAS, DUPLICATE_ALIAS_MESSAGE, SERVICE_MODEL
+from cloudshell_mutex.lock.protocol import ATTR_OWNER, DEFAULT_ALIAS, DUPLICATE_ALIAS_MESSAGE, SERVICE_MODEL
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ from cloudshell.api.common_cloudshell_api import CloudShellAPIError
 
 from cloudshell_mutex.emulator import Emulator
 from cloudshell_mutex.emulator.messages import DOCUMENTED, DUPLICATE_ALIAS, MESSAGES, ApiError, render
-from cloudshell_mutex.protocol import ATTR_OWNER, DEFAULT_ALIAS, DUPLICATE_ALIAS_MESSAGE, SERVICE_MODEL
+from cloudshell_mutex.lock.protocol import ATTR_OWNER, DEFAULT_ALIAS, DUPLICATE_ALIAS_MESSAGE, SERVICE_MODEL
 
 
 def test_every_message_renders_an_example_in_both_wordings():
