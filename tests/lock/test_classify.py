@@ -15,6 +15,7 @@ from urllib3.exceptions import (
     ReadTimeoutError,
 )
 
+from cloudshell_mutex.emulator.messages import DOCUMENTED, MESSAGES
 from cloudshell_mutex.lock.classify import ErrorKind, classify
 
 
@@ -122,3 +123,62 @@ def test_a_raw_reply_never_reaches_the_message():
 )
 def test_requests_without_an_answer_may_land_later(exc, in_flight):
     assert classify(exc).in_flight is in_flight
+
+
+# ---------------------------------------------------------------- every message the emulator sends
+
+#: What the lock must make of each message of the emulator's registry, as the client raises it.
+EXPECTED_KINDS = {
+    "duplicate_alias": ErrorKind.CONTENTION,
+    "logon_failed": ErrorKind.PERMISSION,
+    "token_invalid": ErrorKind.PERMISSION,
+    "duration_not_positive": ErrorKind.FATAL,
+    "reservation_not_found": ErrorKind.NOT_ACTIVE,
+    "reservation_ended": ErrorKind.NOT_ACTIVE,
+    "service_model_not_found": ErrorKind.NOT_INSTALLED,
+    "attribute_not_on_model": ErrorKind.NOT_INSTALLED,
+    "service_not_found": ErrorKind.ALIAS_MISSING,
+    "resource_name_empty": ErrorKind.FATAL,
+    "resource_model_not_found": ErrorKind.FATAL,
+    "resource_model_wrong_family": ErrorKind.FATAL,
+    "resource_not_found": ErrorKind.FATAL,
+    "resource_exists": ErrorKind.FATAL,  # "already exists", but not code 100 + the alias text
+    "resource_not_in_reservation": ErrorKind.FATAL,
+    "connector_direction_invalid": ErrorKind.FATAL,
+    "endpoints_not_paired": ErrorKind.FATAL,
+    "connector_not_found": ErrorKind.FATAL,
+    "unknown_command": ErrorKind.FATAL,
+    "invalid_request": ErrorKind.FATAL,
+    "deadlock_victim": ErrorKind.TRANSIENT,
+    "http_unauthorized": ErrorKind.UNAUTHORIZED,
+    "http_injected_error": ErrorKind.TRANSIENT,
+    "http_internal_error": ErrorKind.TRANSIENT,
+    "http_no_endpoint": ErrorKind.FATAL,
+    "http_chunked_body": ErrorKind.FATAL,
+    "http_bad_length": ErrorKind.FATAL,
+    "http_body_too_large": ErrorKind.FATAL,
+    "http_body_timeout": ErrorKind.TRANSIENT,
+}
+
+
+def as_raised(message) -> BaseException:
+    """The exception CloudShellAPISession raises for one of the emulator's messages."""
+    text = message.example()
+    if message.layer == "api":
+        return api(text, code=message.code)
+    status = int(message.code)
+    if status == 401:
+        return UnauthorizedError(f"(Unauthorized) [401] reason:{text}")
+    return Exception(f"(Error) [{status}] reason:{text}")
+
+
+@pytest.mark.parametrize("name", sorted(n for n, m in MESSAGES.items() if m.layer != "quali"))
+def test_every_emulator_message_is_sorted_into_the_right_kind(name):
+    assert name in EXPECTED_KINDS, f"a new emulator message {name!r}: say what the lock must make of it"
+    assert classify(as_raised(MESSAGES[name])).kind is EXPECTED_KINDS[name]
+
+
+def test_the_only_documented_text_is_the_contention():
+    documented = [m for m in MESSAGES.values() if m.origin == DOCUMENTED]
+    assert [m.name for m in documented] == ["duplicate_alias"]
+    assert classify(as_raised(documented[0])).kind is ErrorKind.CONTENTION

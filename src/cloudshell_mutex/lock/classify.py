@@ -142,17 +142,24 @@ def _classify_api_error(exc: CloudShellAPIError) -> Classification:
     text = _ECHOED.sub("''", message).lower()
 
     def kind_of() -> ErrorKind:
-        if code == protocol.CONTENTION_ERROR_CODE and protocol.CONTENTION_MESSAGE_FRAGMENT in text:
+        # Code 100 is generic: "Resource 'x' already exists" is not contention. The documented text
+        # names the service alias.
+        if (
+            code == protocol.CONTENTION_ERROR_CODE
+            and protocol.CONTENTION_MESSAGE_FRAGMENT in text
+            and ("alias" in text or text.startswith("service"))
+        ):
             return ErrorKind.CONTENTION
         if any(fragment in text for fragment in _TRANSIENT_API_FRAGMENTS):
             return ErrorKind.TRANSIENT
-        if "not found" in text and ("catalog" in text or "service model" in text):
+        if "not found" in text and "service model" in text:
             return ErrorKind.NOT_INSTALLED
         if "is not defined on service model" in text or ("attribute" in text and "not defined" in text):
             return ErrorKind.NOT_INSTALLED
         if "not found" in text and "alias" in text:
             return ErrorKind.ALIAS_MISSING
-        if "reservation" in text and ("not found" in text or "does not exist" in text):
+        # The reservation itself, not something "in reservation 'x'" that was not found.
+        if text.startswith("reservation") and ("not found" in text or "does not exist" in text):
             return ErrorKind.NOT_ACTIVE
         if any(fragment in text for fragment in _NOT_ACTIVE_FRAGMENTS):
             return ErrorKind.NOT_ACTIVE
