@@ -102,3 +102,13 @@ def test_cli_fault_syntax_takes_parameters():
     with pytest.raises(argparse.ArgumentTypeError, match="random faults"):
         _random_faults('{"rates": {"spike": 2}}')
     assert set(FAULT_KINDS) >= {"error_before_commit", "drop_after_commit", "apply_late", "spike"}
+
+
+def test_random_faults_can_be_limited_to_some_users():
+    from cloudshell_mutex.emulator.faults import FaultPlan
+
+    plan = FaultPlan()
+    plan.set_random({"seed": 1, "rates": {"error_before_commit": 1.0}, "users": ["noisy"]})
+    assert plan.take("AddServiceToReservation", "r", "noisy").kind == "error_before_commit"
+    assert plan.take("AddServiceToReservation", "r", "quiet") is None
+    assert plan.random.to_dict()["users"] == ["noisy"]

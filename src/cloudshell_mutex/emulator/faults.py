@@ -302,8 +302,9 @@ class RandomFaults:
     Settings: ``{"seed": 7, "rates": {"apply_late": 0.02, "spike": 0.05}, "methods": [...],
     "method_rates": {"GetReservationDetails": {"error_before_commit": 0.1}}, "params": {"spike":
     {"seconds": 1.5}}}``. ``rates`` apply to every method in ``methods`` (default: every method but
-    ``Logon``/``SecureLogon``); ``method_rates`` replace them for one method. The same seed and the same
-    sequence of calls give the same faults.
+    ``Logon``/``SecureLogon``); ``method_rates`` replace them for one method; ``users`` (default: everyone)
+    limits the mode to calls of those users, so a test can keep one client fault-free. The same seed and
+    the same sequence of calls give the same faults.
     """
 
     #: Logging on is left alone unless named: a session that cannot log on tests nothing.
@@ -313,10 +314,14 @@ class RandomFaults:
         if not isinstance(settings, Mapping):
             raise ValueError("random faults must be a mapping such as {'seed': 7, 'rates': {'spike': 0.05}}")
         settings = dict(settings)
-        unknown = sorted(set(settings) - {"seed", "rates", "methods", "method_rates", "params"})
+        unknown = sorted(set(settings) - {"seed", "rates", "methods", "method_rates", "params", "users"})
         if unknown:
             raise ValueError(f"random fault settings not understood: {unknown}; use seed, rates, methods, "
-                             "method_rates, params")  # fmt: skip
+                             "method_rates, params, users")  # fmt: skip
+        users = settings.get("users")
+        if users is not None and (isinstance(users, str) or not all(isinstance(u, str) for u in users)):
+            raise ValueError("random fault users must be a list of user names")
+        self.users = None if users is None else list(users)
         self.seed = settings.get("seed")
         self.rates = _rates("random fault rates", settings.get("rates", {}))
         methods = settings.get("methods")
@@ -347,10 +352,14 @@ class RandomFaults:
             result["method_rates"] = {m: dict(r) for m, r in self.method_rates.items()}
         if self.params:
             result["params"] = {k: dict(p) for k, p in self.params.items()}
+        if self.users is not None:
+            result["users"] = list(self.users)
         return result
 
-    def draw(self, method: str) -> Optional[Tuple[str, Dict[str, Any]]]:
-        """``(kind, params)`` for this call of ``method``, or None."""
+    def draw(self, method: str, user: str = "") -> Optional[Tuple[str, Dict[str, Any]]]:
+        """``(kind, params)`` for this call of ``method`` by ``user``, or None."""
+        if self.users is not None and user not in self.users:
+            return None
         rates = self.method_rates.get(method)
         if rates is None:
             in_scope = (
@@ -400,8 +409,8 @@ class FaultPlan:
         """Switch the random mode on (a :class:`RandomFaults` settings dict) or off (None)."""
         self.random = None if settings is None else RandomFaults(settings)
 
-    def take(self, method: str, reservation_id: str = "") -> Optional[Fault]:
-        """The fault for this call of ``method`` (recorded), or None."""
+    def take(self, method: str, reservation_id: str = "", user: str = "") -> Optional[Fault]:
+        """The fault for this call of ``method`` by ``user`` (recorded), or None."""
         with self._lock:
             chosen: Optional[Tuple[str, Dict[str, Any]]] = None
             source = "queued"
@@ -411,7 +420,7 @@ class FaultPlan:
                     chosen = queue.popleft()
                     break
         if chosen is None and self.random is not None:
-            chosen, source = self.random.draw(method), "random"
+            chosen, source = self.random.draw(method, user), "random"
         if chosen is None:
             return None
         kind, params = chosen

@@ -288,7 +288,7 @@ class ApiRequestHandler(_Handler):
             uncached = method == "GetReservationDetails" and params.flag("disableCache")
         except RequestError:
             reservation_id, uncached = "", False
-        fault = runtime.faults.take(method, reservation_id)
+        fault = runtime.faults.take(method, reservation_id, session.user if session is not None else "")
         kind = fault.kind if fault is not None else None
         ctx = CallContext(state, session, self.headers.get("DateTimeFormat"), runtime.reword_errors)
         if fault is not None and kind == APPLY_LATE:

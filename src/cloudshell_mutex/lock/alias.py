@@ -254,8 +254,10 @@ class LockAlias:
             else:
                 status = Status.FATAL
             return CallResult(status, sent_at, elapsed, failure, may_have_resent(elapsed))
+        elapsed = self._clock() - sent_at
         holder = holder_in(answer, self.alias) if read else None
-        return CallResult(Status.DONE, sent_at, self._clock() - sent_at, holder=holder)
+        # A success may come from the client's re-send: then an earlier copy got no answer.
+        return CallResult(Status.DONE, sent_at, elapsed, resent=may_have_resent(elapsed), holder=holder)
 
     def __repr__(self) -> str:
         return f"<LockAlias {self.alias!r} reservation={self.reservation_id}>"

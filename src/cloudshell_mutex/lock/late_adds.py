@@ -131,6 +131,21 @@ class LateAdds:
             entry.remove_lands_by = now + entry.lifetime
         return False
 
+    def settle(self, timeout: float) -> bool:
+        """Sweep until no add is watched or ``timeout`` seconds pass (real time); True when none is left.
+
+        For a process about to exit on purpose (a script's end): waiting here lets a late add be
+        removed instead of warned about.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            self.sweep()
+            if not self.pending():
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(min(self._interval, max(0.0, deadline - time.monotonic())))
+
     def warn_unsettled(self) -> None:
         """Log one warning per add still watched (the process is exiting: nobody will watch it)."""
         for entry in self.pending():

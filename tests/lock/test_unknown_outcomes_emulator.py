@@ -1,0 +1,174 @@
+"""Requests that land late, against the emulator with the real CloudShellAPISession (roadmap step 5).
+
+The emulator's ``apply_late`` fault resets the client's connection (or leaves it hanging until the
+client's timeout) and applies the request later, when the test calls ``land_late``: so "the request
+lands after X" never depends on timing. Each test reads the server's ordered event log.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+from cloudshell.api.cloudshell_api import CloudShellAPISession
+
+from cloudshell_mutex import ReservationMutex, protocol
+from cloudshell_mutex.lock.late_adds import process_late_adds
+from cloudshell_mutex.lock.pacing import DefaultPacing
+
+pytestmark = pytest.mark.integration
+
+FAST = DefaultPacing(first=0.01, base=0.02, cap=0.1)
+MUTEX = protocol.DEFAULT_ALIAS
+
+
+@pytest.fixture
+def emu(cloudshell_emulator_factory, original_package_zip):
+    return cloudshell_emulator_factory(packages=[original_package_zip])
+
+
+def mutex(api, rid, **kwargs) -> ReservationMutex:
+    kwargs.setdefault("pacing", FAST)
+    kwargs.setdefault("request_lifetime", 30)
+    return ReservationMutex(api, rid, **kwargs)
+
+
+def lock_history(emu, rid):
+    return [
+        (e["op"], e["attributes"].get(protocol.ATTR_OWNER))
+        for e in emu.control.events(rid)
+        if e["alias"] == MUTEX
+    ]
+
+
+def wait_until(condition, timeout=15.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+def test_a_late_remove_never_deletes_the_next_holders_lock(emu):
+    """Scenario 1 with the real client: the holder's remove is reset and lands later. The release must
+    wait for it (reads only): the waiter gets the lock only after it landed, and keeps it."""
+    rid = emu.create_reservation()
+    holder = mutex(emu.session(), rid, owner="holder")
+    holder.acquire()
+    emu.control.inject_fault("RemoveServicesFromReservation", "apply_late", delay=None, reset_after=0.05)
+    releasing = threading.Thread(target=holder.release)
+    releasing.start()
+    wait_until(lambda: emu.control.call_counts().get("RemoveServicesFromReservation"))
+    time.sleep(0.3)
+    assert releasing.is_alive()  # it waits for its remove to land and sends no second one
+    waiter = mutex(emu.session(), rid, owner="waiter")
+    assert waiter.acquire(blocking=False) is False
+    assert emu.control.land_late() == 1
+    releasing.join(15)
+    assert not holder.locked()
+    with waiter:
+        token = waiter.token
+        assert waiter.holder().token == token
+    assert emu.control.call_counts()["RemoveServicesFromReservation"] == 2  # the holder's 1, the waiter's 1
+    assert lock_history(emu, rid)[-2:] == [("service_added", token), ("service_removed", token)]
+
+
+def test_a_late_add_after_release_is_removed_and_blocks_nobody(emu):
+    """Scenario 4: the first copy of the add is reset and lands after the lock was released (the
+    client's own re-send acquired it). The late add re-creates MUTEX with our token; it is removed."""
+    rid = emu.create_reservation()
+    lock = mutex(emu.session(), rid, owner="late")
+    emu.control.inject_fault("AddServiceToReservation", "apply_late", delay=None, reset_after=0.05)
+    with lock:  # the client re-sends the add 1 s later; that copy grants the lock
+        token = lock.token
+    assert emu.control.land_late() == 1  # now the first copy lands, on a free alias
+    assert lock_history(emu, rid)[-1] == ("service_added", token)
+    assert process_late_adds().settle(15)  # the watcher finds it and removes it
+    assert lock_history(emu, rid)[-1] == ("service_removed", token)
+    other = mutex(emu.session(), rid, owner="next")
+    assert other.acquire(timeout=5)
+    other.release()
+
+
+def test_a_client_timeout_on_the_remove_is_a_request_that_may_land(emu):
+    """CloudShellAPISession(timeout=1): the remove hangs past the client's timeout, then lands."""
+    rid = emu.create_reservation()
+    api = CloudShellAPISession(
+        emu.host, emu.admin_user, emu.admin_password, emu.admin_domain, port=emu.port, timeout=1
+    )
+    holder = mutex(api, rid, owner="timeout=1")
+    holder.acquire()
+    emu.control.inject_fault("RemoveServicesFromReservation", "apply_late", delay=None, reply="hang")
+    releasing = threading.Thread(target=holder.release)
+    releasing.start()
+    time.sleep(1.8)  # past the client's timeout: the release now polls
+    assert releasing.is_alive()
+    emu.control.land_late()
+    releasing.join(15)
+    assert not holder.locked()
+    assert [op for op, _ in lock_history(emu, rid)] == ["service_added", "service_removed"]
+
+
+CHILD = textwrap.dedent(
+    """
+    import sys, time
+    from cloudshell.api.cloudshell_api import CloudShellAPISession
+    from cloudshell_mutex import ReservationMutex
+    host, port, user, password, domain, rid, stay = sys.argv[1:]
+    api = CloudShellAPISession(host, user, password, domain, port=int(port))
+    lock = ReservationMutex(api, rid, owner="interrupted", request_lifetime=30)
+    print("ready", flush=True)
+    try:
+        lock.acquire(timeout=60)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    if stay == "stay":
+        line = sys.stdin.readline()  # the parent lets the add land meanwhile
+        from cloudshell_mutex.lock.late_adds import process_late_adds
+        print("settled" if process_late_adds().settle(15) else "unsettled", flush=True)
+    """
+)
+
+
+@pytest.mark.skipif(os.name != "posix", reason="sends SIGINT")
+@pytest.mark.parametrize("stay", ["stay", "exit"])
+def test_ctrl_c_while_the_add_is_at_the_server(emu, stay):
+    """Scenario 5: Ctrl-C before the add's reply; the undo reads nothing yet; then the add lands. A
+    process that lives on removes it; one that exits says, once, exactly how to remove it."""
+    rid = emu.create_reservation()
+    emu.control.inject_fault("AddServiceToReservation", "apply_late", delay=None, reply="hang")
+    args = [emu.host, str(emu.port), emu.admin_user, emu.admin_password, emu.admin_domain, rid, stay]
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        wait_until(lambda: emu.control.call_counts().get("AddServiceToReservation"))
+        time.sleep(0.2)
+        child.send_signal(signal.SIGINT)
+        assert child.stdout.readline().strip() == "interrupted"
+        emu.control.land_late()
+        token = lock_history(emu, rid)[-1][1]
+        assert token.startswith("interrupted@")
+        if stay == "stay":
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            assert child.stdout.readline().strip() == "settled"
+            assert lock_history(emu, rid)[-1] == ("service_removed", token)
+        _, stderr = child.communicate(timeout=30)
+    finally:
+        child.kill()
+    if stay == "exit":
+        warnings = [line for line in stderr.splitlines() if "RemoveServicesFromReservation" in line]
+        assert len(warnings) == 1
+        assert rid in warnings[0] and repr(MUTEX) in warnings[0]
+        assert emu.admin_password not in stderr
