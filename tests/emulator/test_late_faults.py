@@ -278,3 +278,14 @@ def test_latency_spike_outlasts_the_client_timeout_and_commits_late(emu: Emulato
     [event] = emu.control.events(rid)
     assert event["fault"] == {"id": injected["id"], "kind": "spike"}
     assert api.GetServerDateAndTime().ServerDateTime  # other methods are not in scope
+
+
+def test_faults_with_parameters_queued_at_start(cloudshell_emulator_factory):
+    emu = cloudshell_emulator_factory(faults=[("GetServerDateAndTime", "spike", 1, {"seconds": 0.2})])
+    started = time.monotonic()
+    emu.session().GetServerDateAndTime()
+    assert time.monotonic() - started >= 0.2
+    [record] = emu.control.faults_injected()
+    assert (record["kind"], record["params"], record["outcome"]) == ("spike", {"seconds": 0.2}, "applied")
+    with pytest.raises(ValueError, match=r"\(method, kind\[, count\[, params\]\]\)"):
+        Emulator(faults=[("GetServerDateAndTime",)])

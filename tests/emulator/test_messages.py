@@ -4,6 +4,7 @@ wording, and only the documented text is never reworded."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Callable, Dict, List, Tuple
 
 import pytest
@@ -178,3 +179,13 @@ def test_reword_mode_can_be_switched_at_run_time(cloudshell_emulator: Emulator):
         with pytest.raises(CloudShellAPIError) as info:
             api.GetReservationDetails("nope")
         assert info.value.message == render("reservation_not_found", reword, reservation_id="nope")
+
+
+def test_the_docs_list_every_message_and_fault_kind():
+    from cloudshell_mutex.emulator.faults import FAULT_KINDS
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "emulator.md").read_text(encoding="utf-8")
+    for message in MESSAGES.values():
+        assert f"| `{message.name}` | {message.layer} | `{message.code}` | `{message.template}` |" in docs
+    for kind in FAULT_KINDS:
+        assert f"| `{kind}` |" in docs, kind

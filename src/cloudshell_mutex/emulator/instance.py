@@ -191,10 +191,13 @@ class Emulator:
         attributes: Optional[Mapping[str, str]] = None,
         family: str = "Custom Service Family",
         category: str = "",
+        admin_only: bool = False,
     ) -> None:
-        """Register a service model directly (attribute name -> default), without a package."""
+        """Register a service model directly (attribute name -> default), without a package; ``category``
+        and ``admin_only`` matter to GetServices in the strict catalog mode."""
         specs = OrderedDict((n, AttributeSpec(n, "String", str(v))) for n, v in (attributes or {}).items())
-        self.runtime.state.register_model(CatalogModel(name, family, True, specs, category=category))
+        model = CatalogModel(name, family, True, specs, category=category, admin_only=admin_only)
+        self.runtime.state.register_model(model)
 
     def add_resource_model(
         self, name: str, family: str = "Generic Family", attributes: Optional[Mapping[str, str]] = None

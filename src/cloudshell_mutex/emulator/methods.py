@@ -9,7 +9,7 @@ attributes and list fields are always-present elements, as in answers captured f
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 from xml.etree.ElementTree import Element
 
 from .messages import ApiError
@@ -87,7 +87,7 @@ def dispatch(ctx: CallContext, method: str, params: Params) -> Tuple[bytes, Opti
         return failure_response(method, error.code, error.text(ctx.reword)), error
 
 
-def outcome(failure: Optional[ApiError]) -> Tuple[str, Dict[str, str]]:
+def outcome(failure: Optional[ApiError]) -> Tuple[str, Dict[str, Any]]:
     """How a faulted call ended, for its record: ``("applied", {})`` or ``("failed", {code, message})``."""
     if failure is None:
         return "applied", {}

@@ -39,7 +39,14 @@ from .methods import PUBLIC_METHODS, CallContext, dispatch, outcome
 from .quali import QualiTokens, first_file_part
 from .runtime import Runtime
 from .state import EVENT_TAGS
-from .wire import RequestError, failure_response, parse_authorization, parse_request, success_response
+from .wire import (
+    Params,
+    RequestError,
+    failure_response,
+    parse_authorization,
+    parse_request,
+    success_response,
+)
 
 API_PREFIX = "/resourcemanagerapiservice/"
 CONTROL_PREFIX = "/_emulator/"
@@ -289,44 +296,65 @@ class ApiRequestHandler(_Handler):
         except RequestError:
             reservation_id, uncached = "", False
         fault = runtime.faults.take(method, reservation_id, session.user if session is not None else "")
-        kind = fault.kind if fault is not None else None
         ctx = CallContext(state, session, self.headers.get("DateTimeFormat"), runtime.reword_errors)
-        if fault is not None and kind == APPLY_LATE:
-            runtime.apply_late(fault, ctx, method, params)
-            self._answer_never(fault)
-            return None
-        if fault is not None and kind == STALE_FRESH_READ:
-            ctx.staleness = fault.params["ms"] / 1000.0
+        if fault is not None:
+            if fault.kind == APPLY_LATE:
+                runtime.apply_late(fault, ctx, method, params)
+                self._answer_never(fault)
+                return None
+            if fault.kind == HANG and not fault.params["commit"]:
+                self._settle(fault, "not_applied")
+                self._hang(fault)
+                return None
+            if fault.kind == STALE_FRESH_READ:
+                ctx.staleness = fault.params["ms"] / 1000.0
         before, after = runtime.latency.split(*((f"{method}:uncached",) if uncached else ()), method)
-        if fault is not None and kind == SPIKE:
+        if fault is not None and fault.kind == SPIKE:
             before += fault.params["seconds"]
-        if kind == HANG and not (fault is not None and fault.params["commit"]):
-            before = 0.0  # nothing happens: no reason to wait before hanging
-        elif not self.wait(before):
+        if not self.wait(before):
             self._settle(fault, "discarded")
             self.drop_connection()
             return None
-        if fault is not None and kind == ERROR_BEFORE_COMMIT:
-            self._settle(fault, "not_applied")
-            self.send_text(500, self.text("http_injected_error"))
-            return None
-        if fault is not None and kind == TRANSIENT_FALSE:
-            transient = ApiError.of("deadlock_victim", process_id=fault.params["process_id"])
-            self._settle(fault, "not_applied", code=transient.code, message=transient.message)
-            answer = failure_response(method, transient.code, transient.text(runtime.reword_errors))
-            self.send_body(200, answer, XML_CONTENT_TYPE)
+        if fault is not None and fault.kind in (ERROR_BEFORE_COMMIT, TRANSIENT_FALSE):
+            self._refuse_before_commit(fault, method)
             return before
-        if fault is not None and kind == HANG and not fault.params["commit"]:
-            self._settle(fault, "not_applied")
+        response = self._commit(ctx, method, params, fault)
+        if response is None:
+            return None
+        if fault is not None and fault.kind == HANG:
             self._hang(fault)
             return None
-        tags = EVENT_TAGS.set({"fault": {"id": fault.id, "kind": kind}} if fault is not None else {})
-        double_granted = False
+        if (fault is not None and fault.kind == DROP_AFTER_COMMIT) or not self.wait(after):
+            self.drop_connection()
+            return None
+        self.send_body(200, response, XML_CONTENT_TYPE)
+        return before + after
+
+    def _refuse_before_commit(self, fault: Fault, method: str) -> None:
+        """Answer a call that fails before it takes effect: HTTP 500, or a deadlock-victim API error."""
+        if fault.kind == ERROR_BEFORE_COMMIT:
+            self._settle(fault, "not_applied")
+            self.send_text(500, self.text("http_injected_error"))
+            return
+        transient = ApiError.of("deadlock_victim", process_id=fault.params["process_id"])
+        self._settle(fault, "not_applied", code=transient.code, message=transient.message)
+        answer = failure_response(method, transient.code, transient.text(self.server.runtime.reword_errors))
+        self.send_body(200, answer, XML_CONTENT_TYPE)
+
+    def _commit(
+        self, ctx: CallContext, method: str, params: Params, fault: Optional[Fault]
+    ) -> Optional[bytes]:
+        """Run the call (a ``double_grant`` turns a taken alias into success) and settle its fault; return
+        the answer, or None after answering an emulator bug with HTTP 500."""
+        tags = EVENT_TAGS.set({"fault": {"id": fault.id, "kind": fault.kind}} if fault is not None else {})
         try:
             response, failure = dispatch(ctx, method, params)
-            if kind == DOUBLE_GRANT and failure is not None and failure.name == "duplicate_alias":
-                runtime.record_double_grant(ctx, params)
-                response, failure, double_granted = success_response(method), None, True
+            granted = fault is not None and fault.kind == DOUBLE_GRANT
+            if granted and failure is not None and failure.name == "duplicate_alias":
+                self.server.runtime.record_double_grant(ctx, params)
+                response, failure = success_response(method), None
+            else:
+                granted = False
         except Exception as error:  # an emulator bug: say so instead of dropping the connection
             traceback.print_exc()
             self.send_text(500, self.text("http_internal_error", method=method, error=repr(error)))
@@ -335,15 +363,10 @@ class ApiRequestHandler(_Handler):
             EVENT_TAGS.reset(tags)
         if fault is not None:
             result, details = outcome(failure)
-            self._settle(fault, result, double_granted=double_granted, **details)
-        if fault is not None and kind == HANG:
-            self._hang(fault)
-            return None
-        if (fault is not None and kind == DROP_AFTER_COMMIT) or not self.wait(after):
-            self.drop_connection()
-            return None
-        self.send_body(200, response, XML_CONTENT_TYPE)
-        return before + after
+            if fault.kind == DOUBLE_GRANT:
+                details["double_granted"] = granted
+            self._settle(fault, result, **details)
+        return response
 
     def _settle(self, fault: Optional[Fault], outcome_name: str, **details: Any) -> None:
         """Note what became of a faulted call in its record (see FaultPlan.injected)."""
