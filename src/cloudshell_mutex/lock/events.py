@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
+
+if TYPE_CHECKING:  # annotations only: the lock's modules import this one
+    from .alias import LockAlias
+    from .operation import Operation
 
 #: Event kinds, in the order an acquisition can emit them.
 CONTENDED = "contended"  # the alias is taken; holder names the owner read (None if unread)
@@ -52,3 +57,66 @@ def emit(hook: Optional[EventHook], event: MutexEvent, logger: Optional[logging.
     except Exception:  # the hook is user code: it must not leak or corrupt the lock
         if logger is not None:
             logger.exception("cloudshell-mutex: on_event hook failed for %s event", event.kind)
+
+
+_E = TypeVar("_E", bound=BaseException)
+
+
+class Reporter:
+    """Where one lock's news goes: its ``on_event`` hook and its logger.
+
+    ``calls`` in events count the API calls of the operation so far (the alias's count since the
+    operation began).
+    """
+
+    def __init__(
+        self,
+        alias: LockAlias,
+        logger: logging.Logger,
+        on_event: Optional[EventHook] = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.alias = alias
+        self.logger = logger
+        self.on_event = on_event
+        self._clock = clock
+
+    def calls_of(self, op: Operation) -> int:
+        """The API calls ``op`` made so far."""
+        return self.alias.calls - op.calls_at_start
+
+    def event(
+        self, kind: str, op: Operation, holder: Optional[str] = None, error: Optional[str] = None
+    ) -> None:
+        """Send one event about ``op`` to the hook (if any)."""
+        if self.on_event is None:
+            return
+        event = MutexEvent(
+            kind=kind,
+            reservation_id=self.alias.reservation_id,
+            alias=self.alias.alias,
+            token=op.token,
+            waited=self._clock() - op.start,
+            attempts=op.adds,
+            calls=self.calls_of(op),
+            holder=holder,
+            error=error,
+        )
+        emit(self.on_event, event, self.logger)
+
+    def log(self, level: int, message: str, *args: Any) -> None:
+        """Log one line, marked as the lock's."""
+        self.logger.log(level, "cloudshell-mutex: " + message, *args)
+
+    def error(
+        self,
+        error: _E,
+        op: Operation,
+        kind: str = ERROR,
+        level: int = logging.ERROR,
+        holder: Optional[str] = None,
+    ) -> _E:
+        """Emit and log an error about to be raised; return it."""
+        self.event(kind, op, holder=holder, error=str(error))
+        self.log(level, "%s", error)
+        return error

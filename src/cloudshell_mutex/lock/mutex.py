@@ -23,21 +23,19 @@ from __future__ import annotations
 import logging
 import random
 import time
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Optional
 
 from . import diagnosis, events
 from .alias import CallResult, LockAlias, Status
 from .catalog import ModelInfo
 from .classify import Classification, ErrorKind
 from .errors import MutexError, MutexNotInstalled, MutexUsageError
-from .events import MutexEvent
+from .events import Reporter
 from .holder import Holder, make_token, sanitize_label
 from .late_adds import LateAdds, process_late_adds
 from .operation import Operation
 from .options import MutexOptions, check_duration
 from .pacing import DefaultPacing, ExponentialBackoff, PacingPolicy, clip
-
-_E = TypeVar("_E", bound=MutexError)
 
 #: The logger the lock writes to unless it is given one.
 LOGGER_NAME = "cloudshell_mutex"
@@ -102,6 +100,7 @@ class ReservationMutex:
             # A virtual clock (tests) gets a watcher of its own that only sweeps when told to.
             late_adds = process_late_adds() if clock is time.monotonic else LateAdds(clock, self.logger)
         self._late_adds = late_adds
+        self._news = Reporter(self._alias, self.logger, self.options.on_event, clock)
         # The acquisition held now: its token (None = not held), nesting depth, and when a fresh
         # answer from the server last showed the lock is ours (the add itself, or a read).
         self._token: Optional[str] = None
@@ -204,7 +203,7 @@ class ReservationMutex:
         (the object still holds the lock then, so release() can be called again).
         """
         if self._token is None:
-            self._log(logging.DEBUG, "release of %s: not held by this object, nothing to do", self.name)
+            self._news.log(logging.DEBUG, "release of %s: not held by this object, nothing to do", self.name)
             return
         if self._depth > 1:
             self._depth -= 1
@@ -343,8 +342,8 @@ class ReservationMutex:
                 return True
             self._note_holder(op, holder)
         if op.contentions == 1:
-            self._emit(events.CONTENDED, op, holder=op.holder_label)
-            self._log(
+            self._news.event(events.CONTENDED, op, holder=op.holder_label)
+            self._news.log(
                 logging.INFO,
                 "%s in reservation %s is held by %s; waiting",
                 self.name,
@@ -358,8 +357,10 @@ class ReservationMutex:
         op.failed(add.failure.message)
         # "Never sent" describes the client's last copy only; an earlier, re-sent one may have committed.
         op.add_may_be_pending(add.may_have_committed)
-        self._emit(events.TRANSIENT, op, error=add.failure.message)
-        self._log(logging.WARNING, "transient CloudShell API failure (%s); backing off", add.failure.message)
+        self._news.event(events.TRANSIENT, op, error=add.failure.message)
+        self._news.log(
+            logging.WARNING, "transient CloudShell API failure (%s); backing off", add.failure.message
+        )
         self._sleep(clip(op.next_backoff(self.backoff, self._rng), self._clock(), op.deadline))
         if not op.add_pending:
             return False
@@ -388,11 +389,13 @@ class ReservationMutex:
         holder = self._poll_read(op, "verifying the lock owner")
         if holder is _UNREAD:
             # The add succeeded, which is the protocol's definition of holding the lock.
-            self._log(logging.WARNING, "could not verify the owner (%s); the add succeeded", op.last_error)
+            self._news.log(
+                logging.WARNING, "could not verify the owner (%s); the add succeeded", op.last_error
+            )
             return True
         if op.is_ours(holder):
             return True
-        self._log(
+        self._news.log(
             logging.WARNING,
             "the add of %s succeeded but the owner read back is %s; not treating the lock as held",
             self.name,
@@ -415,10 +418,10 @@ class ReservationMutex:
         # mistake): that raises, like a blocking acquire that ran out of time.
         busy = op.contentions > 0 or op.holder is not None
         if not blocking and busy and not op.add_pending:
-            self._log(logging.DEBUG, "%s is busy; not waiting (blocking=False)", self.name)
+            self._news.log(logging.DEBUG, "%s is busy; not waiting (blocking=False)", self.name)
             return False
         error = diagnosis.timeout_error(op, self._clock(), self.reservation_id, self.name)
-        raise self._report(error, op, events.TIMEOUT, logging.WARNING, holder=error.holder)
+        raise self._news.error(error, op, events.TIMEOUT, logging.WARNING, holder=error.holder)
 
     def _acquired(self, op: Operation, confirmed_at: float, resolved: bool = False) -> bool:
         self._token = op.token
@@ -427,10 +430,10 @@ class ReservationMutex:
         self._late_add_by = op.add_lands_by if op.add_can_land(self._clock()) else None
         self._late_copies = op.add_unanswered
         if resolved:
-            self._emit(events.RESOLVED, op)
-            self._log(logging.INFO, "an earlier add of %s turned out to have succeeded", self.name)
-        self._emit(events.ACQUIRED, op)
-        self._log(
+            self._news.event(events.RESOLVED, op)
+            self._news.log(logging.INFO, "an earlier add of %s turned out to have succeeded", self.name)
+        self._news.event(events.ACQUIRED, op)
+        self._news.log(
             logging.INFO,
             "acquired %s in reservation %s as %s after %.2f s (%d adds, %d calls)",
             self.name,
@@ -438,7 +441,7 @@ class ReservationMutex:
             op.token,
             self._clock() - op.start,
             op.adds,
-            self._calls_of(op),
+            self._news.calls_of(op),
         )
         return True
 
@@ -453,7 +456,7 @@ class ReservationMutex:
         if read.ok and op.is_ours(read.holder):
             result = self._alias.remove_once()
             if result.ok:
-                self._log(logging.WARNING, "acquire interrupted; removed its add of %s", self.name)
+                self._news.log(logging.WARNING, "acquire interrupted; removed its add of %s", self.name)
             else:  # the watcher reads again and removes it
                 op.add_in_flight(self._clock() + self.options.request_lifetime)
         elif not read.ok and op.add_pending:
@@ -471,7 +474,9 @@ class ReservationMutex:
         # Progress is a courtesy; the next add reports real problems.
         result = self._alias.write_output(message, paced=op.polling, deadline=op.deadline)
         if not result.ok:
-            self._log(logging.DEBUG, "could not write progress to the reservation output: %s", result.failure)
+            self._news.log(
+                logging.DEBUG, "could not write progress to the reservation output: %s", result.failure
+            )
 
     # ------------------------------------------------------------------ release steps
 
@@ -481,7 +486,7 @@ class ReservationMutex:
         raise otherwise. The object then still holds the lock, and its next release() continues."""
         if failure.kind is ErrorKind.TRANSIENT and failures < self.options.release_attempts:
             op.failed(failure.message)
-            self._emit(events.TRANSIENT, op, error=failure.message)
+            self._news.event(events.TRANSIENT, op, error=failure.message)
             self._sleep(op.next_backoff(self.backoff, self._rng))
             return False
         if failure.kind is ErrorKind.NOT_ACTIVE and self._alias.reservation_state() != "active":
@@ -490,13 +495,13 @@ class ReservationMutex:
         if failure.kind is ErrorKind.TRANSIENT:
             doing = f"{doing} ({failures} failed calls)"
         error = diagnosis.release_error(op, failure, doing, self.reservation_id, self.name)
-        raise self._report(error, op)
+        raise self._news.error(error, op)
 
     def _released(self, op: Operation, note: Optional[str] = None) -> None:
         token = self._token
         self._forget()
-        self._emit(events.RELEASED, op, error=note)
-        self._log(
+        self._news.event(events.RELEASED, op, error=note)
+        self._news.log(
             logging.INFO,
             "released %s in reservation %s (%s)%s",
             self.name,
@@ -508,7 +513,7 @@ class ReservationMutex:
     def _lost(self, op: Operation) -> MutexError:
         self._forget()
         error = diagnosis.lost_error(op, self.reservation_id, self.name)
-        return self._report(error, op, events.LOST, logging.WARNING, holder=op.holder_label)
+        return self._news.error(error, op, events.LOST, logging.WARNING, holder=op.holder_label)
 
     def _forget(self) -> None:
         """This object no longer holds the lock (released, lost, or an acquire abandoned). An add of
@@ -534,9 +539,6 @@ class ReservationMutex:
     def _operation(self, token: str) -> Operation:
         return Operation(token, self._clock(), calls_at_start=self._alias.calls)
 
-    def _calls_of(self, op: Operation) -> int:
-        return self._alias.calls - op.calls_at_start
-
     def _read(self, op: Operation) -> CallResult:
         """One fresh read of the holder, recorded in ``op``; a read showing our token confirms that
         the lock is still ours."""
@@ -557,13 +559,13 @@ class ReservationMutex:
         if result.status is not Status.TRANSIENT:
             raise self._fatal(op, result.failure, None, doing)
         op.failed(result.failure.message)
-        self._log(logging.DEBUG, "fresh read failed (%s)", result.failure.message)
+        self._news.log(logging.DEBUG, "fresh read failed (%s)", result.failure.message)
         return _UNREAD
 
     def _note_holder(self, op: Operation, holder: Optional[Holder]) -> None:
         if op.see_holder(holder):
-            self._emit(events.CONTENDED, op, holder=op.holder_label)
-            self._log(logging.INFO, "%s is now held by %s", self.name, op.holder_label)
+            self._news.event(events.CONTENDED, op, holder=op.holder_label)
+            self._news.log(logging.INFO, "%s is now held by %s", self.name, op.holder_label)
 
     def _fatal(
         self, op: Operation, failure: Classification, model: Optional[ModelInfo], doing: str
@@ -571,7 +573,7 @@ class ReservationMutex:
         error = self._diagnose(failure, doing, model)
         if op.add_pending:  # an add of ours may have committed, and no read could tell
             diagnosis.note_pending_add(error, self.name, op.token)
-        return self._report(error, op)
+        return self._news.error(error, op)
 
     def _diagnose(self, failure: Classification, doing: str, model: Optional[ModelInfo] = None) -> MutexError:
         """Turn a fatal failure into an error that says what to do (see :mod:`.diagnosis`)."""
@@ -582,40 +584,6 @@ class ReservationMutex:
         if isinstance(error, MutexNotInstalled):
             self._alias.forget_model()  # detect it again once it is installed
         return error
-
-    def _report(
-        self,
-        error: _E,
-        op: Operation,
-        kind: str = events.ERROR,
-        level: int = logging.ERROR,
-        holder: Optional[str] = None,
-    ) -> _E:
-        """Emit and log an error about to be raised; return it."""
-        self._emit(kind, op, holder=holder, error=str(error))
-        self._log(level, "%s", error)
-        return error
-
-    def _emit(
-        self, kind: str, op: Operation, holder: Optional[str] = None, error: Optional[str] = None
-    ) -> None:
-        if self.options.on_event is None:
-            return
-        event = MutexEvent(
-            kind=kind,
-            reservation_id=self.reservation_id,
-            alias=self.name,
-            token=op.token,
-            waited=self._clock() - op.start,
-            attempts=op.adds,
-            calls=self._calls_of(op),
-            holder=holder,
-            error=error,
-        )
-        events.emit(self.options.on_event, event, self.logger)
-
-    def _log(self, level: int, message: str, *args: Any) -> None:
-        self.logger.log(level, "cloudshell-mutex: " + message, *args)
 
 
 #: ``_poll_read``'s answer when the read failed transiently (None means "read: the alias is free").
