@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -35,14 +36,24 @@ def run_package(args: argparse.Namespace) -> int:
 def run_install(args: argparse.Namespace) -> int:
     """Import the package into CloudShell through the Quali API."""
     # Imported here: the REST client and its progress-bar dependencies are only needed by this command.
-    from cloudshell_mutex.packaging.install import InstallError, install_package, resolve_settings
+    from cloudshell_mutex.packaging.install import InstallError, install_package, resolve_settings, scrub
+    from cloudshell_mutex.packaging.settings import ENV_VARS, redact_userinfo
 
+    # Every password this run may know of, masked in whatever is printed (a last line of defence: the
+    # messages are built not to hold one).
+    secrets = [args.password, os.environ.get(ENV_VARS["password"])]
     try:
         settings = resolve_settings(args)
+        secrets.append(settings.password)
         message = install_package(settings)
     except (InstallError, PackageError) as error:
-        return _error(str(error))
-    print(message)
+        message = str(error)
+        for secret in secrets:
+            message = scrub(message, secret)
+        return _error(redact_userinfo(message))
+    for secret in secrets:
+        message = scrub(message, secret)
+    print(redact_userinfo(message))
     return 0
 
 
