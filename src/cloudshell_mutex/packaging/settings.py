@@ -45,6 +45,15 @@ QUALI_API_PORT = 9000
 #: The Automation API's port (CloudShellAPISession): the usual wrong answer to "which port?".
 AUTOMATION_API_PORT = 8029
 
+#: What to write, per setting, in messages that refuse a value.
+_EXAMPLES = {
+    "host": "cloudshell.example.com",
+    "port": str(QUALI_API_PORT),
+    "username": "admin",
+    "password": "...",
+    "domain": "Global",
+}
+
 _MASK = "********"
 # user:password@ in a URL-like value (RFC 3986 userinfo), after an optional scheme. The password runs to
 # the last @ before a space, since a hand-written one may hold : / or @ itself.
@@ -156,15 +165,6 @@ def load_config(path: Path) -> Dict[str, Any]:
                 f"like {name}: {_EXAMPLES[name]}"
             )
     return section
-
-
-_EXAMPLES = {
-    "host": "cloudshell.example.com",
-    "port": str(QUALI_API_PORT),
-    "username": "admin",
-    "password": "...",
-    "domain": "Global",
-}
 
 
 def shellfoundry_password(value: str, origin: str, machine_name: Optional[str] = None) -> str:
