@@ -139,6 +139,10 @@ def test_unambiguous_hosts_are_accepted(argv: List[str], host: str, port: int) -
         ("fe80::1%eth0", "has a zone (%...), which the HTTP client cannot use"),
         ("cs:http", "--host: what follows the ':' is not a port number; write the host alone"),
         ("cs:99999", "--host: what follows the ':' is not a port number"),
+        (
+            "cs:\u0669\u0660\u0660\u0660",
+            "--host: what follows the ':' is not a port number",
+        ),  # Arabic-Indic 9000
         ("https://cs", "the Quali API client speaks plain http only"),
         ("ftp://cs", "the Quali API client speaks plain http only"),
         ("http://cs:9000/Other", "the URL may name only the server and port (the client adds /API/)"),
@@ -276,6 +280,12 @@ def test_user_password_at_host_is_never_echoed(
     assert code == 1
     assert err.startswith("error: ")
     assert SECRET not in out + err
+
+
+def test_a_short_password_does_not_garble_the_messages(capsys, monkeypatch) -> None:
+    code, _, err = run_cli(["--host", "cs/API", "--password", "x"], capsys, monkeypatch)
+    assert code == 1
+    assert "write just the name, e.g. cloudshell.example.com" in err
 
 
 def test_redaction_keeps_the_user_and_the_host() -> None:

@@ -39,21 +39,24 @@ def run_install(args: argparse.Namespace) -> int:
     from cloudshell_mutex.packaging.install import InstallError, install_package, resolve_settings, scrub
     from cloudshell_mutex.packaging.settings import ENV_VARS, redact_userinfo
 
-    # Every password this run may know of, masked in whatever is printed (a last line of defence: the
-    # messages are built not to hold one).
+    # Every password this run may know of is masked in whatever is printed: a last line of defence, since
+    # the messages are built not to hold one. Passwords shorter than 4 characters are left out: masking
+    # them would garble every message, and such a password is a substring of any text anyway.
     secrets = [args.password, os.environ.get(ENV_VARS["password"])]
+
+    def safe(message: str) -> str:
+        for secret in secrets:
+            if secret and len(secret) >= 4:
+                message = scrub(message, secret)
+        return redact_userinfo(message)
+
     try:
         settings = resolve_settings(args)
         secrets.append(settings.password)
         message = install_package(settings)
     except (InstallError, PackageError) as error:
-        message = str(error)
-        for secret in secrets:
-            message = scrub(message, secret)
-        return _error(redact_userinfo(message))
-    for secret in secrets:
-        message = scrub(message, secret)
-    print(redact_userinfo(message))
+        return _error(safe(str(error)))
+    print(safe(message))
     return 0
 
 

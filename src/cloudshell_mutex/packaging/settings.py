@@ -208,7 +208,7 @@ def _host_name_error(host: str) -> Optional[str]:
     labels = host[:-1].split(".") if host.endswith(".") else host.split(".")
     if any(not label or len(label) > 63 or not _HOST_LABEL_RE.match(label) for label in labels):
         return "is not a host name or IP address"
-    if all(label.isdigit() for label in labels):
+    if all(label.isdecimal() for label in labels):
         try:
             ipaddress.IPv4Address(host.rstrip("."))
         except ValueError:
@@ -282,7 +282,7 @@ def parse_host(value: str, origin: str) -> Tuple[str, Optional[int]]:
 
 
 def _port_in_host(port: str, origin: str) -> int:
-    if not port.isdigit() or not 0 < int(port) < 65536:
+    if not re.fullmatch(r"[0-9]{1,5}", port) or not 0 < int(port) < 65536:
         # Not quoted: whatever follows the colon may be a password written as host:password.
         raise InstallError(
             f"{origin}: what follows the ':' is not a port number; write the host alone "
@@ -321,10 +321,8 @@ def _parse_url(text: str, origin: str) -> Tuple[str, Optional[int]]:
 
 def parse_port(value: str, origin: str) -> int:
     """A TCP port number; the Automation API's port is refused with the Quali API's."""
-    try:
-        port = int(value.strip())
-    except ValueError:
-        port = 0
+    text = value.strip()
+    port = int(text) if re.fullmatch(r"[0-9]{1,5}", text) else 0  # ASCII digits only: int() takes others
     if not 0 < port < 65536:
         raise InstallError(f"{origin} {shown(value)} is not a TCP port number; the Quali API's is 9000")
     return port
