@@ -14,18 +14,26 @@ ASSETS = Path(__file__).parent / "assets"
 
 
 def zip_folder(folder: Path) -> bytes:
-    """Zip a package folder as CloudShell expects: its files at the zip root."""
+    """Zip a package folder as the original's package.cmd (7-Zip) did: deflated, folders as entries."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
         for path in sorted(folder.rglob("*")):
-            if path.is_file():
+            if path.is_file() or path.is_dir():
                 archive.write(path, path.relative_to(folder).as_posix())
     return buffer.getvalue()
 
 
 @pytest.fixture
 def original_package_zip(tmp_path: Path) -> Path:
-    """The original, datamodel-only Mutex_Package.zip (only the Mutex Owner attribute)."""
+    """The original, datamodel-only Mutex_Package.zip of 2017 (only the Mutex Owner attribute)."""
     path = tmp_path / "Mutex_Package_original.zip"
     path.write_bytes(zip_folder(ASSETS / "original_mutex_package"))
+    return path
+
+
+@pytest.fixture
+def original_package_no_attributes_zip(tmp_path: Path) -> Path:
+    """The original package as built from its current source: a Mutex Service model with no attributes."""
+    path = tmp_path / "Mutex_Package_original_no_attributes.zip"
+    path.write_bytes(zip_folder(ASSETS / "original_mutex_package_no_attributes"))
     return path

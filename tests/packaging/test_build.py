@@ -6,11 +6,12 @@ import argparse
 import hashlib
 import io
 import os
+import re
 import shutil
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import pytest
 
@@ -327,4 +328,81 @@ def test_cli_package_reports_each_problem_with_exit_1(
     captured = capsys.readouterr()
     assert captured.err == problem
     assert captured.out == ""
+    assert not output.exists()
+
+
+def edit_datamodel(old: str, new: str) -> Callable[[Path], None]:
+    """A change to the tree's data model that replaces ``old`` (which must be there) with ``new``."""
+
+    def change(root: Path) -> None:
+        path = root / "DataModel/datamodel.xml"
+        text = path.read_text()
+        assert old in text
+        path.write_text(text.replace(old, new))
+
+    return change
+
+
+def drop_mutex_owner(root: Path) -> None:
+    """Remove Mutex Owner from the tree's data model: its definition, attachment and value."""
+    path = root / "DataModel/datamodel.xml"
+    text = re.sub(
+        r'\s*<AttributeInfo Name="Mutex Owner".*?</AttributeInfo>', "", path.read_text(), flags=re.S
+    )
+    text = re.sub(r'\s*<AttachedAttribute Name="Mutex Owner".*?</AttachedAttribute>', "", text, flags=re.S)
+    path.write_text(text.replace('<AttributeValue Name="Mutex Owner" Value="" />', ""))
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (
+            edit_datamodel('Name="Mutex Service Family"', 'Name="Lock Family"'),
+            "no family 'Mutex Service Family' (found: 'Lock Family'); this is not a Mutex package",
+        ),
+        (
+            edit_datamodel('ResourceModel Name="Mutex Service"', 'ResourceModel Name="Lock Service"'),
+            "family 'Mutex Service Family' has no model 'Mutex Service' (found: 'Lock Service')",
+        ),
+        (
+            edit_datamodel('IsAdminOnly="true"', 'IsAdminOnly="false"'),
+            "family 'Mutex Service Family' must be admin-only (IsAdminOnly=\"true\")",
+        ),
+        (
+            edit_datamodel(' IsAdminOnly="true"', ""),
+            "family 'Mutex Service Family' must be admin-only (IsAdminOnly=\"true\")",
+        ),
+        (
+            edit_datamodel('IsService="true"', 'IsService="false"'),
+            "family 'Mutex Service Family' must be a service family",
+        ),
+        (
+            drop_mutex_owner,
+            "model 'Mutex Service' must define and attach attribute 'Mutex Owner'",
+        ),
+        (
+            edit_datamodel('<Rule Name="Setting" />', ""),
+            "attribute 'Mutex Owner' must keep the original definition, but its Rules is ('Configuration',) "
+            "instead of ('Configuration', 'Setting')",
+        ),
+        (
+            edit_datamodel('Description="Mutex usage:', 'Description="Usage:'),
+            "attribute 'Mutex Owner' must keep the original definition, but its Description",
+        ),
+        (
+            edit_datamodel('<Rules Override="false">', "<Rules>"),
+            "its Rules Override is None instead of 'false'",
+        ),
+    ],
+)
+def test_package_refuses_a_datamodel_that_is_no_longer_the_mutex_package(
+    tmp_path: Path, capsys: pytest.CaptureFixture, change, problem: str
+) -> None:
+    root = make_tree(tmp_path / "tree")
+    change(root)
+    output = tmp_path / "dist" / "Mutex_Package.zip"
+    assert run_cli(["package", "--root", str(root), "--output", str(output)]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.startswith("error: DataModel/datamodel.xml: ")
+    assert problem in captured.err
     assert not output.exists()

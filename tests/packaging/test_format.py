@@ -82,10 +82,10 @@ def package(**overrides: bytes) -> Dict[str, bytes]:
 
 def test_original_package_parses_as_the_facts_describe(original_package_zip: Path) -> None:
     parsed = read_package(original_package_zip.read_bytes())
-    assert parsed.metadata.server_version == "7.1.0"
+    assert parsed.metadata.server_version == "7.0"
     assert parsed.metadata.package_type == "CloudShellPackage"
     owner = parsed.datamodel.attributes[protocol.ATTR_OWNER]
-    assert (owner.type, owner.default, owner.rules) == ("String", "", ("Configuration",))
+    assert (owner.type, owner.default, owner.rules) == ("String", "", ("Configuration", "Setting"))
     (family,) = parsed.datamodel.families
     assert (family.name, family.is_service, family.service_type, family.is_admin_only) == (
         protocol.SERVICE_FAMILY,

@@ -153,3 +153,27 @@ def test_a_refusal_inside_an_http_200_is_an_error(cloudshell_emulator_factory, b
     session = emulator.session()
     with pytest.raises(CloudShellAPIError, match="was not found in the catalog"):
         acquire(session, emulator.create_reservation(), [AttributeNameValue(protocol.ATTR_OWNER, "x")])
+
+
+def test_an_html_answer_is_explained_not_dumped(emulator, built_package: Path, capsys) -> None:
+    """The emulator's Automation API port answers the login with an HTML error page, as a wrong port does."""
+    argv = ["install", "--host", emulator.host, "--port", str(emulator.port), "--password", SECRET]
+    code = cli.main([*argv, "--package", str(built_package)])
+    captured = capsys.readouterr()
+    assert (code, captured.out) == (1, "")
+    assert captured.err == (
+        f"error: login to the Quali API at http://{emulator.host}:{emulator.port}/API/ failed: an HTML page "
+        "instead of a Quali API answer (is this the Quali API's port, 9000?)\n"
+    )
+
+
+@pytest.mark.parametrize("field", ["--username", "--domain"])
+def test_a_password_written_into_the_user_or_domain_is_masked(
+    emulator, built_package: Path, capsys, field: str
+) -> None:
+    argv = ["install", "--host", emulator.host, "--port", str(emulator.quali_port), "--password", SECRET]
+    cli.main([*argv, field, f"admin:{WRONG}@{emulator.host}", "--package", str(built_package)])
+    captured = capsys.readouterr()
+    # The emulator refuses that user (an error line) and accepts any domain (the success line): both echo it.
+    assert f"'admin:********@{emulator.host}'" in captured.out + captured.err
+    assert WRONG not in captured.out + captured.err and SECRET not in captured.out + captured.err

@@ -108,3 +108,109 @@ def test_the_main_class_module_must_exist(tmp_path: Path) -> None:
         PackageError, match=r"drivers/m/driver\.py \(the module of driver\.D\) does not exist"
     ):
         load_manifest(tmp_path / "drivers.toml", "drivers.toml")
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "CON",
+        "con",
+        "Prn",
+        "AUX",
+        "NUL",
+        "nul.txt",
+        "CON .tar",
+        "COM1",
+        "com9.driver",
+        "LPT1",
+        "lpt9",
+        "COM0",
+        "LPT\u00b9",
+        "CONIN$",
+    ],
+)
+def test_windows_device_names_are_refused(tmp_path: Path, name: str) -> None:
+    (tmp_path / "pyproject.toml").write_text('[project]\nversion = "1.0"\n')
+    with pytest.raises(PackageError) as caught:
+        parse_manifest(driver(name=name), tmp_path)
+    assert str(caught.value).startswith(
+        f"drivers.toml: driver {name!r}: the name must be a valid Windows file"
+    )
+    assert "is a device name that Windows reserves" in str(caught.value)
+
+
+@pytest.mark.parametrize("name", ["CONSOLE", "COM10", "LPT", "Null Driver", "AUXILIARY.x", "My CON Driver"])
+def test_names_that_only_look_like_devices_are_fine(tmp_path: Path, name: str) -> None:
+    (tmp_path / "pyproject.toml").write_text('[project]\nversion = "1.0"\n')
+    assert parse_manifest(driver(name=name), tmp_path).drivers[0].name == name
+
+
+@pytest.mark.parametrize(
+    ("name", "shown"),
+    [
+        ("a<b", "'<'"),
+        ("a>b", "'>'"),
+        ("a:b", "':'"),
+        ('a\\"b', "'\"'"),
+        ("a\\\\b", "'\\\\'"),  # TOML "a\\b" is a\b
+        ("a|b", "'|'"),
+        ("a?b", "'?'"),
+        ("a*b", "'*'"),
+        ("a\\tb", "'\\t'"),  # TOML "a\tb" holds a tab
+        (" lead", "start or end with a space"),
+        ("trail.", "end with a dot"),
+    ],
+)
+def test_characters_windows_forbids_are_refused(tmp_path: Path, name: str, shown: str) -> None:
+    (tmp_path / "pyproject.toml").write_text('[project]\nversion = "1.0"\n')
+    with pytest.raises(PackageError, match="the name must be a valid Windows file name") as caught:
+        parse_manifest(driver(name=name), tmp_path)
+    assert shown in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("requirement", "problem"),
+    [
+        ("x\\n--index-url https://evil.example/simple", "U+000A"),
+        ("x\\r\\n-r other.txt", "U+000A, U+000D"),
+        ("cloudshell-automation-api\\u2028--extra-index-url https://e.example", "U+2028"),
+        ("x\\u0085y", "U+0085"),
+        ("x\\u0000", "U+0000"),
+        ("x\\ty", "U+0009"),
+        ("--index-url https://evil.example/simple", "is a pip option, not a requirement"),
+        ("-r other.txt", "is a pip option, not a requirement"),
+        (" -e git+https://e.example/x.git", "is a pip option, not a requirement"),
+    ],
+)
+def test_a_requirement_is_one_line_and_not_an_option(tmp_path: Path, requirement: str, problem: str) -> None:
+    (tmp_path / "pyproject.toml").write_text('[project]\nversion = "1.0"\n')
+    text = driver().replace('"cloudshell-mutex=={project_version}"', f'"{requirement}"')
+    with pytest.raises(PackageError) as caught:
+        parse_manifest(text, tmp_path)
+    message = str(caught.value)
+    assert message.startswith("drivers.toml: driver 'Mutex Service Driver': requirement ")
+    assert problem in message
+    assert "\n" not in message and "\r" not in message  # the message itself stays one line
+
+
+@pytest.mark.parametrize("linked", ["drivers/m", "drivers"])
+def test_a_source_through_a_symbolic_link_is_refused(tmp_path: Path, linked: str) -> None:
+    """The link may be the source folder itself or one of its parents; the files would come from outside."""
+    outside = tmp_path / "outside"
+    (outside / "m").mkdir(parents=True)
+    (outside / "m" / "driver.py").write_text("class D:\n    pass\n")
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "pyproject.toml").write_text('[project]\nversion = "1.0"\n')
+    (tree / "drivers.toml").write_text(driver())
+    if linked == "drivers":
+        (tree / "drivers").symlink_to(outside, target_is_directory=True)
+    else:
+        (tree / "drivers").mkdir()
+        (tree / "drivers" / "m").symlink_to(outside / "m", target_is_directory=True)
+    with pytest.raises(PackageError) as caught:
+        load_manifest(tree / "drivers.toml", "drivers.toml")
+    assert str(caught.value) == (
+        f"drivers.toml: driver 'Mutex Service Driver': source drivers/m goes through the symbolic link "
+        f"{linked}; put the real folder in the tree"
+    )

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 from xml.etree import ElementTree
 
+from cloudshell_mutex import protocol
 from cloudshell_mutex.packaging.format import (
     DATAMODEL_NS,
     DATAMODEL_PATH,
@@ -26,6 +27,8 @@ from cloudshell_mutex.packaging.format import (
     DRIVERS_FOLDER,
     METADATA_PATH,
     PYTHON_DRIVER_TYPE,
+    AttributeDef,
+    DataModel,
     PackageError,
     missing_drivers,
     parse_datamodel,
@@ -46,6 +49,78 @@ _UNIX = 3
 #: Never packed into a driver zip: caches, VCS and editor files.
 _SKIPPED_DIRS = {"__pycache__", ".git", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".venv", "venv"}
 _SKIPPED_SUFFIXES = (".pyc", ".pyo")
+
+
+#: ``Mutex Owner`` as the original 2017 package defines it (QualiSystemsLab/Reservation-Mutex-Lock). Sites
+#: have it imported, and an import that defines an existing attribute differently changes it there.
+ORIGINAL_OWNER = AttributeDef(
+    name=protocol.ATTR_OWNER,
+    type="String",
+    default="",
+    rules=("Configuration", "Setting"),
+    description=(
+        "Mutex usage: Try to add Mutex Service to the reservation with the service alias set to the same "
+        "name for all threads and Mutex Owner set to the unique name of your thread. You have successfully "
+        "taken the mutex only if you manage to add the service without an exception and Mutex Owner in the "
+        "created service matches your thread name."
+    ),
+    read_only=False,
+    rules_override="false",
+)
+
+
+def check_mutex_datamodel(datamodel: DataModel, source: str) -> None:
+    """Refuse a data model that is no longer the Mutex package that sites and old code rely on.
+
+    Old code adds the model ``Mutex Service`` by name, sites have the family ``Mutex Service Family``
+    imported, and the family must stay admin-only (it must not appear in users' catalog). So the names, the
+    service flags and the original's ``Mutex Owner`` definition are fixed.
+    """
+    family = next((f for f in datamodel.families if f.name == protocol.SERVICE_FAMILY), None)
+    if family is None:
+        found = ", ".join(repr(f.name) for f in datamodel.families) or "none"
+        raise PackageError(
+            f"{source}: no family {protocol.SERVICE_FAMILY!r} (found: {found}); this is not a Mutex package. "
+            "Keep the original family name: sites have it imported and old code relies on it"
+        )
+    what = f"family {family.name!r}"
+    if not family.is_service or family.service_type != "Regular":
+        raise PackageError(
+            f'{source}: {what} must be a service family: IsService="true" ServiceType="Regular"'
+        )
+    if not family.is_admin_only:
+        raise PackageError(
+            f'{source}: {what} must be admin-only (IsAdminOnly="true"): the lock service must not appear '
+            "in users' service catalog"
+        )
+    model = next((m for m in family.models if m.name == protocol.SERVICE_MODEL), None)
+    if model is None:
+        found = ", ".join(repr(m.name) for m in family.models) or "none"
+        raise PackageError(
+            f"{source}: {what} has no model {protocol.SERVICE_MODEL!r} (found: {found}); old code adds the "
+            "service by that model name, so keep it"
+        )
+    owner = datamodel.attributes.get(protocol.ATTR_OWNER)
+    if owner is None or protocol.ATTR_OWNER not in model.attributes:
+        raise PackageError(
+            f"{source}: model {model.name!r} must define and attach attribute {protocol.ATTR_OWNER!r}: "
+            "the 2017 package and old code that sets it have it"
+        )
+    for field_name, label in (
+        ("type", "Type"),
+        ("default", "DefaultValue"),
+        ("read_only", "IsReadOnly"),
+        ("rules", "Rules"),
+        ("rules_override", "Rules Override"),
+        ("description", "Description"),
+    ):
+        ours, original = getattr(owner, field_name), getattr(ORIGINAL_OWNER, field_name)
+        if ours != original:
+            raise PackageError(
+                f"{source}: attribute {protocol.ATTR_OWNER!r} must keep the original definition, but its "
+                f"{label} is {ours!r} instead of {original!r}; "
+                "importing it would change the attribute on sites that have the original package"
+            )
 
 
 @dataclass(frozen=True)
@@ -321,7 +396,9 @@ def build_package_bytes(sources: PackageSources) -> Tuple[bytes, Manifest]:
     manifest = load_manifest(sources.manifest, sources.display(sources.manifest))
     package_files = _package_files(sources)
     datamodel_display = sources.display(sources.datamodel)
-    datamodel = wire_datamodel(_read(sources.datamodel, datamodel_display), manifest, datamodel_display)
+    datamodel_xml = _read(sources.datamodel, datamodel_display)
+    check_mutex_datamodel(parse_datamodel(datamodel_xml, datamodel_display), datamodel_display)
+    datamodel = wire_datamodel(datamodel_xml, manifest, datamodel_display)
     entries = [package_files[0], (DATAMODEL_PATH, datamodel), *package_files[1:]]
     for driver in sorted(manifest.drivers, key=lambda spec: spec.name):
         entries.append((f"{DRIVERS_FOLDER}/{driver.name}.zip", build_driver_zip(driver, sources)))

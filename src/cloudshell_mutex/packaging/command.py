@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -35,14 +36,27 @@ def run_package(args: argparse.Namespace) -> int:
 def run_install(args: argparse.Namespace) -> int:
     """Import the package into CloudShell through the Quali API."""
     # Imported here: the REST client and its progress-bar dependencies are only needed by this command.
-    from cloudshell_mutex.packaging.install import InstallError, install_package, resolve_settings
+    from cloudshell_mutex.packaging.install import InstallError, install_package, resolve_settings, scrub
+    from cloudshell_mutex.packaging.settings import ENV_VARS, redact_userinfo
+
+    # Every password this run may know of is masked in whatever is printed: a last line of defence, since
+    # the messages are built not to hold one. Passwords shorter than 4 characters are left out: masking
+    # them would garble every message, and such a password is a substring of any text anyway.
+    secrets = [args.password, os.environ.get(ENV_VARS["password"])]
+
+    def safe(message: str) -> str:
+        for secret in secrets:
+            if secret and len(secret) >= 4:
+                message = scrub(message, secret)
+        return redact_userinfo(message)
 
     try:
         settings = resolve_settings(args)
+        secrets.append(settings.password)
         message = install_package(settings)
     except (InstallError, PackageError) as error:
-        return _error(str(error))
-    print(message)
+        return _error(safe(str(error)))
+    print(safe(message))
     return 0
 
 

@@ -52,6 +52,10 @@ class AttributeDef:
     type: str
     default: str
     rules: Tuple[str, ...]
+    description: str = ""
+    read_only: bool = False
+    #: The ``Override`` attribute of ``<Rules>``, as written (None when absent).
+    rules_override: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,8 @@ class FamilyDef:
     service_type: str
     is_admin_only: bool
     models: Tuple[ModelDef, ...]
+    #: ``AllowRemoteConnection`` (None when absent).
+    allow_remote_connection: Optional[bool] = None
 
 
 @dataclass(frozen=True)
@@ -250,7 +256,16 @@ def _parse_attributes(root: ElementTree.Element, source: str) -> Dict[str, Attri
             _required_attr(rule, "Name", f"a <Rule> of attribute {name!r}", source)
             for rule in info.iterfind(f"{_tag(DATAMODEL_NS, 'Rules')}/{_tag(DATAMODEL_NS, 'Rule')}")
         )
-        attribute = AttributeDef(name=name, type=kind, default=info.get("DefaultValue", ""), rules=rules)
+        rules_element = info.find(_tag(DATAMODEL_NS, "Rules"))
+        attribute = AttributeDef(
+            name=name,
+            type=kind,
+            default=info.get("DefaultValue", ""),
+            rules=rules,
+            description=info.get("Description", ""),
+            read_only=_bool_attr(info, "IsReadOnly", f"attribute {name!r}", source),
+            rules_override=None if rules_element is None else rules_element.get("Override"),
+        )
         _check_value(attribute, attribute.default, "<Attributes> defaults", source)
         attributes[name] = attribute
     return attributes
@@ -369,6 +384,11 @@ def parse_datamodel(xml: bytes, source: str = DATAMODEL_PATH) -> DataModel:
                 service_type=element.get("ServiceType", ""),
                 is_admin_only=_bool_attr(element, "IsAdminOnly", what, source),
                 models=tuple(models),
+                allow_remote_connection=(
+                    None
+                    if element.get("AllowRemoteConnection") is None
+                    else _bool_attr(element, "AllowRemoteConnection", what, source)
+                ),
             )
         )
     return DataModel(attributes=attributes, families=tuple(families), driver_descriptors=tuple(descriptors))

@@ -1,66 +1,36 @@
 """Import the package into CloudShell through the Quali API (``cloudshell-mutex install``).
 
-Settings come from flags, then environment variables, then the ``install:`` block of a shellfoundry-style
-``cloudshell_config.yml``, then defaults. The password is never printed: messages name the user and the
-server, and any text that came from elsewhere (the server, the HTTP stack, YAML) is scrubbed of it.
+Settings (:mod:`cloudshell_mutex.packaging.settings`) come from flags, then environment variables, then the
+``install:`` block of a shellfoundry-style ``cloudshell_config.yml``, then defaults. The password is never
+printed: messages name the user and the server, and any text that came from elsewhere (the server, the HTTP
+stack, YAML) is scrubbed of it.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
-import os
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Dict, Mapping, Optional
+import re
+from typing import Any, Optional
 from urllib.parse import quote, quote_plus, urljoin
 
 import requests
-import yaml
 from cloudshell.rest.api import PackagingRestApiClient
 from cloudshell.rest.exceptions import LoginFailedError, PackagingRestApiError
 from cloudshell.rest.progress_bar import upload_with_pb
 
 from cloudshell_mutex.packaging.format import PackageError, read_package
+from cloudshell_mutex.packaging.settings import (
+    QUALI_API_PORT,
+    InstallError,
+    InstallSettings,
+    redact_userinfo,
+    resolve_settings,
+    shown,
+)
 
-CONFIG_FILE_NAME = "cloudshell_config.yml"
-CONFIG_SECTION = "install"
-
-#: Setting -> environment variable.
-ENV_VARS = {
-    "host": "CLOUDSHELL_HOST",
-    "port": "CLOUDSHELL_PORT",
-    "username": "CLOUDSHELL_USERNAME",
-    "password": "CLOUDSHELL_PASSWORD",
-    "domain": "CLOUDSHELL_DOMAIN",
-}
-#: shellfoundry's defaults, except the password, which must be given.
-DEFAULTS = {"host": "localhost", "port": "9000", "username": "admin", "domain": "Global"}
+__all__ = ["ImportingClient", "InstallError", "check_import_answer", "install_package", "resolve_settings"]
 
 _MAX_SERVER_TEXT = 500
-
-
-class InstallError(Exception):
-    """The package could not be imported; the message says why and never contains the password."""
-
-
-@dataclass(frozen=True)
-class InstallSettings:
-    """Where and as whom to import which package."""
-
-    host: str
-    port: int
-    username: str
-    password: str = field(repr=False)
-    domain: str
-    package: Path
-    timeout: float = 30.0
-
-    @property
-    def api_url(self) -> str:
-        """The Quali API's base URL."""
-        return f"http://{self.host}:{self.port}/API/"
 
 
 def scrub(text: str, secret: Optional[str]) -> str:
@@ -76,97 +46,18 @@ def scrub(text: str, secret: Optional[str]) -> str:
     return text
 
 
+_HTML_RE = re.compile(r"^\s*(<!doctype html|<html|<\?xml[^>]*>\s*<html)", re.IGNORECASE)
+
+
 def _server_text(text: str, secret: Optional[str]) -> str:
-    """Text from the server or the HTTP stack, fit for a message: scrubbed, then shortened."""
-    return scrub(text, secret)[:_MAX_SERVER_TEXT]
+    """Text from the server or the HTTP stack, fit for a message: scrubbed, then shortened.
 
-
-class _ConfigLoader(yaml.SafeLoader):
-    """Reads every plain scalar as a string, except null.
-
-    With YAML's other implicit types a password such as 0123, yes or 12:30 would reach the server as
-    83, True or 750.
+    An HTML page is not quoted: a page of markup explains nothing, and it means that something other than
+    the Quali API answered.
     """
-
-
-_ConfigLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag == "tag:yaml.org,2002:null"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-
-
-def load_config(path: Path) -> Dict[str, Any]:
-    """The ``install:`` block of a cloudshell_config.yml (empty when the file has none)."""
-    try:
-        document = yaml.load(path.read_text(encoding="utf-8"), Loader=_ConfigLoader)  # a SafeLoader
-    except FileNotFoundError:
-        raise InstallError(f"{path}: not found") from None
-    except OSError as error:
-        raise InstallError(f"{path}: cannot be read: {error.strerror}") from None
-    except UnicodeDecodeError as error:
-        raise InstallError(f"{path}: not UTF-8 text (byte {error.start}); save it as UTF-8") from None
-    except yaml.YAMLError as error:
-        # Only the position and the problem: YAML's own message quotes the line, which may hold the password.
-        mark = getattr(error, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        problem = getattr(error, "problem", None) or "invalid YAML"
-        raise InstallError(f"{path}: not valid YAML{where}: {problem}") from None
-    if document is None:
-        return {}
-    if not isinstance(document, dict):
-        raise InstallError(f"{path}: expected a mapping with an {CONFIG_SECTION}: block")
-    section = document.get(CONFIG_SECTION) or {}
-    if not isinstance(section, dict):
-        raise InstallError(f"{path}: {CONFIG_SECTION}: must be a mapping of host, port, username, ...")
-    return section
-
-
-def resolve_settings(
-    args: argparse.Namespace, environ: Optional[Mapping[str, str]] = None, cwd: Optional[Path] = None
-) -> InstallSettings:
-    """Combine flags, environment variables, cloudshell_config.yml and defaults, in that order."""
-    environ = os.environ if environ is None else environ
-    cwd = Path.cwd() if cwd is None else cwd
-    if args.config:
-        config = load_config(Path(args.config))
-    elif (cwd / CONFIG_FILE_NAME).is_file():
-        config = load_config(cwd / CONFIG_FILE_NAME)
-    else:
-        config = {}
-
-    values: Dict[str, str] = {}
-    for name, variable in ENV_VARS.items():
-        flag = getattr(args, name, None)
-        if flag is not None:
-            values[name] = str(flag)
-        elif environ.get(variable):
-            values[name] = environ[variable]
-        elif config.get(name) is not None:
-            values[name] = str(config[name])
-        elif name in DEFAULTS:
-            values[name] = DEFAULTS[name]
-    if not values.get("password"):
-        raise InstallError(
-            f"no password: set {ENV_VARS['password']}, add password to the {CONFIG_SECTION}: block of "
-            f"{CONFIG_FILE_NAME}, or pass --password"
-        )
-    try:
-        port = int(values["port"])
-    except ValueError:
-        port = 0
-    if not 0 < port < 65536:
-        raise InstallError(f"port {values['port']!r} is not a TCP port number")
-    if args.timeout is not None and not (args.timeout > 0 and math.isfinite(args.timeout)):
-        raise InstallError("--timeout must be a positive number of seconds")
-    return InstallSettings(
-        host=values["host"],
-        port=port,
-        username=values["username"],
-        password=values["password"],
-        domain=values["domain"],
-        package=Path(args.package),
-        timeout=30.0 if args.timeout is None else float(args.timeout),
-    )
+    if _HTML_RE.match(text):
+        return f"an HTML page instead of a Quali API answer (is this the Quali API's port, {QUALI_API_PORT}?)"
+    return redact_userinfo(scrub(text, secret))[:_MAX_SERVER_TEXT]
 
 
 class ImportingClient(PackagingRestApiClient):
@@ -237,8 +128,8 @@ def install_package(settings: InstallSettings) -> str:
         response = client.import_package_from_buffer(data)
     except LoginFailedError:
         raise InstallError(
-            f"login to {where} failed for user {settings.username!r} in domain {settings.domain!r}: "
-            "wrong username, password or domain"
+            f"login to {where} failed for user {shown(settings.username)} "
+            f"in domain {shown(settings.domain)}: wrong username, password or domain"
         ) from None
     except PackagingRestApiError as error:
         raise InstallError(
@@ -255,5 +146,5 @@ def install_package(settings: InstallSettings) -> str:
     check_import_answer(response, settings.password)
     return (
         f"imported {settings.package} into {settings.host}:{settings.port} "
-        f"as {settings.username!r} in domain {settings.domain!r}"
+        f"as {shown(settings.username)} in domain {shown(settings.domain)}"
     )

@@ -17,8 +17,10 @@ Each ``[[driver]]`` table declares one ``Resource Drivers - Python/<name>.zip``:
 
 from __future__ import annotations
 
+import os
 import re
 import sys
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Dict, List, Optional, Tuple
@@ -41,6 +43,15 @@ _REQUIRED_KEYS = ("name", "source", "version", "python_version", "main_class", "
 _MAIN_CLASS_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 # The name becomes a file name on Windows execution servers.
 _BAD_NAME_RE = re.compile(r'[<>:"/\\|?*\x00-\x1f]')
+#: Device names that Windows reserves in every folder, whatever the extension ("CON.zip" is the console too).
+WINDOWS_RESERVED_NAMES = frozenset(
+    ["CON", "PRN", "AUX", "NUL", "CONIN$", "CONOUT$"]
+    + [
+        f"{device}{number}"
+        for device in ("COM", "LPT")
+        for number in ["0", *"123456789", "\u00b9", "\u00b2", "\u00b3"]
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -102,6 +113,49 @@ def _strings(entry: Dict[str, Any], key: str, where: str, source: str) -> Tuple[
     return tuple(value)
 
 
+def _check_windows_name(name: str, where: str, source: str) -> None:
+    """The name becomes ``<name>.zip`` on Windows execution servers: refuse what Windows cannot store."""
+    bad = sorted(set(_BAD_NAME_RE.findall(name)))
+    if bad:
+        shown = " ".join(repr(character) for character in bad)
+        raise PackageError(
+            f"{source}: {where}: the name must be a valid Windows file name; it contains {shown} "
+            '(none of < > : " / \\ | ? * or control characters)'
+        )
+    if name != name.strip() or name.endswith("."):
+        raise PackageError(
+            f"{source}: {where}: the name must be a valid Windows file name; "
+            "it must not start or end with a space, nor end with a dot"
+        )
+    # Windows ignores what follows the first dot, and spaces before it, when it looks for a device name.
+    stem = name.split(".", 1)[0].rstrip(" ").upper()
+    if stem in WINDOWS_RESERVED_NAMES:
+        raise PackageError(
+            f"{source}: {where}: the name must be a valid Windows file name; {stem} is a device name that "
+            "Windows reserves (CON, PRN, AUX, NUL, COM0-9, LPT0-9), with any extension: choose another name"
+        )
+
+
+def _check_requirement(requirement: str, where: str, source: str) -> None:
+    """One requirement is one line of requirements.txt, and only a requirement.
+
+    A newline would smuggle a second line into the file (``"x\\n--index-url https://elsewhere"``) and an
+    option line changes where the execution server installs packages from.
+    """
+    controls = sorted({ch for ch in requirement if unicodedata.category(ch) in ("Cc", "Zl", "Zp")})
+    if controls:
+        shown = ", ".join(f"U+{ord(ch):04X}" for ch in controls)
+        raise PackageError(
+            f"{source}: {where}: requirement {requirement!r} contains a line break or control character "
+            f'({shown}); write one requirement per list item, like "cloudshell-automation-api>=2021,<2027"'
+        )
+    if requirement.lstrip().startswith("-"):
+        raise PackageError(
+            f"{source}: {where}: requirement {requirement!r} is a pip option, not a requirement; "
+            "the execution server installs from its configured (local) PyPI; list package requirements only"
+        )
+
+
 def _parse_driver(entry: Any, index: int, base: Path, version: Optional[str], source: str) -> DriverSpec:
     if not isinstance(entry, dict):
         raise PackageError(f"{source}: [[driver]] #{index} must be a table")
@@ -115,8 +169,7 @@ def _parse_driver(entry: Any, index: int, base: Path, version: Optional[str], so
         raise PackageError(f"{source}: {where}: missing key(s) {', '.join(missing)}")
     name = _string(entry, "name", where, source)
     where = f"driver {name!r}"
-    if _BAD_NAME_RE.search(name) or name != name.strip() or name.endswith("."):
-        raise PackageError(f"{source}: {where}: the name must be a valid Windows file name")
+    _check_windows_name(name, where, source)
     driver_version = _string(entry, "version", where, source)
     try:
         parse_version(driver_version)
@@ -132,6 +185,8 @@ def _parse_driver(entry: Any, index: int, base: Path, version: Optional[str], so
     if not models:
         raise PackageError(f"{source}: {where}: models must name at least one model")
     requirements = _strings(entry, "requirements", where, source)
+    for requirement in requirements:
+        _check_requirement(requirement, where, source)
     if any(PROJECT_VERSION_PLACEHOLDER in requirement for requirement in requirements):
         if version is None:
             raise PackageError(
@@ -203,9 +258,32 @@ def _shown(path: Path, base: Path) -> str:
         return str(path)
 
 
+def _linked_part(base: Path, folder: Path) -> Optional[Path]:
+    """The first of ``folder`` and its parents below ``base`` that is a symbolic link or junction, if any."""
+    current = base
+    for part in folder.relative_to(base).parts:
+        current = current / part
+        if current.is_symlink() or _is_junction(current):
+            return current
+    return None
+
+
+def _is_junction(path: Path) -> bool:
+    """A Windows directory junction, which is_symlink does not report (``os.path.isjunction``, 3.12+)."""
+    isjunction = getattr(os.path, "isjunction", None)
+    return bool(isjunction(path)) if isjunction is not None else False
+
+
 def check_sources(manifest: Manifest, base: Path) -> None:
-    """Every declared driver's folder exists and holds the module of its main class."""
+    """Every declared driver's folder exists in the tree (no link) and holds the module of its main class."""
     for driver in manifest.drivers:
+        linked = _linked_part(base, driver.source)
+        if linked is not None:
+            # A link pulls files from outside the tree: a fresh clone (or git on Windows) builds another zip.
+            raise PackageError(
+                f"{manifest.path}: driver {driver.name!r}: source {_shown(driver.source, base)} "
+                f"goes through the symbolic link {_shown(linked, base)}; put the real folder in the tree"
+            )
         if not driver.source.is_dir():
             raise PackageError(
                 f"{manifest.path}: driver {driver.name!r}: "
