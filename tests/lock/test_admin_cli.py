@@ -186,7 +186,8 @@ def test_the_installed_entry_point_releases(emu, tmp_path: Path):
     reservation_id = emu.create_reservation()
     held_lock(emu, reservation_id)
     result = subprocess.run(
-        [sys.executable, "-m", "cloudshell_mutex.cli", "release", reservation_id, "--force", "--reason", "stuck"],
+        [sys.executable, "-m", "cloudshell_mutex.cli", "release", reservation_id,
+         "--force", "--reason", "stuck"],
         capture_output=True, text=True, timeout=60, cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
