@@ -12,7 +12,7 @@ from typing import List
 
 import pytest
 
-from cloudshell_mutex import ReservationMutex, cli
+from cloudshell_mutex import MutexLostError, ReservationMutex, cli
 from cloudshell_mutex.lock import command
 
 pytestmark = pytest.mark.integration
@@ -91,6 +91,8 @@ def test_release_removes_the_holder_and_records_who_whose_and_why(emu, capsys):
         assert lock.token in text and "Router A driver" in text  # whose
         assert "Reason: driver crashed on exec-02" in text  # why
     assert PASSWORD not in output
+    with pytest.raises(MutexLostError):  # the holder learns at its release that it lost the lock
+        lock.release()
 
 
 def test_release_without_a_lock_says_so_and_removes_nothing(emu, capsys):
