@@ -17,7 +17,7 @@ import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Mapping, Optional, Tuple
 
 from .admin import AdminReport, Outcome, clean_reason, force_release, lock_status
 from .alias import LockAlias
@@ -85,9 +85,10 @@ def resolve_connection(
     args: argparse.Namespace, environ: Optional[Mapping[str, str]] = None, cwd: Optional[Path] = None
 ) -> ConnectionSettings:
     """Combine flags, ``CLOUDSHELL_*`` variables, ``cloudshell_config.yml`` and defaults, in that order."""
-    # install's file reader (the same YAML rules and error wording); the import is here because it brings
-    # the REST client, which status/release need only for this.
+    # Imported here: install's file reader (the same YAML rules and error wording) brings the REST client,
+    # and the Mutex Service driver's zip bundles this wing without the packaging code or these modules.
     from cloudshell_mutex.packaging import install
+    from cloudshell_mutex.settings import parse_port, pick_values
 
     environ = os.environ if environ is None else environ
     cwd = Path.cwd() if cwd is None else cwd
@@ -100,28 +101,15 @@ def resolve_connection(
             config = {}
     except install.InstallError as error:
         raise SettingsError(str(error)) from None
-    defaults: Dict[str, Any] = {**install.DEFAULTS, "api_port": str(DEFAULT_API_PORT)}
-    values: Dict[str, str] = {}
-    for name, variable in ENV_VARS.items():
-        flag = getattr(args, name, None)
-        if flag is not None:
-            values[name] = str(flag)
-        elif environ.get(variable):
-            values[name] = environ[variable]
-        elif name in _CONFIG_KEYS and config.get(name) is not None:
-            values[name] = str(config[name])
-        else:
-            values[name] = str(defaults.get(name, ""))
-    if not values["password"]:
+    defaults = {**install.DEFAULTS, "api_port": str(DEFAULT_API_PORT)}
+    values = pick_values(args, ENV_VARS, environ, config, defaults, _CONFIG_KEYS)
+    if not values.get("password"):
         raise SettingsError(
             f"no password: set {ENV_VARS['password']}, add password to the install: block of "
             f"{install.CONFIG_FILE_NAME}, or pass --password"
         )
-    try:
-        port = int(values["api_port"])
-    except ValueError:
-        port = 0
-    if not 0 < port < 65536:
+    port = parse_port(values["api_port"])
+    if port is None:
         raise SettingsError(
             f"API port {values['api_port']!r} is not a TCP port number (the Automation API listens on "
             f"{DEFAULT_API_PORT}; --api-port or {ENV_VARS['api_port']})"
