@@ -23,6 +23,7 @@ from cloudshell.rest.exceptions import LoginFailedError, PackagingRestApiError
 from cloudshell.rest.progress_bar import upload_with_pb
 
 from cloudshell_mutex.packaging.format import PackageError, read_package
+from cloudshell_mutex.settings import parse_port, pick_values
 
 CONFIG_FILE_NAME = "cloudshell_config.yml"
 CONFIG_SECTION = "install"
@@ -134,27 +135,14 @@ def resolve_settings(
     else:
         config = {}
 
-    values: Dict[str, str] = {}
-    for name, variable in ENV_VARS.items():
-        flag = getattr(args, name, None)
-        if flag is not None:
-            values[name] = str(flag)
-        elif environ.get(variable):
-            values[name] = environ[variable]
-        elif config.get(name) is not None:
-            values[name] = str(config[name])
-        elif name in DEFAULTS:
-            values[name] = DEFAULTS[name]
+    values = pick_values(args, ENV_VARS, environ, config, DEFAULTS)
     if not values.get("password"):
         raise InstallError(
             f"no password: set {ENV_VARS['password']}, add password to the {CONFIG_SECTION}: block of "
             f"{CONFIG_FILE_NAME}, or pass --password"
         )
-    try:
-        port = int(values["port"])
-    except ValueError:
-        port = 0
-    if not 0 < port < 65536:
+    port = parse_port(values["port"])
+    if port is None:
         raise InstallError(f"port {values['port']!r} is not a TCP port number")
     if args.timeout is not None and not (args.timeout > 0 and math.isfinite(args.timeout)):
         raise InstallError("--timeout must be a positive number of seconds")
