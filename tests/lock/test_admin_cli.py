@@ -171,6 +171,10 @@ def test_bad_settings_exit_2_with_what_to_do(emu, capsys, monkeypatch):
     monkeypatch.setenv("CLOUDSHELL_PASSWORD", PASSWORD)
     code, _, err = run(capsys, ["status", "r1", "--api-port", "80290"])
     assert code == 2 and "not a TCP port number" in err
+    code, _, err = run(capsys, ["release", "r1", "--name", " ", "--force", "--reason", "x"])
+    assert code == 2 and "must not be blank" in err
+    code, _, err = run(capsys, ["status", "r1", "--watch", "-1"])
+    assert code == 2 and "--watch" in err
 
 
 def test_help_shows_examples_and_exit_codes():

@@ -27,6 +27,7 @@ from .protocol import DEFAULT_ALIAS
 #: Exit codes (docs/admin.md). argparse itself exits with 2 on a malformed command line.
 EXIT_OK = 0
 EXIT_FAILED = 1
+EXIT_USAGE = 2  # bad settings or arguments, as argparse's own errors
 EXIT_NO_LOCK = 3
 EXIT_RESERVATION = 4
 EXIT_REFUSED = 5
@@ -188,19 +189,20 @@ def _error(message: str, code: int, as_json: bool) -> int:
 
 
 def _lock_alias(args: argparse.Namespace) -> Tuple[LockAlias, ConnectionSettings]:
+    if not args.reservation.strip() or not args.name.strip():
+        raise SettingsError("RESERVATION and --name must not be blank (e.g. --name MUTEX)")
     settings = resolve_connection(args)
-    api = open_session(settings)
-    return LockAlias(api, args.reservation, args.name), settings
+    return LockAlias(open_session(settings), args.reservation.strip(), args.name), settings
 
 
 def run_status(args: argparse.Namespace) -> int:
     """Show who holds the lock (optionally watching it for ``--watch`` seconds)."""
     if not (args.watch >= 0 and math.isfinite(args.watch)):
-        return _error("--watch must be a number of seconds (0 or more)", 2, args.json)
+        return _error("--watch must be a number of seconds (0 or more)", EXIT_USAGE, args.json)
     try:
         alias, _ = _lock_alias(args)
     except SettingsError as error:
-        return _error(str(error), 2, args.json)
+        return _error(str(error), EXIT_USAGE, args.json)
     except ConnectError as error:
         return _error(str(error), error.exit_code, args.json)
     return _show(lock_status(alias, args.watch), args.json)
@@ -220,7 +222,7 @@ def run_release(args: argparse.Namespace) -> int:
     try:
         alias, settings = _lock_alias(args)
     except SettingsError as error:
-        return _error(str(error), 2, args.json)
+        return _error(str(error), EXIT_USAGE, args.json)
     except ConnectError as error:
         return _error(str(error), error.exit_code, args.json)
     return _show(force_release(alias, _actor(settings), args.reason), args.json)
