@@ -53,6 +53,7 @@ def test_released_between_read_and_remove():
     api.faults["RemoveServicesFromReservation"] = [lambda *args: api.services.clear() or False]
     report = force_release(alias, ACTOR, "stuck")
     assert report.outcome is Outcome.GONE_MEANWHILE and "released before the remove landed" in api.output[0]
+    assert report.held is False
 
 
 def test_a_remove_without_answer_is_reported_as_unknown_never_resent():
@@ -64,6 +65,7 @@ def test_a_remove_without_answer_is_reported_as_unknown_never_resent():
     api.faults["RemoveServicesFromReservation"] = [reset]
     report = force_release(alias, ACTOR, "stuck")
     assert report.outcome is Outcome.UNKNOWN and "may still be applied" in report.message
+    assert report.held is None and report.as_dict()["held"] is None  # nobody can tell yet
     assert api.count("RemoveServicesFromReservation") == 1
     assert "Check with Lock Status" in api.output[0]
 

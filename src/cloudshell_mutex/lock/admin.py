@@ -68,6 +68,15 @@ class AdminReport:
     output_written: Optional[bool] = None
     calls: int = 0
 
+    @property
+    def held(self) -> Optional[bool]:
+        """Whether the lock is held after the operation, as far as it can tell (None: unknown)."""
+        if self.outcome in (Outcome.HELD, Outcome.RESERVATION_ENDED):
+            return self.holder is not None
+        if self.outcome in (Outcome.FREE, Outcome.RELEASED, Outcome.NO_LOCK, Outcome.GONE_MEANWHILE):
+            return False
+        return None
+
     def as_dict(self) -> Dict[str, Any]:
         """A JSON-ready dict (the ``--json`` output)."""
         holder = None
@@ -83,7 +92,7 @@ class AdminReport:
             "outcome": self.outcome.value,
             "reservation_id": self.reservation_id,
             "alias": self.alias,
-            "held": self.holder is not None and self.outcome is not Outcome.RELEASED,
+            "held": self.held,
             "holder": holder,
             "seen_held_for": self.seen_held_for,
             "watched_for": self.watched_for,
