@@ -45,8 +45,8 @@ $(VENV39)/bin/.installed: pyproject.toml
 venv39: $(VENV39)/bin/.installed
 
 lint: venv
-	$(BIN)/ruff check src tests examples
-	$(BIN)/ruff format --check src tests examples
+	$(BIN)/ruff check src tests examples drivers
+	$(BIN)/ruff format --check src tests examples drivers
 
 test: lint test-py39
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -92,5 +92,5 @@ package: venv
 		$(BIN)/python -m build --quiet --wheel --outdir dist .
 
 clean:
-	rm -rf $(VENV) $(VENV39) dist build .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VENV39) .venv-driver39 dist build .pytest_cache .ruff_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

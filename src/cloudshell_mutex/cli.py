@@ -13,10 +13,11 @@ import sys
 from typing import Optional, Sequence
 
 from .emulator import command as emulator_command
+from .lock import command as lock_command
 from .packaging import command as packaging_command
 
 #: Modules that contribute subcommands, in help order.
-COMMAND_MODULES = (packaging_command, emulator_command)
+COMMAND_MODULES = (packaging_command, lock_command, emulator_command)
 
 
 def build_parser() -> argparse.ArgumentParser:

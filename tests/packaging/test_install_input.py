@@ -15,7 +15,7 @@ import pytest
 
 from cloudshell_mutex import cli
 from cloudshell_mutex.packaging import command
-from cloudshell_mutex.packaging.settings import (
+from cloudshell_mutex.settings import (
     InstallError,
     redact_userinfo,
     resolve_settings,

@@ -245,6 +245,24 @@ def driver_metadata_xml(driver: DriverSpec, existing: Optional[bytes], source: s
     return _serialize(root)
 
 
+def _bundle_files(driver: DriverSpec, sources: PackageSources) -> List[Tuple[str, Path]]:
+    """The files of the driver's ``bundle``, as (path in the zip, path), caches and hidden files left out."""
+    found: List[Tuple[str, Path]] = []
+    root = driver.bundle_root
+    for item in driver.bundle:
+        assert root is not None
+        if item.is_symlink():
+            raise PackageError(f"{sources.display(item)}: a symbolic link; put the real file or folder there")
+        if item.is_dir():
+            prefix = item.relative_to(root).as_posix()
+            found.extend(
+                (f"{prefix}/{relative}", path) for relative, path in _tree_files(item, sources.display)
+            )
+        else:
+            found.append((item.relative_to(root).as_posix(), item))
+    return found
+
+
 def build_driver_zip(driver: DriverSpec, sources: PackageSources) -> bytes:
     """Zip a driver folder with drivermetadata.xml and requirements.txt at the zip root."""
     files = _tree_files(driver.source, sources.display)
@@ -263,6 +281,13 @@ def build_driver_zip(driver: DriverSpec, sources: PackageSources) -> bytes:
             existing_metadata = data
         else:
             entries[relative] = data
+    for relative, path in _bundle_files(driver, sources):
+        if relative in entries or relative in (DRIVER_METADATA_PATH, REQUIREMENTS_PATH):
+            raise PackageError(
+                f"{sources.display(path)}: bundled into driver {driver.name!r} as {relative}, "
+                "which the driver folder already has"
+            )
+        entries[relative] = _read(path, sources.display(path))
     entries[DRIVER_METADATA_PATH] = driver_metadata_xml(
         driver, existing_metadata, sources.display(driver.source / DRIVER_METADATA_PATH)
     )

@@ -1,6 +1,6 @@
 """Import the package into CloudShell through the Quali API (``cloudshell-mutex install``).
 
-Settings (:mod:`cloudshell_mutex.packaging.settings`) come from flags, then environment variables, then the
+Settings (:mod:`cloudshell_mutex.settings`) come from flags, then environment variables, then the
 ``install:`` block of a shellfoundry-style ``cloudshell_config.yml``, then defaults. The password is never
 printed: messages name the user and the server, and any text that came from elsewhere (the server, the HTTP
 stack, YAML) is scrubbed of it.
@@ -19,7 +19,7 @@ from cloudshell.rest.exceptions import LoginFailedError, PackagingRestApiError
 from cloudshell.rest.progress_bar import upload_with_pb
 
 from cloudshell_mutex.packaging.format import PackageError, read_package
-from cloudshell_mutex.packaging.settings import (
+from cloudshell_mutex.settings import (
     QUALI_API_PORT,
     InstallError,
     InstallSettings,

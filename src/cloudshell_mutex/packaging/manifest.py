@@ -10,9 +10,14 @@ Each ``[[driver]]`` table declares one ``Resource Drivers - Python/<name>.zip``:
     main_class = "driver.MutexServiceDriver"
     models = ["Mutex Service"]             # the data-model models this driver serves
     requirements = ["cloudshell-mutex=={project_version}"]
+    bundle = ["cloudshell_mutex/lock"]     # optional: files or folders of src/ shipped in the zip
 
 ``{project_version}`` in a requirement is replaced by the version in the ``pyproject.toml`` next to
 ``drivers.toml``, so that a driver pins the library built from the same tree.
+
+``bundle`` lists paths under the ``src/`` folder next to ``drivers.toml``; each is copied into the driver
+zip at the same path (``cloudshell_mutex/lock`` becomes importable from the zip root). It is for code that
+is on no package index, which the execution server therefore cannot install from ``requirements``.
 """
 
 from __future__ import annotations
@@ -38,7 +43,11 @@ PROJECT_VERSION_PLACEHOLDER = "{project_version}"
 #: CloudShell runs Python 3 drivers with PythonVersion="3"; this library needs Python 3.9+.
 SUPPORTED_PYTHON_VERSIONS = ("3",)
 
-_DRIVER_KEYS = {"name", "source", "version", "python_version", "main_class", "models", "requirements"}
+_DRIVER_KEYS = {
+    "name", "source", "version", "python_version", "main_class", "models", "requirements", "bundle",
+}  # fmt: skip
+#: ``bundle`` paths are relative to this folder next to drivers.toml (the project's source root).
+BUNDLE_ROOT = "src"
 _REQUIRED_KEYS = ("name", "source", "version", "python_version", "main_class", "models")
 _MAIN_CLASS_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 # The name becomes a file name on Windows execution servers.
@@ -65,6 +74,9 @@ class DriverSpec:
     main_class: str
     models: Tuple[str, ...]
     requirements: Tuple[str, ...]
+    #: Files or folders (absolute paths) copied into the zip at their path relative to ``bundle_root``.
+    bundle: Tuple[Path, ...] = ()
+    bundle_root: Optional[Path] = None
 
     @property
     def main_module_file(self) -> str:
@@ -196,12 +208,18 @@ def _parse_driver(entry: Any, index: int, base: Path, version: Optional[str], so
         requirements = tuple(r.replace(PROJECT_VERSION_PLACEHOLDER, version) for r in requirements)
     folder = _string(entry, "source", where, source)
     # A subfolder of the tree, so that a fresh clone holds every input of the build (on any OS).
-    parts = PurePosixPath(folder).parts
-    if not parts or parts[0] == "/" or ".." in parts or "\\" in folder or ":" in folder:
+    if not _is_subpath(folder):
         raise PackageError(
             f"{source}: {where}: source {folder!r} must be a subfolder of the folder of drivers.toml, "
             "written with / and without .."
         )
+    bundle = _strings(entry, "bundle", where, source)
+    for item in bundle:
+        if not _is_subpath(item):
+            raise PackageError(
+                f"{source}: {where}: bundle item {item!r} must be a path under {BUNDLE_ROOT}/, written "
+                "with / and without .. (e.g. cloudshell_mutex/lock)"
+            )
     return DriverSpec(
         name=name,
         source=base / folder,
@@ -210,7 +228,15 @@ def _parse_driver(entry: Any, index: int, base: Path, version: Optional[str], so
         main_class=main_class,
         models=models,
         requirements=requirements,
+        bundle=tuple(base / BUNDLE_ROOT / item for item in bundle),
+        bundle_root=base / BUNDLE_ROOT,
     )
+
+
+def _is_subpath(path: str) -> bool:
+    """True for a relative path written with / and without .. (the same on every OS)."""
+    parts = PurePosixPath(path).parts
+    return bool(parts) and parts[0] != "/" and ".." not in parts and "\\" not in path and ":" not in path
 
 
 def parse_manifest(text: str, base: Path, source: str = MANIFEST_NAME) -> Manifest:
@@ -295,6 +321,12 @@ def check_sources(manifest: Manifest, base: Path) -> None:
                 f"{manifest.path}: driver {driver.name!r}: {_shown(module, base)} "
                 f"(the module of {driver.main_class}) does not exist"
             )
+        for item in driver.bundle:
+            if not item.exists():
+                raise PackageError(
+                    f"{manifest.path}: driver {driver.name!r}: bundle item {_shown(item, base)} "
+                    "does not exist"
+                )
 
 
 def load_manifest(path: Path, display: Optional[str] = None) -> Manifest:

@@ -1,7 +1,10 @@
-"""The settings of ``cloudshell-mutex install``: flags, ``CLOUDSHELL_*`` variables, ``cloudshell_config.yml``.
+"""Connection settings of the commands that talk to a CloudShell server: flags, ``CLOUDSHELL_*`` variables,
+``cloudshell_config.yml``.
 
-Each setting comes from its flag, else its environment variable, else the ``install:`` block of a
-shellfoundry-style ``cloudshell_config.yml``, else the default. Every value is checked here, before any
+``install`` reaches the Quali API (port 9000); ``status`` and ``release`` reach the Automation API (port
+8029): each command names its settings, but the rule is held here once. Each setting comes from its flag,
+else its environment variable, else the ``install:`` block of a shellfoundry-style
+``cloudshell_config.yml``, else the default. Every value is checked here, before any
 request, and a bad one gets a message that names where it came from and what to write instead. No message
 quotes a password: not the password setting, not a ``user:password@`` written into another setting, and not
 shellfoundry's scrambled form of it.
@@ -336,38 +339,61 @@ def _automation_port_error(origin: str) -> InstallError:
     )
 
 
-def resolve_settings(
-    args: argparse.Namespace, environ: Optional[Mapping[str, str]] = None, cwd: Optional[Path] = None
-) -> InstallSettings:
-    """Combine flags, environment variables, cloudshell_config.yml and defaults, in that order; check them."""
+#: A setting's value, where it came from (for messages), and whether the user gave it (not a default).
+Picked = Tuple[str, str, bool]
+
+
+def pick_settings(
+    args: argparse.Namespace,
+    env_vars: Mapping[str, str],
+    defaults: Mapping[str, str],
+    environ: Optional[Mapping[str, str]] = None,
+    cwd: Optional[Path] = None,
+    config_keys: Optional[Tuple[str, ...]] = None,
+) -> Dict[str, Picked]:
+    """Each setting of ``env_vars`` (setting -> variable) from its flag, variable, config entry or default.
+
+    The config file is ``args.config``, else ``cloudshell_config.yml`` in ``cwd`` if there is one;
+    ``config_keys`` limits what it may set (None: every setting). An empty value counts as unset; a
+    setting found nowhere is left out. A password read from the file is decoded as shellfoundry stores it.
+    """
     environ = os.environ if environ is None else environ
     cwd = Path.cwd() if cwd is None else cwd
     config_path: Optional[Path] = None
-    if args.config:
+    if getattr(args, "config", None):
         config_path = Path(args.config)
     elif (cwd / CONFIG_FILE_NAME).is_file():
         config_path = cwd / CONFIG_FILE_NAME
     config = load_config(config_path) if config_path is not None else {}
 
-    values: Dict[str, Tuple[str, str, bool]] = {}  # name -> (value, where it came from, given by the user)
-    for name, variable in ENV_VARS.items():
+    values: Dict[str, Picked] = {}
+    for name, variable in env_vars.items():
         flag = getattr(args, name, None)
         if flag is not None:
-            values[name] = (str(flag), f"--{name}", True)
+            values[name] = (str(flag), f"--{name.replace('_', '-')}", True)
         elif environ.get(variable):
             values[name] = (environ[variable], variable, True)
-        elif config.get(name):
+        elif (config_keys is None or name in config_keys) and config.get(name):
             values[name] = (config[name], f"{name}: in {config_path}", True)
-        elif name in DEFAULTS:
-            values[name] = (DEFAULTS[name], f"the default {name}", False)
+        elif name in defaults:
+            values[name] = (defaults[name], f"the default {name}", False)
     if "password" not in values:
         raise InstallError(
-            f"no password: set {ENV_VARS['password']}, add password to the {CONFIG_SECTION}: block of "
+            f"no password: set {env_vars['password']}, add password to the {CONFIG_SECTION}: block of "
             f"{CONFIG_FILE_NAME}, or pass --password"
         )
-    password, password_origin, _ = values["password"]
-    if password_origin.startswith("password: in "):
-        password = shellfoundry_password(password, str(config_path))
+    password, origin, given = values["password"]
+    if origin.startswith("password: in "):
+        values["password"] = (shellfoundry_password(password, str(config_path)), origin, given)
+    return values
+
+
+def resolve_settings(
+    args: argparse.Namespace, environ: Optional[Mapping[str, str]] = None, cwd: Optional[Path] = None
+) -> InstallSettings:
+    """Combine flags, environment variables, cloudshell_config.yml and defaults, in that order; check them."""
+    values = pick_settings(args, ENV_VARS, DEFAULTS, environ, cwd)
+    password = values["password"][0]
 
     host_value, host_origin, _ = values["host"]
     host, host_port = parse_host(host_value, host_origin)

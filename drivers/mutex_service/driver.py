@@ -1,0 +1,70 @@
+"""The Mutex Service driver: **Lock Status** and **Force Release** on the lock's own service in a sandbox.
+
+CloudShell runs it on an execution server (Python 3.9) from the driver zip in Mutex_Package.zip. The
+library is on no package index, so the zip bundles ``cloudshell_mutex`` (its lock wing and the driver mixin;
+drivers.toml ``bundle``); ``requirements.txt`` brings the CloudShell clients.
+
+A Mutex Service in a sandbox *is* a lock: its alias (``MUTEX`` by default) is the lock's name, and the
+command context names it (``context.resource.name``). Both commands therefore act on that alias and on
+nothing else. The session is built from the context (server, admin token and the context's API port) by
+:class:`~cloudshell_mutex.driver.ReservationMutexMixin`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cloudshell.shell.core.resource_driver_interface import ResourceDriverInterface
+
+from cloudshell_mutex.driver import ReservationMutexMixin, context_reservation
+from cloudshell_mutex.lock.admin import AdminReport, Outcome, force_release, lock_status
+from cloudshell_mutex.lock.alias import LockAlias
+from cloudshell_mutex.lock.errors import MutexError, MutexUsageError
+
+#: Outcomes a command reports as its answer; the others fail the command (CloudShell shows it as an error).
+_ANSWERS = {Outcome.HELD, Outcome.FREE, Outcome.RELEASED, Outcome.NO_LOCK, Outcome.GONE_MEANWHILE}
+#: Socket timeout of the commands' session: an admin command should not hang on a stuck server.
+API_TIMEOUT = 60.0
+
+
+class MutexServiceDriver(ResourceDriverInterface, ReservationMutexMixin):
+    """Commands on a Mutex Service: who holds this lock, and removing it by force, on the record."""
+
+    def initialize(self, context: Any) -> None:
+        """Nothing to prepare: sessions are opened per command context."""
+
+    def cleanup(self) -> None:
+        """Close the API sessions the commands opened."""
+        self.close_reservation_mutex_sessions()
+
+    def LockStatus(self, context: Any) -> str:  # CloudShell calls commands by name
+        """Who holds this service's lock: the holder's label, its owner token and what this read can tell."""
+        report = lock_status(self._lock_alias(context))
+        lines = [report.message]
+        if report.holder is not None:
+            lines += [f"  {name}: {value}" for name, value in sorted(report.holder.attributes.items())]
+        return self._answer(report, "\n".join(lines))
+
+    def ForceRelease(self, context: Any, reason: str) -> str:  # CloudShell calls commands by name
+        """Remove this service's lock, whoever holds it, and write who released whose lock and why to
+        the reservation output. ``reason`` is required."""
+        reservation = context_reservation(context)
+        user = str(getattr(reservation, "running_user", "") or getattr(reservation, "owner_user", "") or "")
+        actor = f"{user or 'a user'} (Mutex Service command Force Release)"
+        report = force_release(self._lock_alias(context), actor, reason)
+        return self._answer(report, report.message)
+
+    def _lock_alias(self, context: Any) -> LockAlias:
+        """The lock this service is: its alias in the command's reservation, on a session from the context."""
+        reservation = context_reservation(context)
+        alias = str(getattr(getattr(context, "resource", None), "name", "") or "").strip()
+        if not alias:
+            raise MutexUsageError("the command context names no service (context.resource.name is empty)")
+        api = self.cloudshell_api(context, timeout=API_TIMEOUT)
+        return LockAlias(api, str(reservation.reservation_id).strip(), alias)
+
+    @staticmethod
+    def _answer(report: AdminReport, text: str) -> str:
+        if report.outcome in _ANSWERS:
+            return text
+        raise MutexError(text, reservation_id=report.reservation_id, alias=report.alias)
