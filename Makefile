@@ -9,13 +9,19 @@ PYTHON39 ?= $(shell for p in $(wildcard $(HOME)/.pyenv/versions/3.9*/bin/python3
 	$$p -c 'import sys; sys.exit(sys.version_info[:2] != (3, 9))' 2>/dev/null && { echo $$p; break; }; done)
 VENV := .venv
 VENV39 := .venv39
+# The oldest cloudshell-automation-api that pyproject.toml allows: no re-send, no socket timeout, no 401
+# handling. The lock's emulator tests also run with it, under Python 3.9 (docs/protocol.md).
+OLDEST_CLIENT := cloudshell-automation-api==2021.1.0.181036
+VENV_OLDEST := .venv-oldest-client
+OLDEST_CLIENT_TESTS := tests/lock/test_mutex_emulator.py tests/lock/test_alias.py \
+	tests/lock/test_unknown_outcomes_emulator.py tests/lock/test_exclusion.py tests/contract
 BIN := $(VENV)/bin
 # cloudshell-orch-core 4.5 pins old automation-api/logging; it is installed without its pins for the tests
 # of the real Sandbox class (see ../shared/cloudshell-facts.md).
 ORCH_CORE := cloudshell-orch-core==4.5.0.5000
 PYTEST_ARGS ?=
 
-.PHONY: help venv venv39 test test-py39 test-live lint clean emulator package demo
+.PHONY: help venv venv39 test test-py39 test-oldest-client test-live lint clean emulator package demo
 
 help:
 	@echo "make demo       two drivers race to rewire one sandbox, without and with the lock (under a minute)"
@@ -44,11 +50,18 @@ $(VENV39)/bin/.installed: pyproject.toml
 
 venv39: $(VENV39)/bin/.installed
 
+$(VENV_OLDEST)/bin/.installed: pyproject.toml
+	@test -n "$(PYTHON39)" || { echo "Python 3.9 not found: install it (pyenv install 3.9) or set PYTHON39=/path/to/python3.9"; exit 1; }
+	$(PYTHON39) -m venv $(VENV_OLDEST)
+	$(VENV_OLDEST)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV_OLDEST)/bin/python -m pip install --quiet '.[driver]' '$(OLDEST_CLIENT)' 'pytest>=8,<9' 'pytest-timeout>=2.2,<3'
+	touch $@
+
 lint: venv
 	$(BIN)/ruff check src tests examples drivers
 	$(BIN)/ruff format --check src tests examples drivers
 
-test: lint test-py39
+test: lint test-py39 test-oldest-client
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The contract suite against a real server; `make test` runs the same tests against the emulator.
@@ -77,6 +90,12 @@ test-py39: venv39
 	$(VENV39)/bin/python -m pip install --quiet --no-deps --force-reinstall .
 	$(VENV39)/bin/python -m pytest -p no:cacheprovider -q -m "not integration" tests
 
+# The lock's emulator tests with the oldest client the dependency range allows (tests that need a newer
+# client's re-send or socket timeout are skipped there, and say so).
+test-oldest-client: $(VENV_OLDEST)/bin/.installed
+	$(VENV_OLDEST)/bin/python -m pip install --quiet --no-deps --force-reinstall .
+	$(VENV_OLDEST)/bin/python -m pytest -p no:cacheprovider -q $(OLDEST_CLIENT_TESTS)
+
 # Builds the package, starts the embedded emulator on free ports and races two driver processes.
 demo: venv
 	$(BIN)/python -m cloudshell_mutex.demo
@@ -92,5 +111,5 @@ package: venv
 		$(BIN)/python -m build --quiet --wheel --outdir dist .
 
 clean:
-	rm -rf $(VENV) $(VENV39) .venv-driver39 dist build .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VENV39) $(VENV_OLDEST) .venv-driver39 dist build .pytest_cache .ruff_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

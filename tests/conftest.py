@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from client_features import CLIENT_RESENDS, CLIENT_TAKES_TIMEOUT
+
 pytest_plugins = ["cloudshell_mutex.testing"]
 
 ASSETS = Path(__file__).parent / "assets"
@@ -37,3 +39,12 @@ def original_package_no_attributes_zip(tmp_path: Path) -> Path:
     path = tmp_path / "Mutex_Package_original_no_attributes.zip"
     path.write_bytes(zip_folder(ASSETS / "original_mutex_package_no_attributes"))
     return path
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """Skip tests that need a client feature the installed cloudshell-automation-api lacks."""
+    for item in items:
+        if item.get_closest_marker("client_resend") and not CLIENT_RESENDS:
+            item.add_marker(pytest.mark.skip(reason="this client does not re-send dropped requests"))
+        if item.get_closest_marker("client_timeout") and not CLIENT_TAKES_TIMEOUT:
+            item.add_marker(pytest.mark.skip(reason="this client takes no socket timeout"))

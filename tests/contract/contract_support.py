@@ -25,6 +25,7 @@ import urllib3
 from cloudshell.api.cloudshell_api import AttributeNameValue, CloudShellAPISession
 from cloudshell.api.common_cloudshell_api import CloudShellAPIError
 
+from client_features import CLIENT_RESENDS, CLIENT_TAKES_TIMEOUT
 from cloudshell_mutex import ReservationMutex, protocol
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,7 +87,8 @@ class Target:
         The client sets no timeout by itself, so a silent server would hang a test forever. The
         timeout goes to the client's urllib3 pool.
         """
-        kwargs.setdefault("timeout", urllib3.Timeout(connect=min(self.timeout, 10.0), read=self.timeout))
+        if CLIENT_TAKES_TIMEOUT:  # clients before 2024.1 take none (and wait as long as the server does)
+            kwargs.setdefault("timeout", urllib3.Timeout(connect=min(self.timeout, 10.0), read=self.timeout))
         return CloudShellAPISession(
             self.host, self.user, self.password, self.domain, port=self.api_port, **kwargs
         )
@@ -252,7 +254,7 @@ def race_worker(
     report: Dict[str, Any] = {"index": index, "outcomes": outcomes, "error": None}
     try:
         # No re-send by the client: a re-sent add would collide with its own first copy.
-        api = target.session(max_attempts=1)
+        api = target.session(**({"max_attempts": 1} if CLIENT_RESENDS else {}))
         for alias in aliases:
             barrier.wait(timeout=120)
             try:

@@ -70,6 +70,7 @@ def test_settings_and_defaults() -> None:
     assert live_target({}) is None  # no CLOUDSHELL_TEST_HOST: the emulator
 
 
+@pytest.mark.client_timeout
 def test_sessions_time_out_on_a_server_that_never_answers() -> None:
     """A server that accepts connections but never answers passes the TCP check: the session's own
     timeout must end the call (the client sets none of its own)."""

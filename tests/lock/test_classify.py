@@ -62,6 +62,12 @@ def api(message: str, code: str = "100") -> CloudShellAPIError:
             ErrorKind.ALIAS_MISSING,
         ),
         (api('Reservation "deadlock" has ended'), ErrorKind.NOT_ACTIVE),
+        # Clients before 2024.1 read a non-XML body (a 401 or 500 page) as "Invalid Request".
+        (
+            Exception("Invalid Request: b'Unauthorized: the token is missing, unknown or expired'"),
+            ErrorKind.UNAUTHORIZED,
+        ),
+        (Exception("Invalid Request: b'Internal Server Error'"), ErrorKind.TRANSIENT),
     ],
 )
 def test_kinds(exc, kind):

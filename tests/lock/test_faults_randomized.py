@@ -161,6 +161,7 @@ def test_audit_counts_what_it_is_there_to_count():
     assert audit([ev(COUNTER, "service_attributes_set", Count="2", Writer="x")])["lost_updates"] == 1
 
 
+@pytest.mark.client_timeout
 def test_randomized_faults_with_the_original_protocol_beside(
     cloudshell_emulator_factory, original_package_zip
 ):

@@ -15,9 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from client_features import CLIENT_RESENDS
 from cloudshell_mutex import (
     MutexLostError,
     MutexNotInstalled,
+    MutexPermissionError,
     MutexTimeout,
     ReservationMutex,
     ReservationNotActive,
@@ -139,6 +141,7 @@ def test_holder_reads_fresh_and_names_the_owner(emu, rid):
 # ---------------------------------------------------------------- ambiguity and transient faults
 
 
+@pytest.mark.client_resend
 def test_dropped_after_commit_add_resolves_to_acquired(emu, rid):
     """The add commits, the connection closes without a response, the real client retries by
     itself and its retry gets "already exists" - caused by our own add."""
@@ -421,3 +424,16 @@ def test_cloudshell_logging_logger_records_the_cycle_without_secrets(
             handler.close()
         qs_logger._LOGGER_CONTAINER.pop(rid, None)
         logging.Logger.manager.loggerDict.pop(category, None)
+
+
+def test_a_revoked_login_is_healed_by_the_client_or_named(emu, rid):
+    """New clients log on again after a 401 by themselves; old ones (before 2024.1) cannot, and turn the
+    401 page into ``Exception("Invalid Request: ...")``: the lock then says the login is not accepted."""
+    lock = mutex(emu.session(), rid)
+    emu.control.revoke_sessions()
+    if CLIENT_RESENDS:  # clients that re-send also log on again
+        assert lock.acquire(timeout=5)
+        lock.release()
+    else:
+        with pytest.raises(MutexPermissionError, match="expired or was revoked"):
+            lock.acquire(timeout=5)

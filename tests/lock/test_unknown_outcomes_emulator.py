@@ -78,6 +78,7 @@ def test_a_late_remove_never_deletes_the_next_holders_lock(emu):
     assert lock_history(emu, rid)[-2:] == [("service_added", token), ("service_removed", token)]
 
 
+@pytest.mark.client_resend
 def test_a_late_add_after_release_is_removed_and_blocks_nobody(emu):
     """Scenario 4: the first copy of the add is reset and lands after the lock was released (the
     client's own re-send acquired it). The late add re-creates MUTEX with our token; it is removed."""
@@ -95,6 +96,7 @@ def test_a_late_add_after_release_is_removed_and_blocks_nobody(emu):
     other.release()
 
 
+@pytest.mark.client_timeout
 def test_a_client_timeout_on_the_remove_is_a_request_that_may_land(emu):
     """CloudShellAPISession(timeout=1): the remove hangs past the client's timeout, then lands."""
     rid = emu.create_reservation()

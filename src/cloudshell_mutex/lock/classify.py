@@ -29,7 +29,14 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
-from cloudshell.api.common_cloudshell_api import CloudShellAPIError, UnauthorizedError
+from cloudshell.api.common_cloudshell_api import CloudShellAPIError
+
+try:
+    from cloudshell.api.common_cloudshell_api import UnauthorizedError
+except ImportError:  # clients before 2024.1 do not check the HTTP status (see _classify_unreadable)
+
+    class UnauthorizedError(Exception):  # type: ignore[no-redef]
+        """Stands in for the client's class, which older clients do not have (never raised by them)."""
 
 from . import protocol
 
@@ -122,6 +129,8 @@ def classify(exc: BaseException) -> Classification:
         # A bad host (LocationValueError): configuration, not a hiccup, so fatal at once rather
         # than retried until the timeout. Nothing was sent.
         return Classification(ErrorKind.FATAL, None, message, maybe_committed=False)
+    if type(exc) is Exception and message.startswith(_OLD_CLIENT_PREFIX):
+        return _classify_unreadable(message)
     if _is_transport_error(exc):
         sent = not _never_sent(exc)
         return Classification(ErrorKind.TRANSIENT, None, message, maybe_committed=sent, in_flight=sent)
@@ -134,6 +143,23 @@ def classify(exc: BaseException) -> Classification:
     return Classification(
         ErrorKind.FATAL, None, f"{type(exc).__name__}: {message}", maybe_committed=not refused
     )
+
+
+#: Clients before 2024.1 read any answer as XML; a non-XML body (a 401 or 500 page) raises this.
+_OLD_CLIENT_PREFIX = "Invalid Request: "
+_OLD_CLIENT_UNAUTHORIZED = ("401", "unauthorized", "log on again", "logon again")
+
+
+def _classify_unreadable(message: str) -> Classification:
+    """An old client's ``Exception("Invalid Request: <body>")``: the server answered with something that
+    is not an API answer. Such clients neither log on again after a 401 nor tell 401 from 500 apart, so
+    the body decides: a 401 page means the login is not (or no longer) accepted; anything else is taken
+    for a server error, which may heal and may have committed (the server answered: it cannot land later).
+    """
+    body = message[len(_OLD_CLIENT_PREFIX) :][:200]
+    if any(fragment in body.lower() for fragment in _OLD_CLIENT_UNAUTHORIZED):
+        return Classification(ErrorKind.UNAUTHORIZED, None, f"HTTP 401: {body}", maybe_committed=False)
+    return Classification(ErrorKind.TRANSIENT, None, f"an answer that is not an API answer: {body}")
 
 
 def _classify_api_error(exc: CloudShellAPIError) -> Classification:
