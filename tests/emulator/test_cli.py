@@ -23,6 +23,7 @@ def test_cli_serves_until_interrupted_and_never_prints_the_password(original_pac
     command = [
         sys.executable, "-m", "cloudshell_mutex.cli", "emulator", "--port", "0", "--quali-port", "0",
         "--admin-password", PASSWORD, "--package", str(original_package_zip), "--latency-ms", "1:2",
+        "--catalog", "permissive",
     ]  # fmt: skip
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

@@ -50,7 +50,9 @@ def test_strict_catalog_lists_only_categorised_families_and_hides_admin_only_one
     emu.control.add_user("bob", "pw-bob")
     admin, bob = emu.session(), emu.session(username="bob", password="pw-bob")
     everything = ["Admin Service", SERVICE_MODEL, "Open Service"]
-    assert listed(admin) == listed(bob) == everything  # permissive, the default for now
+    assert listed(admin) == ["Admin Service", "Open Service"] and listed(bob) == ["Open Service"]  # strict
+    assert emu.control.configure(catalog="permissive")["catalog"] == "permissive"
+    assert listed(admin) == listed(bob) == everything
 
     assert emu.control.configure(catalog="strict")["catalog"] == "strict"
     assert listed(admin) == ["Admin Service", "Open Service"]

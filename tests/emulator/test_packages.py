@@ -100,6 +100,7 @@ def test_imported_original_package_makes_the_model_usable(
     cloudshell_emulator: Emulator, original_package_zip: Path
 ):
     emu = cloudshell_emulator
+    emu.control.configure(catalog="permissive")  # to read the model back from GetServices
     api = emu.session()
     rid = emu.create_reservation()
     with pytest.raises(CloudShellAPIError) as info:
@@ -127,6 +128,7 @@ def test_defaults_types_and_resource_models_come_from_the_package(
     cloudshell_emulator: Emulator, tmp_path: Path
 ):
     emu = cloudshell_emulator
+    emu.control.configure(catalog="permissive")  # to read the models back from GetServices
     path = tmp_path / "Paint.zip"
     path.write_bytes(make_zip({"metadata.xml": metadata(), "DataModel/datamodel.xml": DATAMODEL}))
     quali_login(emu).import_package(path)
@@ -204,7 +206,7 @@ def test_quali_login_and_authorization(cloudshell_emulator: Emulator, original_p
 def test_packages_preloaded_at_start_and_imported_in_process(
     cloudshell_emulator_factory, original_package_zip: Path
 ):
-    emu = cloudshell_emulator_factory(packages=[original_package_zip])
+    emu = cloudshell_emulator_factory(packages=[original_package_zip], catalog="permissive")
     assert [s.Name for s in emu.session().GetServices("", "").Services] == [SERVICE_MODEL]
     summary = emu.import_package(make_zip({"metadata.xml": metadata(), "DataModel/datamodel.xml": DATAMODEL}))
     assert summary == {"services": ["Paint Service"], "resources": ["Switch Model"], "drivers": []}

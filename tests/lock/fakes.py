@@ -172,8 +172,8 @@ class FakeApi:
 
 
 def make(api: FakeApi, clock: Clock, warm: bool = True, **kwargs: Any) -> ReservationMutex:
-    """A mutex on the fake with a virtual clock; ``warm`` runs the once-per-process catalog read
-    first and forgets the calls, so tests count only the lock's own calls."""
+    """A mutex on the fake with a virtual clock; ``warm``: what the model takes is already learned (by an
+    earlier add of this process), so tests count only the calls of the operation they look at."""
     if api.clock is None:
         api.clock = clock
     kwargs.setdefault("pacing", FixedPacing(0.1))
@@ -181,8 +181,9 @@ def make(api: FakeApi, clock: Clock, warm: bool = True, **kwargs: Any) -> Reserv
     mutex = ReservationMutex(
         api, RES, owner="Router A driver", clock=clock, sleep=clock.sleep, rng=random.Random(1), **kwargs
     )
-    if warm:
-        catalog.detect_model(api)
+    if warm:  # what the model takes is known, as after this process's first add
+        names = catalog.FULL if set(api.model_attributes) >= catalog.FULL else catalog.OWNER_ONLY
+        catalog.learn(api, protocol.SERVICE_MODEL, names)
         api.calls.clear()
     return mutex
 

@@ -26,7 +26,7 @@ class TryOnceLock:
 
     def try_lock(self) -> bool:
         token = make_token("try-once")
-        result = self.alias.try_add(self.alias.owner_attributes(self.alias.model_info(), token, "try-once"))
+        result = self.alias.add_owner(token, "try-once")
         if result.ok:
             self.token = token
         return result.ok
@@ -60,18 +60,17 @@ def test_try_once_lock_and_reservation_mutex_exclude_each_other(emu):
 def test_the_primitive_reports_what_each_call_came_to(emu):
     rid = emu.create_reservation()
     alias = LockAlias(emu.session(), rid, "CONFIG")
-    attributes = alias.owner_attributes(alias.model_info(), "t1", "x")
     assert alias.read().ok and alias.read().holder is None
-    assert alias.try_add(attributes).status is Status.DONE
-    busy = alias.try_add(attributes)
+    assert alias.add_owner("t1", "x").status is Status.DONE  # the original model: 2 adds, then learned
+    busy = alias.add_owner("t1", "x")
     assert busy.status is Status.BUSY and busy.failure.code == "100" and not busy.may_land_later
     assert alias.read().holder.token == "t1"
     assert alias.remove_once().status is Status.DONE
     assert alias.remove_once().status is Status.MISSING
     assert alias.reservation_state() == "active"
-    assert alias.calls == 9  # every call counted, the catalog read included
+    assert alias.calls == 9  # every call counted: 2 reads, 3 adds, read, 2 removes, state
     emu.control.inject_fault("RemoveServicesFromReservation", "drop_after_commit")
-    assert alias.try_add(attributes).ok
+    assert alias.add_owner("t2", "x").ok
     dropped = alias.remove_once()
     assert dropped.status is Status.TRANSIENT and dropped.may_land_later
     assert emu.control.call_counts()["RemoveServicesFromReservation"] == 3  # sent once: no client re-send

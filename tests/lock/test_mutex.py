@@ -36,19 +36,21 @@ from cloudshell_mutex.lock.pacing import CallBudget, FixedPacing
 # ---------------------------------------------------------------- the common case
 
 
-def test_uncontended_cycle_costs_three_calls_after_one_catalog_read(clock):
-    """Add, the ownership read before the remove (the default), remove."""
+def test_uncontended_cycle_costs_three_calls_and_learns_the_model_from_the_first_add(clock):
+    """Add, the ownership read before the remove (the default), remove. The first add of a process writes
+    our attributes; the original model refuses them, so it adds once more with Mutex Owner alone, and
+    remembers. The catalog is never asked."""
     api = FakeApi()
     for _ in range(3):
         mutex = make(api, clock, warm=False)
         with mutex:
             assert mutex.locked()
-            assert api.services[protocol.DEFAULT_ALIAS][protocol.ATTR_OWNER] == mutex.token
+            assert api.services[protocol.DEFAULT_ALIAS] == {protocol.ATTR_OWNER: mutex.token}
         assert not mutex.locked()
         assert protocol.DEFAULT_ALIAS not in api.services
-    assert api.count("GetServices") == 1
+    assert api.count("GetServices") == 0
     cycle = ["AddServiceToReservation", "GetReservationDetails", "RemoveServicesFromReservation"]
-    assert api.calls[1:] == cycle * 3
+    assert api.calls == ["AddServiceToReservation", *cycle * 3]
 
 
 def test_release_check_after_opts_in_to_the_two_call_cycle(clock):
@@ -390,39 +392,38 @@ def test_verify_mode_costs_one_more_call_and_rejects_a_foreign_owner(clock):
 def test_missing_model_raises_at_once(clock):
     api = FakeApi(attributes=(), listed=False)
     mutex = make(api, clock)
-    with pytest.raises(MutexNotInstalled, match=r"import Mutex_Package\.zip"):
+    with pytest.raises(MutexNotInstalled, match=r"is not installed.*import Mutex_Package\.zip"):
         mutex.acquire()
     assert clock.sleeps == []
-    assert api.count("AddServiceToReservation") == 1
+    # The add, and one without attributes: refused too, so the model is missing (not only Mutex Owner).
+    assert api.count("AddServiceToReservation") == 2
 
 
-def test_a_stale_catalog_cache_heals_itself_once(clock):
-    api = FakeApi(attributes=(protocol.ATTR_OWNER, protocol.ATTR_LABEL))
-    mutex = make(api, clock)  # caches the model with Mutex Label
-    api.model_attributes.remove(protocol.ATTR_LABEL)  # the original package re-imported meanwhile
-    api.calls.clear()
+def test_what_was_learned_about_the_model_heals_itself_when_the_model_changes(clock):
+    api = FakeApi(attributes=tuple(catalog.FULL))
+    mutex = make(api, clock)  # learned: the model takes our attributes
+    api.model_attributes = [protocol.ATTR_OWNER]  # the original package re-imported meanwhile
     with mutex:
         assert list(api.services[protocol.DEFAULT_ALIAS]) == [protocol.ATTR_OWNER]
     assert api.calls == [
-        "AddServiceToReservation",
-        "GetServices",
-        "AddServiceToReservation",
+        "AddServiceToReservation",  # refused: our attributes
+        "AddServiceToReservation",  # Mutex Owner alone
         "GetReservationDetails",
         "RemoveServicesFromReservation",
     ]
+    assert catalog.accepted(api, protocol.SERVICE_MODEL) == catalog.OWNER_ONLY
 
 
-def test_an_attribute_the_fresh_catalog_lists_but_the_add_refuses_is_not_installed(clock):
-    api = FakeApi(attributes=(protocol.ATTR_OWNER, protocol.ATTR_LABEL))
+def test_a_model_without_mutex_owner_is_named_and_nothing_is_left_behind(clock):
+    """The original repository's current source builds a model with no attributes at all."""
+    api = FakeApi(attributes=())
+    api.listed = True
     mutex = make(api, clock, warm=False)
-
-    def refuse(*args):
-        raise api_error("Attribute 'Mutex Label' is not defined on service model 'Mutex Service'")
-
-    api.faults["AddServiceToReservation"] = [refuse]
-    with pytest.raises(MutexNotInstalled):
+    with pytest.raises(MutexNotInstalled, match="has no 'Mutex Owner' attribute") as raised:
         mutex.acquire()
-    assert catalog._cache == {}  # the next acquisition detects the model again
+    assert "safe" in str(raised.value) and "Mutex_Package.zip" in str(raised.value)
+    assert api.services == {}  # the probe's add, without attributes, was removed
+    assert catalog.accepted(api, protocol.SERVICE_MODEL) is None
 
 
 def test_ended_reservation_raises_reservation_not_active(clock):
@@ -770,5 +771,5 @@ def test_call_budget_slows_a_waiter(clock):
     mutex = make(api, clock, pacing=FixedPacing(0.0), budget=budget, holder_check_interval=100)
     with pytest.raises(MutexTimeout):
         mutex.acquire(timeout=10.0)
-    calls = len(api.calls) - 1  # minus GetServices
-    assert calls <= 1 + 2 + 2 * 10 + 1, calls  # the first add, the burst, 2/s, the final read
+    calls = len(api.calls)
+    assert calls <= 1 + 1 + 2 + 2 * 10 + 1, calls  # the first add and read, the burst, 2/s, the final read

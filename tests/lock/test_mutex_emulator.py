@@ -73,15 +73,16 @@ CYCLE = {"AddServiceToReservation": 1, "GetReservationDetails": 1, "RemoveServic
 
 
 def test_uncontended_cycle_costs_three_api_calls(emu, rid):
-    """Add, the ownership read before the remove, remove; the catalog read once per process."""
+    """Add, the ownership read before the remove, remove. The first add of a process finds out that the
+    original model does not take our attributes (one more add), once per process and server."""
     api = emu.session()
     control = emu.control
     control.reset_counts()
     with mutex(api, rid) as first:
         assert current_owner(emu, rid) == first.token
-    assert control.call_counts() == {"GetServices": 1, **CYCLE}
+    assert control.call_counts() == {**CYCLE, "AddServiceToReservation": 2}
 
-    for _ in range(3):  # the catalog read happens once per process and server
+    for _ in range(3):  # learned once per process and server
         control.reset_counts()
         with mutex(api, rid):
             pass
@@ -90,7 +91,7 @@ def test_uncontended_cycle_costs_three_api_calls(emu, rid):
 
 def test_the_two_call_cycle_is_an_opt_in(emu, rid):
     api = emu.session()
-    catalog.detect_model(api)
+    catalog.learn(api, protocol.SERVICE_MODEL, catalog.OWNER_ONLY)
     emu.control.reset_counts()
     with mutex(api, rid, release_check_after=5):
         pass
@@ -119,7 +120,7 @@ def test_writes_lease_attributes_when_the_installed_model_has_them(cloudshell_em
         assert attributes[protocol.ATTR_OWNER] == held.token
         assert attributes[protocol.ATTR_LABEL] == "Router A driver"
         assert attributes[protocol.ATTR_LEASE_SECONDS] == "0"
-    assert emu.control.call_counts() == {"GetServices": 1, **CYCLE}
+    assert emu.control.call_counts() == CYCLE  # our model takes our attributes at once
 
 
 def test_holder_reads_fresh_and_names_the_owner(emu, rid):
@@ -149,7 +150,7 @@ def test_dropped_after_commit_add_resolves_to_acquired(emu, rid):
     control = emu.control
     seen = []
     lock = mutex(api, rid, on_event=seen.append)
-    catalog.detect_model(api)  # the once-per-process catalog read
+    catalog.learn(api, protocol.SERVICE_MODEL, catalog.OWNER_ONLY)  # as after this process's first add
     control.inject_fault("AddServiceToReservation", "drop_after_commit")
     control.reset_counts()
     assert lock.acquire(timeout=20) is True
@@ -197,7 +198,8 @@ def test_missing_model_raises_at_once_with_the_fix(cloudshell_emulator):
     with pytest.raises(MutexNotInstalled, match=r"import Mutex_Package\.zip"):
         mutex(api, rid, timeout=60).acquire()
     assert time.monotonic() - started < 2.0
-    assert emu.control.call_counts().get("AddServiceToReservation") == 1
+    # With our attributes, with Mutex Owner alone, and with none: all refused, so the model is missing.
+    assert emu.control.call_counts().get("AddServiceToReservation") == 3
 
 
 def test_ended_reservation_raises(emu, rid):
@@ -241,7 +243,7 @@ def test_non_blocking_makes_one_attempt(emu, rid):
     holder.acquire()
     api = emu.session()
     other = mutex(api, rid)
-    catalog.detect_model(api)  # the once-per-process catalog read
+    catalog.learn(api, protocol.SERVICE_MODEL, catalog.OWNER_ONLY)  # as after this process's first add
     emu.control.reset_counts()
     assert other.acquire(blocking=False) is False
     assert emu.control.call_counts() == {"AddServiceToReservation": 1, "GetReservationDetails": 1}
@@ -305,7 +307,7 @@ def test_release_after_the_check_window_reads_the_owner_first(emu, rid):
 def test_verify_mode_costs_one_more_call(emu, rid):
     api = emu.session()
     lock = mutex(api, rid, verify=True)
-    catalog.detect_model(api)  # the once-per-process catalog read
+    catalog.learn(api, protocol.SERVICE_MODEL, catalog.OWNER_ONLY)  # as after this process's first add
     emu.control.reset_counts()
     with lock:
         pass

@@ -19,6 +19,7 @@ import pytest
 from cloudshell.api.cloudshell_api import CloudShellAPISession
 
 from cloudshell_mutex import ReservationMutex, protocol
+from cloudshell_mutex.lock import catalog
 from cloudshell_mutex.lock.late_adds import process_late_adds
 from cloudshell_mutex.lock.pacing import DefaultPacing
 
@@ -34,6 +35,9 @@ def emu(cloudshell_emulator_factory, original_package_zip):
 
 
 def mutex(api, rid, **kwargs) -> ReservationMutex:
+    """A lock that already knows the original model (as after its process's first add), so that a fault
+    injected for "the next add" hits the lock's add, not the add that learns the model."""
+    catalog.learn(api, protocol.SERVICE_MODEL, catalog.OWNER_ONLY)
     kwargs.setdefault("pacing", FAST)
     kwargs.setdefault("request_lifetime", 30)
     return ReservationMutex(api, rid, **kwargs)
@@ -123,6 +127,8 @@ CHILD = textwrap.dedent(
     from cloudshell_mutex import ReservationMutex
     host, port, user, password, domain, rid, stay = sys.argv[1:]
     api = CloudShellAPISession(host, user, password, domain, port=int(port))
+    from cloudshell_mutex.lock import catalog
+    catalog.learn(api, "Mutex Service", catalog.OWNER_ONLY)  # the fault is for the lock's add
     lock = ReservationMutex(api, rid, owner="interrupted", request_lifetime=30)
     print("ready", flush=True)
     try:

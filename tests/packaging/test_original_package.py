@@ -148,7 +148,7 @@ def test_ours_imports_over_each_original(
     cloudshell_emulator_factory: Callable, request: pytest.FixtureRequest, fixture: str, before: list
 ) -> None:
     original = request.getfixturevalue(fixture)
-    emulator = cloudshell_emulator_factory()
+    emulator = cloudshell_emulator_factory(catalog="permissive")  # to read the model back
     emulator.import_package(original)
     session = emulator.session()
     assert service_attributes(session) == before

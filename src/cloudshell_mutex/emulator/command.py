@@ -148,9 +148,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--catalog",
         choices=CATALOG_MODES,
-        default="permissive",
-        help="permissive (default): GetServices lists every service model; strict: only families linked "
-        "to a category, admin-only families to admins only (as the real server most likely does)",
+        default="strict",
+        help="strict (default): GetServices lists only families linked to a category, admin-only families "
+        "to admins only (as the real server most likely does); permissive: every service model",
     )
     parser.add_argument(
         "--ended-reservations",

@@ -25,8 +25,9 @@ class Emulator:
     :meth:`EmulatorControl.inject_fault`); ``random_faults`` switches the seeded random fault mode on (a
     :class:`~cloudshell_mutex.emulator.faults.RandomFaults` settings dict). Use it as a context manager,
     or call :meth:`start` and :meth:`stop`. The real-server modes (docs/emulator.md): ``reword_errors``
-    (every error text but the documented one in other words), ``catalog`` (``"permissive"``: GetServices
-    lists every service model; ``"strict"``: only those in a category, admin-only ones to admins only),
+    (every error text but the documented one in other words), ``catalog`` (``"strict"``, the default:
+    GetServices lists only those in a category, admin-only ones to admins only; ``"permissive"``: every
+    service model),
     ``ended_reservations`` (``"readable"``: reads of an ended reservation answer and changes fail;
     ``"closed"``: every call fails) and ``header_timeout`` (seconds a connection may take to send its
     request headers or sit idle).
@@ -47,7 +48,7 @@ class Emulator:
         faults: Iterable[Sequence[Any]] = (),
         random_faults: Optional[Mapping[str, Any]] = None,
         reword_errors: bool = False,
-        catalog: str = "permissive",
+        catalog: str = "strict",
         ended_reservations: str = "readable",
         header_timeout: float = DEFAULT_HEADER_TIMEOUT,
     ) -> None:

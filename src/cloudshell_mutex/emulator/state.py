@@ -181,7 +181,7 @@ class EmulatorState:
         self.details_cache_seconds = float(details_cache_seconds)
         #: What GetServices lists: every service model (permissive) or as the real server most likely
         #: does (strict: only families with a category, admin-only ones to admins only).
-        self.catalog_mode = PERMISSIVE
+        self.catalog_mode = STRICT
         #: Ended reservations: reads still answer (readable) or every call fails (closed).
         self.ended_reservations = READABLE
         self.catalog: OrderedDict[str, CatalogModel] = OrderedDict()

@@ -15,7 +15,7 @@ import enum
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, FrozenSet, List, Optional, Sequence
 
 from cloudshell.api.cloudshell_api import AttributeNameValue
 
@@ -127,27 +127,35 @@ class LockAlias:
 
     # ---------------------------------------------------------------- the model
 
-    def model_info(self, refresh: bool = False) -> catalog.ModelInfo:
-        """What the catalog says about the model (cached per server and process; ``refresh`` asks again)."""
-        if refresh:
-            catalog.forget(self.api, self.model)
-        info, calls = catalog.detect_model(self.api, self.model, self.logger)
-        self.calls += calls
-        return info
+    def add_owner(
+        self, token: str, label: str, *, paced: bool = False, deadline: Optional[float] = None
+    ) -> CallResult:
+        """The lock's add: ``Mutex Owner`` = ``token``, plus our attributes while the model takes them.
 
-    def forget_model(self) -> None:
-        """Drop what this process cached about the model (it was found missing)."""
-        catalog.forget(self.api, self.model)
-
-    def owner_attributes(self, info: catalog.ModelInfo, token: str, label: str) -> List[AttributeNameValue]:
-        """The attributes an add writes: ``Mutex Owner`` always, ours only when the model has them.
-
-        ``Mutex Lease Seconds`` = 0 means "no lease": such a holder is never judged stale.
+        What the model takes is learned from the adds (:mod:`.catalog`): when the server refuses an add
+        with our attributes (an API refusal, which changed nothing), the add is made once more with
+        ``Mutex Owner`` alone. A model that was replaced meanwhile (a package re-imported) is learned
+        again the same way. One or two calls.
         """
+        known = catalog.accepted(self.api, self.model)
+        names = catalog.FULL if known is None else known
+        result = self.try_add(self._owner_attributes(names, token, label), paced=paced, deadline=deadline)
+        refused = result.status is Status.FATAL and result.failure.code is not None
+        if refused and names != catalog.OWNER_ONLY:
+            names = catalog.OWNER_ONLY
+            result = self.try_add(self._owner_attributes(names, token, label), paced=paced, deadline=deadline)
+        if result.ok:
+            catalog.learn(self.api, self.model, names)
+        elif result.status is Status.FATAL and known is not None:
+            catalog.forget(self.api, self.model)  # learn it again next time
+        return result
+
+    def _owner_attributes(self, names: FrozenSet[str], token: str, label: str) -> List[AttributeNameValue]:
         attributes = [AttributeNameValue(protocol.ATTR_OWNER, token)]
-        if info.has(protocol.ATTR_LABEL):
+        if protocol.ATTR_LABEL in names:
             attributes.append(AttributeNameValue(protocol.ATTR_LABEL, sanitize_label(label)))
-        if info.has(protocol.ATTR_LEASE_SECONDS):
+        if protocol.ATTR_LEASE_SECONDS in names:
+            # "0" means "no lease": such a holder is never judged stale.
             attributes.append(AttributeNameValue(protocol.ATTR_LEASE_SECONDS, "0"))
         return attributes
 
@@ -213,8 +221,11 @@ class LockAlias:
             status = self.api.GetReservationStatus(self.reservation_id).ReservationSlimStatus
         except Exception as exc:
             failure = classify(exc)
-            if failure.kind is ErrorKind.NOT_ACTIVE:
-                return "missing" if "not found" in failure.message.lower() else "ended"
+            if failure.kind is ErrorKind.NOT_ACTIVE and "ended" in failure.message.lower():
+                return "ended"
+            if failure.kind in (ErrorKind.NOT_ACTIVE, ErrorKind.FATAL) and failure.code is not None:
+                # The server refused to read this reservation, whatever its words: there is none to lock.
+                return "missing"
             return None
         if str(getattr(status, "Status", "") or "").strip().lower() in ENDED_STATES:
             return "ended"

@@ -38,6 +38,7 @@ except ImportError:  # clients before 2024.1 do not check the HTTP status (see _
     class UnauthorizedError(Exception):  # type: ignore[no-redef]
         """Stands in for the client's class, which older clients do not have (never raised by them)."""
 
+
 from . import protocol
 
 try:  # the API client depends on urllib3; stay importable if a caller passes a look-alike API object

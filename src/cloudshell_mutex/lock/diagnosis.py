@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .catalog import ModelInfo
 from .classify import Classification, ErrorKind
 from .errors import (
     MutexError,
@@ -48,34 +47,40 @@ def fatal_error(
     reservation_id: str,
     alias: str,
     model: str,
-    catalog_info: Optional[ModelInfo],
+    probed: Optional[str],
     state: Optional[str],
 ) -> MutexError:
     """Turn a failure that waiting cannot fix into an error that says what to do.
 
     ``state`` is the reservation's state ('active', 'ended', 'missing', or None when unknown or not
-    read: read it when :func:`needs_state` says so). ``catalog_info`` is what the catalog said about
-    ``model`` (None when not asked).
+    read: read it when :func:`needs_state` says so). ``probed`` is what an add without attributes told
+    about the model: 'no_owner', 'missing', or None (not tried, or no answer).
     """
     where = dict(reservation_id=reservation_id, alias=alias, code=failure.code, api_message=failure.message)
     kind = failure.kind
-    if kind in _MAY_BE_GONE:
-        # Confirm with the reservation's status rather than trusting message text alone.
-        seen = state
-        if seen in ("ended", "missing") or (kind is ErrorKind.NOT_ACTIVE and seen is None):
-            what = "has ended" if seen == "ended" else "was not found"
-            return ReservationNotActive(
-                f"reservation {reservation_id} {what} "
-                f"({failure.message}); there is nothing to lock. Check the reservation id, and lock only "
-                "while the sandbox is active",
-                **where,
-            )
-        if catalog_info is not None and not catalog_info.listed and kind is not ErrorKind.NOT_ACTIVE:
-            kind = ErrorKind.NOT_INSTALLED  # the catalog did not list the model either
-    if kind is ErrorKind.NOT_INSTALLED:
+    # Confirm with the reservation's status rather than trusting message text alone.
+    gone = state in ("ended", "missing") or (kind is ErrorKind.NOT_ACTIVE and state is None)
+    if kind in _MAY_BE_GONE and gone:
+        what = "has ended" if state == "ended" else "was not found"
+        return ReservationNotActive(
+            f"reservation {reservation_id} {what} "
+            f"({failure.message}); there is nothing to lock. Check the reservation id, and lock only "
+            "while the sandbox is active",
+            **where,
+        )
+    if probed == "no_owner":
         return MutexNotInstalled(
-            f"the service model {model!r} is not installed on the CloudShell server, or lacks an "
-            f"attribute the lock writes ({failure.message}): import Mutex_Package.zip "
+            f"the service model {model!r} on this CloudShell server has no 'Mutex Owner' attribute (a "
+            "package built from the original repository's current source, or a model made by hand), and "
+            f"owner verification needs it ({failure.message}). Import Mutex_Package.zip (`cloudshell-mutex "
+            "install`, or Manage > Import Package as a system administrator): importing it over the "
+            "original package is safe, and code that uses the original protocol keeps working",
+            **where,
+        )
+    if probed == "missing" or kind is ErrorKind.NOT_INSTALLED:
+        return MutexNotInstalled(
+            f"the service model {model!r} is not installed on the CloudShell server, or does not take "
+            f"the attributes the lock writes ({failure.message}): import Mutex_Package.zip "
             "(`cloudshell-mutex install`, or Manage > Import Package as a system administrator)",
             **where,
         )

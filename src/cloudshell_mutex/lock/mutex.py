@@ -25,11 +25,10 @@ import random
 import time
 from typing import Any, Callable, Optional
 
-from . import diagnosis, events
+from . import diagnosis, events, protocol
 from .alias import CallResult, LockAlias, Status
-from .catalog import ModelInfo
 from .classify import Classification, ErrorKind
-from .errors import MutexError, MutexNotInstalled, MutexUsageError
+from .errors import MutexError, MutexUsageError
 from .events import Reporter
 from .holder import Holder, make_token, sanitize_label
 from .late_adds import LateAdds, process_late_adds
@@ -276,14 +275,10 @@ class ReservationMutex:
     # ------------------------------------------------------------------ acquire steps
 
     def _acquire(self, op: Operation, blocking: bool) -> bool:
-        model = self._alias.model_info()
-        model_from_cache = self._alias.calls == op.calls_at_start
-        op.calls_at_start = self._alias.calls  # the once-per-process catalog read is not the lock's cost
-        attributes = self._alias.owner_attributes(model, op.token, self.owner)
         while True:
             # Step 1: the add. Its success is the lock; the owner token travels in the same call.
             op.add_sent()
-            add = self._alias.try_add(attributes, paced=op.polling, deadline=op.deadline)
+            add = self._alias.add_owner(op.token, self.owner, paced=op.polling, deadline=op.deadline)
             op.add_returned()
             if add.may_land_later:
                 lands_by = add.sent_at + add.elapsed + self.options.request_lifetime
@@ -307,13 +302,6 @@ class ReservationMutex:
                 if self._on_transient(op, add):
                     return self._acquired(op, op.last_read_at or add.sent_at, resolved=True)
                 delay = 0.0  # already backed off
-            elif add.failure.kind is ErrorKind.NOT_INSTALLED and model_from_cache and model.listed:
-                # The model changed since this process cached the catalog (package re-imported):
-                # detect it again, once, and retry at once.
-                model = self._alias.model_info(refresh=True)
-                model_from_cache = False
-                attributes = self._alias.owner_attributes(model, op.token, self.owner)
-                continue
             else:
                 # Step 4: fatal. A refusal by the server committed nothing, but another failure
                 # (a 2xx reply without a readable body), or an earlier unknown outcome, may have
@@ -321,7 +309,7 @@ class ReservationMutex:
                 op.add_may_be_pending(add.may_have_committed)
                 if op.add_pending and self._settled_as_ours(op):
                     return self._acquired(op, op.last_read_at or add.sent_at, resolved=True)
-                raise self._fatal(op, add.failure, model, "adding the lock service")
+                raise self._fatal(op, add.failure, "adding the lock service", probe=True)
             op.start_polling()  # from here on, this acquisition's calls wait on the budget
 
             # Step 5: never proceed without the lock. At the deadline, settle and raise.
@@ -557,7 +545,7 @@ class ReservationMutex:
         if result.ok:
             return result.holder
         if result.status is not Status.TRANSIENT:
-            raise self._fatal(op, result.failure, None, doing)
+            raise self._fatal(op, result.failure, doing)
         op.failed(result.failure.message)
         self._news.log(logging.DEBUG, "fresh read failed (%s)", result.failure.message)
         return _UNREAD
@@ -567,23 +555,45 @@ class ReservationMutex:
             self._news.event(events.CONTENDED, op, holder=op.holder_label)
             self._news.log(logging.INFO, "%s is now held by %s", self.name, op.holder_label)
 
-    def _fatal(
-        self, op: Operation, failure: Classification, model: Optional[ModelInfo], doing: str
-    ) -> MutexError:
-        error = self._diagnose(failure, doing, model)
+    def _fatal(self, op: Operation, failure: Classification, doing: str, probe: bool = False) -> MutexError:
+        error = self._diagnose(failure, doing, probe)
         if op.add_pending:  # an add of ours may have committed, and no read could tell
             diagnosis.note_pending_add(error, self.name, op.token)
         return self._news.error(error, op)
 
-    def _diagnose(self, failure: Classification, doing: str, model: Optional[ModelInfo] = None) -> MutexError:
-        """Turn a fatal failure into an error that says what to do (see :mod:`.diagnosis`)."""
+    def _diagnose(self, failure: Classification, doing: str, probe: bool = False) -> MutexError:
+        """Turn a fatal failure into an error that says what to do (see :mod:`.diagnosis`).
+
+        The reservation's state is read when the failure could mean it is gone; a refused add on an
+        active reservation is followed by one add *without* attributes, which tells, whatever the
+        server's wording, whether the model is missing or only lacks ``Mutex Owner``.
+        """
         state = self._alias.reservation_state() if diagnosis.needs_state(failure) else None
-        error = diagnosis.fatal_error(
-            failure, doing, self.reservation_id, self.name, self.options.model, model, state
+        # Only a refusal about the model, or one with the generic code whose words are unknown.
+        about_model = failure.kind is ErrorKind.NOT_INSTALLED or (
+            failure.kind is ErrorKind.FATAL and failure.code == protocol.CONTENTION_ERROR_CODE
         )
-        if isinstance(error, MutexNotInstalled):
-            self._alias.forget_model()  # detect it again once it is installed
-        return error
+        probed = self._probe_model() if probe and state in ("active", None) and about_model else None
+        model = self.options.model
+        return diagnosis.fatal_error(failure, doing, self.reservation_id, self.name, model, probed, state)
+
+    def _probe_model(self) -> Optional[str]:
+        """'no_owner' (an add without attributes is accepted: the model lacks Mutex Owner), 'missing'
+        (refused too), or None (no answer). An accepted probe holds the lock for a moment: it is removed."""
+        probe = self._alias.try_add([])
+        if probe.ok:
+            removed = self._alias.remove_once()
+            if not (removed.ok or removed.status is Status.MISSING):
+                self._news.log(
+                    logging.WARNING,
+                    "could not remove the attribute-less %s added to test the model (%s): remove it",
+                    self.name,
+                    removed.failure.message,
+                )
+            return "no_owner"
+        if probe.status is Status.BUSY:
+            return "no_owner"
+        return "missing" if probe.status is Status.FATAL and probe.failure.code is not None else None
 
 
 #: ``_poll_read``'s answer when the read failed transiently (None means "read: the alias is free").
