@@ -36,6 +36,10 @@ from .operation import Operation
 from .options import MutexOptions, check_duration
 from .pacing import DefaultPacing, ExponentialBackoff, PacingPolicy, clip
 
+#: A fresh read shows a committed change within this many seconds (an assumption: reads of a real server
+#: are not known to lag; the emulator's ``stale_fresh_read`` fault tests what the lock does if they do).
+FRESH_READ_LAG = 1.0
+
 #: The logger the lock writes to unless it is given one.
 LOGGER_NAME = "cloudshell_mutex"
 
@@ -231,6 +235,11 @@ class ReservationMutex:
                     # from us. Either way nothing of ours is left to remove.
                     if op.remove_may_have_landed:
                         return self._released(op)
+                    if not op.lag_checked:
+                        # A fresh read may lag behind the commits: ask once more before calling it lost.
+                        op.lag_checked = True
+                        self._sleep(FRESH_READ_LAG)
+                        continue
                     raise self._lost(op)
                 now = self._clock()
                 if op.remove_can_land(now):
@@ -477,7 +486,8 @@ class ReservationMutex:
             self._news.event(events.TRANSIENT, op, error=failure.message)
             self._sleep(op.next_backoff(self.backoff, self._rng))
             return False
-        if failure.kind is ErrorKind.NOT_ACTIVE and self._alias.reservation_state() != "active":
+        # Whatever the server's words: a reservation that has ended took the lock with it.
+        if diagnosis.needs_state(failure) and self._alias.reservation_state() in ("ended", "missing"):
             self._released(op, note="the reservation has ended; the lock went with it")
             return True
         if failure.kind is ErrorKind.TRANSIENT:
@@ -517,10 +527,13 @@ class ReservationMutex:
         self._release_op = None
 
     def _watch_late_add(self, op: Operation) -> None:
-        """An acquire that ends without the lock: an add of it that may still land is watched."""
-        if op.add_can_land(self._clock()):
-            lifetime = self.options.request_lifetime
+        """An acquire that ends without the lock: an add of it that may still land is watched, and so,
+        for as long as fresh reads may lag, is one whose outcome it could not see."""
+        now, lifetime = self._clock(), self.options.request_lifetime
+        if op.add_can_land(now):
             self._late_adds.watch(self._alias, op.token, op.add_lands_by, lifetime, op.add_unanswered)
+        elif op.unsure_add:
+            self._late_adds.watch(self._alias, op.token, now + 2 * FRESH_READ_LAG, lifetime)
 
     # ------------------------------------------------------------------ shared helpers
 

@@ -40,6 +40,8 @@ class Operation:
         # True while an add of ours may have committed without us knowing (its reply was lost); one
         # fresh read settles it, unless the add may still land later (``add_lands_by``).
         self.add_pending = False
+        # True once any add of this operation had an outcome it could not see (reads may lag behind).
+        self.unsure_add = False
         # An add or a remove of ours that got no answer may still be applied until then (monotonic).
         self.add_lands_by: Optional[float] = None
         self.add_unanswered = 0  # copies of our adds that got no answer and have not been seen to land
@@ -47,6 +49,7 @@ class Operation:
         # True once a remove of ours may have taken effect (its reply was lost, or it may still land).
         self.remove_may_have_landed = False
         self.awaiting_add = False  # an add is on the wire and its call has not returned
+        self.lag_checked = False  # a read that contradicted us was confirmed by a second one
         self.polls = 0  # reads made while waiting for a remove of ours that may still land
         self.poll_delay = 0.0
         # True when a successful fresh read happened after the last add: nothing new to learn.
@@ -85,11 +88,13 @@ class Operation:
     def add_may_be_pending(self, maybe: bool) -> None:
         """An add of ours may have committed unseen (its reply was lost, or the client re-sent it)."""
         self.add_pending = self.add_pending or maybe
+        self.unsure_add = self.unsure_add or maybe
 
     def add_in_flight(self, lands_by: float, copies: int = 1) -> None:
         """``copies`` of an add of ours got no answer: each may still be applied until ``lands_by``."""
         self.add_unanswered += copies
         self.add_lands_by = max(lands_by, self.add_lands_by or lands_by)
+        self.unsure_add = True
 
     def add_landed(self) -> None:
         """A read showed our token: one unanswered copy of our add was applied (the alias is unique,
