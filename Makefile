@@ -21,7 +21,7 @@ BIN := $(VENV)/bin
 ORCH_CORE := cloudshell-orch-core==4.5.0.5000
 PYTEST_ARGS ?=
 
-.PHONY: help venv venv39 test test-py39 test-oldest-client test-live lint clean emulator package demo
+.PHONY: help venv venv39 test test-py39 test-oldest-client test-live stress lint clean emulator package demo
 
 help:
 	@echo "make demo       two drivers race to rewire one sandbox, without and with the lock (under a minute)"
@@ -29,6 +29,7 @@ help:
 	@echo "make test       lint, the whole test suite, and the unit tests under Python 3.9"
 	@echo "make test-live  the contract suite (tests/contract) against a real CloudShell server (CLOUDSHELL_TEST_*)"
 	@echo "make package    build dist/Mutex_Package.zip and the library wheel (both reproducible)"
+	@echo "make stress     32 processes x 200 acquisitions under faults; checks exclusion and the history"
 	@echo "make lint       ruff"
 	@echo "make clean      remove the virtualenvs and build outputs"
 
@@ -95,6 +96,12 @@ test-py39: venv39
 test-oldest-client: $(VENV_OLDEST)/bin/.installed
 	$(VENV_OLDEST)/bin/python -m pip install --quiet --no-deps --force-reinstall .
 	$(VENV_OLDEST)/bin/python -m pytest -p no:cacheprovider -q $(OLDEST_CLIENT_TESTS)
+
+# 32 processes x 200 acquisitions under every fault, with original-protocol peers; figures as JSON
+# (docs/reliability.md). STRESS_ARGS="--processes 8 --rounds 20" for a shorter one.
+STRESS_ARGS ?=
+stress: venv
+	$(BIN)/python tests/stress/stress_harness.py $(STRESS_ARGS)
 
 # Builds the package, starts the embedded emulator on free ports and races two driver processes.
 demo: venv
