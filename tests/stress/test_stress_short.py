@@ -39,15 +39,13 @@ def test_the_history_checker_accepts_a_mutex_and_catches_each_violation():
 
 def test_the_audit_counts_what_it_is_there_to_count():
     w = {"Mutex Owner": "a"}
-    clean_log = [ev(1, "MUTEX", "service_added", **w), ev(2, "COUNTER", "service_attributes_set", Count="1", Writer="a"),
-                 ev(3, "MUTEX", "service_removed", **w)]  # fmt: skip
-    assert audit(clean_log) == {
-        "foreign_removes": 0,
-        "overlaps": 0,
-        "lost_updates": 0,
-        "grants": 1,
-        "leaks": 0,
-    }
+    clean_log = [
+        ev(1, "MUTEX", "service_added", **w),
+        ev(2, "COUNTER", "service_attributes_set", Count="1", Writer="a"),
+        ev(3, "MUTEX", "service_removed", **w),
+    ]
+    found = audit(clean_log)
+    assert found == {"foreign_removes": 0, "overlaps": 0, "lost_updates": 0, "grants": 1, "leaks": 0}
     cut_short = [ev(1, "MUTEX", "service_added", **w), ev(2, "MUTEX", "service_removed", **w),
                  ev(3, "MUTEX", "service_added", **{"Mutex Owner": "b"}),
                  ev(4, "COUNTER", "service_attributes_set", Count="1", Writer="a")]  # fmt: skip
