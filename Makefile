@@ -46,7 +46,7 @@ $(VENV39)/bin/.installed: pyproject.toml
 	@test -n "$(PYTHON39)" || { echo "Python 3.9 not found: install it (pyenv install 3.9) or set PYTHON39=/path/to/python3.9"; exit 1; }
 	$(PYTHON39) -m venv $(VENV39)
 	$(VENV39)/bin/python -m pip install --quiet --upgrade pip
-	$(VENV39)/bin/python -m pip install --quiet '.[driver]' 'pytest>=8,<9' 'pytest-timeout>=2.2,<3'
+	$(VENV39)/bin/python -m pip install --quiet '.[driver]' 'pytest>=8,<9' 'pytest-timeout>=2.2,<3' 'hypothesis>=6.100,<7'
 	touch $@
 
 venv39: $(VENV39)/bin/.installed

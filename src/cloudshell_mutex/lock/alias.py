@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import re
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, FrozenSet, List, Optional, Sequence
@@ -23,6 +24,11 @@ from . import catalog, protocol
 from .classify import CLIENT_RETRY_DELAY, Classification, ErrorKind, classify, may_have_resent, sent_once
 from .holder import Holder, holder_in, sanitize_label
 from .pacing import CallBudget, budget_for, clip
+
+#: Longest reservation id or alias taken (ids are GUIDs; aliases are short names on the sandbox diagram).
+MAX_NAME_LENGTH = 256
+#: Control characters cannot travel in the API's XML (XML 1.0) and have no place in an id or an alias.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 #: Reservation states (``GetReservationStatus ... .Status``) in which nothing can be locked any more.
 ENDED_STATES = frozenset({"completed", "ended", "cancelled", "canceled", "terminated"})
@@ -112,8 +118,18 @@ class LockAlias:
             )
         if not isinstance(reservation_id, str) or not reservation_id.strip():
             raise ValueError("reservation_id must be the reservation's id (a non-empty string)")
+        if len(reservation_id) > MAX_NAME_LENGTH or _CONTROL.search(reservation_id):
+            raise ValueError(
+                "reservation_id must be the reservation's id, e.g. 'a1b2c3d4-...' (one line of at most "
+                f"{MAX_NAME_LENGTH} characters); got {len(reservation_id)} characters"
+            )
         if not isinstance(alias, str) or not alias.strip():
             raise ValueError("name (the lock's service alias) must be a non-empty string, e.g. 'MUTEX'")
+        if len(alias) > MAX_NAME_LENGTH or _CONTROL.search(alias):
+            raise ValueError(
+                f"name (the lock's service alias) must be one line of at most {MAX_NAME_LENGTH} characters, "
+                "e.g. 'MUTEX'"
+            )
         self.api = api
         self.reservation_id = reservation_id
         self.alias = alias
