@@ -219,3 +219,32 @@ def test_an_answered_failure_is_settled_by_one_read_and_not_watched(clock):
     mutex.acquire()
     mutex.release()
     assert late.pending() == []
+
+
+def test_the_watcher_never_removes_on_a_read_that_may_lag_behind_a_removal_of_ours(clock):
+    """Found by the 32-process stress run: right after our release, a fresh read that lags still shows our
+    token, while a waiter already holds the lock. Removing then would delete the waiter's lock."""
+    api = FakeApi(clock=clock)
+    late = LateAdds(clock)
+    mutex = make(api, clock, late_adds=late, request_lifetime=30)
+    api.faults["AddServiceToReservation"] = [delayed_add(api, clock, 20.0)]
+    mutex.acquire()
+    token = mutex.token
+    mutex.release()
+    released_at = clock.now
+    other_holds(api)  # a waiter takes the free lock at once
+
+    def lagging_read(*args):  # for up to a second, a read shows the past: our token, before our remove
+        if clock.now - released_at < 1.0:
+            current = api.services
+            api.services = {MUTEX: {protocol.ATTR_OWNER: token}}
+            api.later(clock.now, lambda: setattr(api, "services", current))
+
+    api.faults["GetReservationDetails"] = [lagging_read] * 10
+    late.sweep()  # at once: no read is trusted this soon after our removal
+    clock.now += 0.5
+    late.sweep()
+    assert owner(api) == OTHER
+    clock.now += 1.0
+    late.sweep()
+    assert owner(api) == OTHER and api.count("RemoveServicesFromReservation") == 1

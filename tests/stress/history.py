@@ -69,23 +69,24 @@ class Verdict:
         }
 
 
-#: A grant as the server's log shows it: the token, when it was added, when it was removed (None: held).
-Grant = Tuple[str, float, Optional[float]]
+#: A grant as the server's log shows it: the token, when it was added, when it was removed (None: held),
+#: and the removal's event (who removed it: user, fault, late), for reports.
+Grant = Tuple[str, float, Optional[float], Dict[str, Any]]
 
 
 def server_grants(events: Iterable[Dict[str, Any]], alias: str = MUTEX) -> List[Grant]:
-    """``(token, added_at, removed_at or None)`` for each grant of ``alias``, in the server's order."""
+    """One :data:`Grant` for each grant of ``alias``, in the server's order."""
     grants: List[Grant] = []
     open_grant: Optional[int] = None
     for event in sorted(events, key=lambda e: e["seq"]):
         if event["alias"] != alias:
             continue
         if event["op"] == "service_added":
-            grants.append((event["attributes"].get(OWNER, ""), event["monotonic"], None))
+            grants.append((event["attributes"].get(OWNER, ""), event["monotonic"], None, {}))
             open_grant = len(grants) - 1
         elif event["op"] == "service_removed" and open_grant is not None:
-            token, added, _ = grants[open_grant]
-            grants[open_grant] = (token, added, event["monotonic"])
+            token, added, _, _ = grants[open_grant]
+            grants[open_grant] = (token, added, event["monotonic"], event)
             open_grant = None
     return grants
 
@@ -97,31 +98,32 @@ def check(holds: List[Hold], events: Iterable[Dict[str, Any]], alias: str = MUTE
     used = set()
     for hold in holds:
         where = f"{hold.client} {hold.token}"
-        match = None
-        for index, (token, added, _) in enumerate(grants):
-            if (
-                token == hold.token
-                and index not in used
-                and hold.acquire_invoked <= added <= hold.acquire_completed
-            ):
-                match = index
-                break
-        if match is None:
+        # The grant of this acquisition: the last one of its token added during the call (several clients
+        # of the original v1 share the empty token; the grant that ended a wait comes right before its end).
+        candidates = [
+            index
+            for index, (token, added, _, _) in enumerate(grants)
+            if token == hold.token
+            and index not in used
+            and hold.acquire_invoked <= added <= hold.acquire_completed
+        ]
+        if not candidates:
             verdict.fail_opens.append(f"{where}: acquire returned without a grant during the call")
             continue
+        match = candidates[-1]
         used.add(match)
-        _, added, removed = grants[match]
+        _, added, removed, removal = grants[match]
         believed_until = hold.release_invoked if hold.release_invoked is not None else float("inf")
         if removed is not None and removed < believed_until:
-            verdict.cut_holds.append(
-                f"{where}: the server removed the lock {believed_until - removed:.3f} s early"
-            )
+            early = believed_until - removed
+            by = {k: removal.get(k) for k in ("user", "fault", "late", "seq") if k in removal}
+            verdict.cut_holds.append(f"{where}: the server removed the lock {early:.3f} s early ({by})")
     ordered = sorted(holds, key=lambda h: h.acquire_completed)
     for earlier, later in zip(ordered, ordered[1:]):
         end = earlier.release_invoked if earlier.release_invoked is not None else float("inf")
         if later.acquire_completed < end:
             verdict.overlaps.append(f"{earlier.client} and {later.client} believed they held at once")
-    for index, (token, added, removed) in enumerate(grants):
+    for index, (token, added, removed, _) in enumerate(grants):
         if index not in used and removed is None:
             verdict.leaks.append(f"a grant of {token!r} (added at {added:.3f}) was never removed")
     if grants and grants[-1][2] is None and (len(grants) - 1) in used:

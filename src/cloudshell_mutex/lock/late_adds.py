@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional
 
 from .alias import LockAlias, Status
+from .options import FRESH_READ_LAG
 
 #: Seconds between two reads of a watched alias.
 SWEEP_INTERVAL = 1.0
@@ -38,6 +39,9 @@ class LateAdd:
     copies: int = 1
     #: A remove of ours that got no answer may land until then: never send another one before.
     remove_lands_by: Optional[float] = None
+    #: No read before then: a read may lag behind a removal of ours (the release's, or this watcher's),
+    #: and show our token after it is gone, when the alias may already be someone else's.
+    read_after: float = 0.0
 
 
 def removal_command(alias: LockAlias, token: str) -> str:
@@ -80,7 +84,9 @@ class LateAdds:
                     entry.lands_by = max(entry.lands_by, lands_by)
                     entry.copies = max(entry.copies, copies)
                     return
-            self._entries.append(LateAdd(alias, token, lands_by, lifetime, max(1, copies)))
+            entry = LateAdd(alias, token, lands_by, lifetime, max(1, copies))
+            entry.read_after = self._clock() + FRESH_READ_LAG
+            self._entries.append(entry)
             if self._background and self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="cloudshell-mutex-late-adds", daemon=True
@@ -104,6 +110,8 @@ class LateAdds:
     def _settle(self, entry: LateAdd) -> bool:
         """One look at one watched add; True once it is settled."""
         alias = entry.alias
+        if self._clock() < entry.read_after:
+            return False
         read = alias.read()
         now = self._clock()
         if not read.ok:
@@ -119,6 +127,7 @@ class LateAdds:
         result = alias.remove_once()
         if result.ok or result.status is Status.MISSING:
             entry.copies -= 1  # that copy landed; another may still come until lands_by
+            entry.read_after = self._clock() + FRESH_READ_LAG
             self.logger.warning(
                 "cloudshell-mutex: an add of %r in reservation %s whose reply was lost landed after the "
                 "lock had given it up (Mutex Owner %s); removed it",

@@ -33,12 +33,8 @@ from .events import Reporter
 from .holder import Holder, make_token, sanitize_label
 from .late_adds import LateAdds, process_late_adds
 from .operation import Operation
-from .options import MutexOptions, check_duration
+from .options import FRESH_READ_LAG, MutexOptions, check_duration
 from .pacing import DefaultPacing, ExponentialBackoff, PacingPolicy, clip
-
-#: A fresh read shows a committed change within this many seconds (an assumption: reads of a real server
-#: are not known to lag; the emulator's ``stale_fresh_read`` fault tests what the lock does if they do).
-FRESH_READ_LAG = 1.0
 
 #: The logger the lock writes to unless it is given one.
 LOGGER_NAME = "cloudshell_mutex"

@@ -17,6 +17,11 @@ from . import protocol
 from .events import EventHook
 from .pacing import CallBudget, PacingPolicy
 
+#: A fresh read shows a committed change within this many seconds (an assumption: reads of a real server
+#: are not known to lag; the emulator's ``stale_fresh_read`` fault tests what the lock does if they do).
+#: No decision to remove is taken on a read made sooner than this after a removal of ours.
+FRESH_READ_LAG = 1.0
+
 #: A request is never assumed gone sooner than this after it was sent.
 MIN_REQUEST_LIFETIME = 1.0
 
