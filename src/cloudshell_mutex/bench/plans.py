@@ -1,7 +1,8 @@
 """What a benchmark run measures: configurations (cells), contenders, windows and repeats.
 
 ``quick`` (the default of ``make bench``) runs in a few minutes on 2 cores; ``full`` is the whole matrix
-of the roadmap and takes hours. A plan is plain data, so tests and users can make their own.
+of the roadmap and takes hours; ``smoke`` takes seconds and only shows that the pipeline works. A plan
+is plain data, so tests and users can make their own.
 """
 
 from __future__ import annotations
@@ -124,4 +125,18 @@ FULL = Plan(
     repeats=2,
 )
 
-PLANS: Dict[str, Plan] = {QUICK.name: QUICK, FULL.name: FULL}
+#: Seconds, not minutes: checks that the whole pipeline works here (the tests run it), measures little.
+SMOKE = Plan(
+    "smoke",
+    _uncontended(2.0, ("default",))
+    + matrix(
+        clients=(2,),
+        holds=(0.1,),
+        windows={0.1: 3.0},
+        contenders=(BASELINE, "default"),
+        workloads=(REACQUIRE,),
+    ),
+    repeats=1,
+)
+
+PLANS: Dict[str, Plan] = {QUICK.name: QUICK, FULL.name: FULL, SMOKE.name: SMOKE}
