@@ -6,10 +6,10 @@ import time
 
 import pytest
 
-from cloudshell_mutex.bench.__main__ import main
+from cloudshell_mutex.bench.__main__ import main, parse_args
 from cloudshell_mutex.bench.contenders import BASELINE, CONTENDERS, Seat, WindowClosed, contender
 from cloudshell_mutex.bench.original import OriginalMutex
-from cloudshell_mutex.bench.plans import FULL, QUICK, REACQUIRE, THINK, Cell, Plan
+from cloudshell_mutex.bench.plans import FULL, QUICK, REACQUIRE, TARGETS, THINK, Cell, Plan
 
 
 def test_the_quick_plan_is_a_small_part_of_the_full_matrix() -> None:
@@ -99,4 +99,13 @@ def test_an_unknown_plan_is_refused_with_the_known_ones(capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["--plan", "huge"])
     assert exit_info.value.code == 2
-    assert "unknown plan 'huge': use one of quick, full, smoke" in capsys.readouterr().err
+    assert "unknown plan 'huge': use one of quick, full, targets, smoke" in capsys.readouterr().err
+
+
+def test_several_plans_run_one_after_the_other() -> None:
+    assert parse_args(["--plan", "quick, targets"]).plans == ["quick", "targets"]
+    targets = {(c.clients, c.hold, c.workload) for c, _ in TARGETS.groups}
+    assert targets == {(n, h, w) for n in (8, 32) for h in (1.0, 10.0) for w in (REACQUIRE, THINK)}
+    # Where the quick plan has the same configuration, the targets plan measures it in a longer window.
+    quick = {(c.clients, c.hold, c.workload): c.window for c, _ in QUICK.groups}
+    assert all(c.window > quick.get((c.clients, c.hold, c.workload), 0) for c, _ in TARGETS.groups)

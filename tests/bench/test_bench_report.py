@@ -178,6 +178,17 @@ def test_starvation_target_looks_at_the_worst_repeat() -> None:
     assert "0.36" in verdict.measured  # 2 / 5.5
 
 
+def test_starvation_is_not_judged_on_windows_too_short_for_it() -> None:
+    few = result(N8_HOLD1, "default", per_client=[3, 0, 2, 1, 0, 4, 1, 1])  # 12 grants, 8 clients: < 4 each
+    verdict = find(verdicts([few]), "no client starves")
+    assert verdict.verdict == NOT_MEASURED
+    assert "not judged (fewer than 4 grants per client in the window): N=8 hold 1 s think" in verdict.measured
+    enough = result(N2_HOLD1, "default", per_client=[5, 4])
+    verdict = find(verdicts([few, enough]), "no client starves")
+    assert verdict.verdict == MET
+    assert verdict.measured.startswith("N=2 hold 1 s re-acquire: 0.89; not judged")
+
+
 def test_call_rate_target_at_n32_uses_the_highest_repeat() -> None:
     low = result(N32_HOLD1, "default", 0, calls_per_second=4.0)
     high = result(N32_HOLD1, "default", 1, calls_per_second=6.0)
@@ -203,10 +214,11 @@ def test_render_has_the_targets_a_table_per_configuration_and_the_ratios(tmp_pat
         result(UNCONTENDED, "default", per_client=[10]),
     ]
     plan = Plan("test", ((N2_HOLD1, ("original-v1", "default")), (UNCONTENDED, ("default",))), repeats=1)
-    text = render(results, plan, 60.0, [tmp_path / "plots" / "wait_p99.png"], tmp_path / "benchmarks.md")
+    text = render(results, [plan], 60.0, [tmp_path / "plots" / "wait_p99.png"], tmp_path / "benchmarks.md")
     assert "## Targets for the default lock" in text
-    assert "### N=2, hold 1 s, re-acquire at once (10 s window)" in text
-    assert "### N=1, hold 0.1 s, re-acquire at once (10 s window)" in text
+    assert "### N=2, hold 1 s, re-acquire at once (10 s window, 1 repeat)" in text
+    assert "### N=1, hold 0.1 s, re-acquire at once (10 s window, 1 repeat)" in text
+    assert "the **test** plan (repeats of every run: test 1)" in text
     assert "original-v1 *(original code)*" in text
     assert "2.00x, 0.25x, 0.25x" in text  # throughput, p99 wait, gap p50 against v1
     assert "randint(2, 5)" in text

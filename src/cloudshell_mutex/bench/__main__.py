@@ -10,7 +10,7 @@ from typing import List, Optional
 
 from .plans import PLANS
 from .report import write_report
-from .runner import BenchError, run_plan
+from .runner import BenchError, run_plans
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -20,7 +20,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         description="Benchmark ReservationMutex against the original snippet on the embedded emulator.",
     )
     parser.add_argument(
-        "--plan", default="quick", help=f"which plan to run: {', '.join(PLANS)} (default: quick)"
+        "--plan",
+        default="quick",
+        help=f"the plans to run, separated by commas: {', '.join(PLANS)} (default: quick)",
     )
     parser.add_argument(
         "--repeats", type=int, default=None, help="repeat every run this often (default: the plan's)"
@@ -31,30 +33,36 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the clients' think times")
     args = parser.parse_args(argv)
-    if args.plan not in PLANS:
-        parser.error(f"unknown plan {args.plan!r}: use one of {', '.join(PLANS)} (make bench BENCH=full)")
+    args.plans = [name.strip() for name in args.plan.split(",") if name.strip()]
+    unknown = [name for name in args.plans if name not in PLANS]
+    if unknown or not args.plans:
+        parser.error(
+            f"unknown plan {', '.join(map(repr, unknown)) or repr(args.plan)}: use one of "
+            f"{', '.join(PLANS)}, or several separated by commas (make bench BENCH=quick,targets)"
+        )
     if args.repeats is not None and args.repeats < 1:
         parser.error("--repeats must be 1 or more")
     return args
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Run the plan, write the report; 1 when a client failed."""
+    """Run the plans, write the report; 1 when a client failed."""
     args = parse_args(argv)
-    plan = PLANS[args.plan]
+    plans = [PLANS[name] for name in args.plans]
     if args.repeats is not None:
-        plan = dataclasses.replace(plan, repeats=args.repeats)
-    print(
-        f"{plan.name} plan: {plan.run_count} runs with up to {plan.max_clients} client processes, "
-        f"about {plan.estimated_seconds() / 60:.0f} min",
-        flush=True,
-    )
+        plans = [dataclasses.replace(plan, repeats=args.repeats) for plan in plans]
+    for plan in plans:
+        print(
+            f"{plan.name} plan: {plan.run_count} runs with up to {plan.max_clients} client processes, "
+            f"about {plan.estimated_seconds() / 60:.0f} min",
+            flush=True,
+        )
     try:
-        results, seconds = run_plan(plan, progress=lambda line: print(line, flush=True), seed=args.seed)
+        results, seconds = run_plans(plans, progress=lambda line: print(line, flush=True), seed=args.seed)
     except BenchError as error:
         print(f"benchmark failed: {error}", file=sys.stderr)
         return 1
-    for path in write_report(results, plan, seconds, args.doc, args.plots):
+    for path in write_report(results, plans, seconds, args.doc, args.plots):
         print(f"wrote {path}")
     return 0
 

@@ -21,6 +21,9 @@ from .runner import RunResult
 
 MET, MISSED, NOT_MEASURED = "met", "missed", "not measured"
 
+#: The starvation target is judged only on runs whose mean client got at least this many grants.
+MIN_GRANTS_FOR_FAIRNESS = 4
+
 Metric = Callable[[RunMetrics], float]
 
 #: Short names of the API methods in the call columns.
@@ -145,7 +148,7 @@ def _cells(
 
 def _verdict(target: str, parts: List[Tuple[str, bool]]) -> Verdict:
     if not parts:
-        return Verdict(target, "not in this plan (make bench BENCH=full)", NOT_MEASURED)
+        return Verdict(target, "not in the plans run (BENCH=quick,targets or BENCH=full)", NOT_MEASURED)
     return Verdict(
         target, "; ".join(text for text, _ in parts), MET if all(ok for _, ok in parts) else MISSED
     )
@@ -188,13 +191,25 @@ def targets(summaries: Dict[Tuple[Cell, str], Summary]) -> List[Verdict]:
         ),
     ]
     starvation = []
+    too_short = []
     for summary in _cells(summaries, "default", lambda c: c.clients > 1):
-        worst = min(summary.values(fairness), default=math.nan)
-        if not math.isnan(worst):
+        # A window in which the mean client gets fewer than MIN_GRANTS_FOR_FAIRNESS grants cannot tell
+        # starvation from bad luck: such runs are named, not judged.
+        judged = [m.fairness for m in summary.runs if m.grants >= MIN_GRANTS_FOR_FAIRNESS * m.clients]
+        if judged:
+            worst = min(judged)
             starvation.append((f"{_short(summary.cell)}: {worst:.2f}", worst >= 0.5))
-    verdicts.append(
-        _verdict("no client starves: min grants per client >= 0.5 x the mean (every run)", starvation)
-    )
+        else:
+            too_short.append(_short(summary.cell))
+    verdict = _verdict("no client starves: min grants per client >= 0.5 x the mean (every run)", starvation)
+    if too_short:
+        verdict = Verdict(
+            verdict.target,
+            f"{verdict.measured}; not judged (fewer than {MIN_GRANTS_FOR_FAIRNESS} grants per client in the "
+            f"window): {', '.join(too_short)}",
+            verdict.verdict,
+        )
+    verdicts.append(verdict)
     rate = [
         (f"{_short(s.cell)}: {s.spread(calls_per_second)[1]:.1f}/s", s.spread(calls_per_second)[1] <= 5.0)
         for s in _cells(summaries, "default", lambda c: c.clients == 32)
@@ -456,17 +471,24 @@ METHOD = """\
 """
 
 
-def render(results: Sequence[RunResult], plan: Plan, seconds: float, plots: Sequence[Path], doc: Path) -> str:
+def render(
+    results: Sequence[RunResult], plans: Sequence[Plan], seconds: float, plots: Sequence[Path], doc: Path
+) -> str:
     """The whole markdown document."""
     summaries = summarise(results)
+    names = " and ".join(f"**{plan.name}**" for plan in plans)
+    repeats = ", ".join(f"{plan.name} {plan.repeats}" for plan in plans)
     lines = [
         "# Benchmarks against the original code",
         "",
         "Written by `make bench` (`python -m cloudshell_mutex.bench`); do not edit by hand, run it again.",
-        f"This one: the **{plan.name}** plan, {plan.repeats} repeat(s) of every run, {len(results)} runs in "
+        f"This one: the {names} plan{'s' if len(plans) > 1 else ''} (repeats of every run: {repeats}), "
+        f"{len(results)} runs in "
         f"{seconds / 60:.1f} min, on {os.cpu_count()} cores, Python {platform.python_version()} "
         f"({platform.system()}). `make bench` runs the quick plan (a few minutes); `make bench BENCH=full`",
-        "the whole matrix (N = 1, 2, 8, 32; hold 0.1, 1, 10 s; hours). These are emulator figures: a real",
+        "the whole matrix (N = 1, 2, 8, 32; hold 0.1, 1, 10 s; hours); `make bench BENCH=quick,targets` adds",
+        "to the quick plan the target cells it leaves out, once each (about half an hour).",
+        "These are emulator figures: a real",
         "server's latency and load will change them, and the client processes share the machine's cores with",
         "the emulator, so large N measure a busy machine too.",
         "",
@@ -511,7 +533,9 @@ def render(results: Sequence[RunResult], plan: Plan, seconds: float, plots: Sequ
         lines.append("One repeat per run: no spread to report. Run with more repeats to see the noise.")
     lines += ["", "## Results per configuration", ""]
     for cell in dict.fromkeys(cell for cell, _ in summaries):
-        lines += [f"### {cell.title} ({cell.window:g} s window)", "", *cell_table(summaries, cell), ""]
+        count = max(len(s.runs) for (c, _), s in summaries.items() if c == cell)
+        heading = f"### {cell.title} ({cell.window:g} s window, {count} repeat{'s' if count > 1 else ''})"
+        lines += [heading, "", *cell_table(summaries, cell), ""]
     if plots:
         lines += ["## Plots", ""]
         for path in plots:
@@ -530,10 +554,14 @@ def _latency_text() -> str:
 
 
 def write_report(
-    results: Sequence[RunResult], plan: Plan, seconds: float, doc: Path, plots_folder: Optional[Path]
+    results: Sequence[RunResult],
+    plans: Sequence[Plan],
+    seconds: float,
+    doc: Path,
+    plots_folder: Optional[Path],
 ) -> List[Path]:
     """Write the markdown document (and the plots, unless ``plots_folder`` is None); return the files."""
     plots = plot(summarise(results), plots_folder) if plots_folder is not None else []
     doc.parent.mkdir(parents=True, exist_ok=True)
-    doc.write_text(render(results, plan, seconds, plots, doc), encoding="utf-8")
+    doc.write_text(render(results, plans, seconds, plots, doc), encoding="utf-8")
     return [doc, *plots]

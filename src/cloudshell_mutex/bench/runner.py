@@ -12,7 +12,7 @@ import contextlib
 import multiprocessing
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..emulator import Emulator
 from ..lock import protocol
@@ -185,16 +185,19 @@ class Bench:
             self.emulator = None
 
 
-def run_plan(plan: Plan, progress: Progress = print, seed: int = 0) -> Tuple[List[RunResult], float]:
-    """Every run of ``plan``; returns the results and the seconds it took."""
+def run_plans(
+    plans: Sequence[Plan], progress: Progress = print, seed: int = 0
+) -> Tuple[List[RunResult], float]:
+    """Every run of ``plans``, one after the other on one emulator; returns the results and the seconds."""
     began = time.monotonic()
     results: List[RunResult] = []
-    with Bench(plan.max_clients, progress=progress) as bench:
-        for index, (repeat, cell, name) in enumerate(plan.runs(), 1):
+    runs = [run for plan in plans for run in plan.runs()]
+    with Bench(max(plan.max_clients for plan in plans), progress=progress) as bench:
+        for index, (repeat, cell, name) in enumerate(runs, 1):
             result = bench.run(cell, name, repeat, seed=seed + index)
             m = result.metrics
             progress(
-                f"[{index}/{plan.run_count}] {cell.title}, {name} #{repeat + 1}: "
+                f"[{index}/{len(runs)}] {cell.title}, {name} #{repeat + 1}: "
                 f"{m.acquisitions_per_minute:.0f} acquisitions/min, p99 wait {m.wait.p99:.2f} s, "
                 f"{m.calls_per_second:.1f} calls/s"
             )
