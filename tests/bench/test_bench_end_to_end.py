@@ -18,7 +18,7 @@ def test_the_smoke_plan_writes_the_report_and_the_plots(tmp_path: Path, capsys) 
     assert main(["--plan", "smoke", "--doc", str(doc), "--plots", str(plots)]) == 0
     text = doc.read_text(encoding="utf-8")
     assert "the **smoke** plan" in text
-    assert "### N=2, hold 0.1 s, re-acquire at once (3 s window)" in text
+    assert "### N=2, hold 0.1 s, re-acquire at once (3 s window, 1 repeat)" in text
     # Both contenders measured: a row each, with its grants per minute (from the server's log).
     v1 = re.search(r"^\| original-v1 \*\(original code\)\* \| (\d+)", text, re.MULTILINE)
     assert v1 and int(v1.group(1)) > 0, text
