@@ -29,3 +29,8 @@ def test_the_smoke_plan_writes_the_report_and_the_plots(tmp_path: Path, capsys) 
         assert (plots / name).read_bytes()[:4] == b"\x89PNG"
         assert f"](benchmarks/{name})" in text
     assert "wrote" in capsys.readouterr().out
+    # The raw results are saved beside the plots; the same report can be written from them alone.
+    again = tmp_path / "again" / "docs"
+    argv = ["--from-results", str(plots / "results.json"), "--doc", str(again / "benchmarks.md")]
+    assert main([*argv, "--plots", str(again / "benchmarks")]) == 0
+    assert (again / "benchmarks.md").read_text(encoding="utf-8") == text

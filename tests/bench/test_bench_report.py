@@ -23,6 +23,7 @@ from cloudshell_mutex.bench.report import (
     throughput,
     wait_p99,
 )
+from cloudshell_mutex.bench.results import load_results, save_results
 from cloudshell_mutex.bench.runner import RunResult
 
 N2_HOLD1 = Cell(2, 1.0, REACQUIRE, 10.0)
@@ -238,3 +239,37 @@ def test_plots_are_written_as_png(tmp_path: Path) -> None:
     assert [p.name for p in written] == ["wait_p99.png", "handoff_gap_p50.png", "calls_per_second.png"]
     for path in written:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_targets_judge_the_longest_window_of_a_configuration() -> None:
+    short, long = Cell(8, 1.0, THINK, 8.0), Cell(8, 1.0, THINK, 40.0)
+    results = [
+        result(short, "original-v1", p99=8.0),
+        result(short, "default", p99=8.0),  # 1.0x: censored by the short window
+        result(long, "original-v1", p99=20.0),
+        result(long, "default", p99=10.0),  # 0.5x
+    ]
+    verdict = find(verdicts(results), "N=8 and 32, hold 1 s and 10 s: p99")
+    assert (verdict.measured, verdict.verdict) == ("N=8 hold 1 s think: 0.50x", MET)
+
+
+def test_results_survive_a_round_trip_through_json(tmp_path: Path) -> None:
+    results = [
+        result(N2_HOLD1, "original-v1", 0, per_minute=50.0, p99=4.0),
+        result(N2_HOLD1, "default", 1, per_minute=65.0, p99=2.0),
+    ]
+    plan = Plan("quick", ((N2_HOLD1, ("original-v1", "default")),), repeats=2)
+    path = save_results(tmp_path / "results.json", results, [plan], 12.5)
+    loaded, plans, seconds = load_results(path)
+    assert loaded == results
+    assert [(p.name, p.repeats) for p in plans] == [("quick", 2)]
+    assert seconds == 12.5
+
+
+def test_a_file_that_is_not_benchmark_results_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "results.json"
+    path.write_text('{"format": 99}', encoding="utf-8")
+    with pytest.raises(ValueError, match="not a results file of this benchmark"):
+        load_results(path)
+    with pytest.raises(ValueError, match="cannot read benchmark results"):
+        load_results(tmp_path / "missing.json")

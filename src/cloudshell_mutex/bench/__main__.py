@@ -10,6 +10,7 @@ from typing import List, Optional
 
 from .plans import PLANS
 from .report import write_report
+from .results import load_results, save_results
 from .runner import BenchError, run_plans
 
 
@@ -32,6 +33,19 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         "--plots", type=Path, default=Path("docs/benchmarks"), help="the folder for the PNG plots"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the clients' think times")
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        help="where to save the raw results as JSON (default: results.json in the plots folder)",
+    )
+    parser.add_argument(
+        "--from-results",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="measure nothing: write the report again from a results file that an earlier run saved",
+    )
     args = parser.parse_args(argv)
     args.plans = [name.strip() for name in args.plan.split(",") if name.strip()]
     unknown = [name for name in args.plans if name not in PLANS]
@@ -48,6 +62,15 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[List[str]] = None) -> int:
     """Run the plans, write the report; 1 when a client failed."""
     args = parse_args(argv)
+    if args.from_results is not None:
+        try:
+            results, plans, seconds = load_results(args.from_results)
+        except ValueError as error:
+            print(f"benchmark report failed: {error}", file=sys.stderr)
+            return 1
+        for path in write_report(results, plans, seconds, args.doc, args.plots):
+            print(f"wrote {path}")
+        return 0
     plans = [PLANS[name] for name in args.plans]
     if args.repeats is not None:
         plans = [dataclasses.replace(plan, repeats=args.repeats) for plan in plans]
@@ -62,6 +85,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     except BenchError as error:
         print(f"benchmark failed: {error}", file=sys.stderr)
         return 1
+    saved = save_results(args.results or args.plots / "results.json", results, plans, seconds)
+    print(f"wrote {saved}")
     for path in write_report(results, plans, seconds, args.doc, args.plots):
         print(f"wrote {path}")
     return 0
