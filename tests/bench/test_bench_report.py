@@ -231,7 +231,8 @@ def test_plots_are_written_as_png(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     results = [
         result(cell, name, repeat, p99=p99 * (1 + repeat / 10))
-        for cell in (N2_HOLD1, Cell(8, 1.0, REACQUIRE, 10.0))
+        # N=8 twice, in windows of two lengths (the quick and the targets plan): one point, the longer.
+        for cell in (N2_HOLD1, Cell(8, 1.0, REACQUIRE, 10.0), Cell(8, 1.0, REACQUIRE, 40.0))
         for name, p99 in (("original-v1", 4.0), ("default", 1.0))
         for repeat in range(2)
     ]

@@ -399,12 +399,14 @@ def plot(summaries: Dict[Tuple[Cell, str], Summary], folder: Path) -> List[Path]
             for column, hold in enumerate(holds):
                 ax = axes[row][column]
                 for name in names:
-                    points = sorted(
-                        (cell.clients, s)
-                        for (cell, n), s in contested.items()
-                        if n == name and cell.hold == hold and cell.workload == workload
+                    # One point per N: of a configuration run in several windows, the longest.
+                    chosen = _cells(
+                        contested, name, lambda c, h=hold, w=workload: c.hold == h and c.workload == w
                     )
-                    points = [(n, s) for n, s in points if not math.isnan(s.median(metric))]
+                    points = sorted(
+                        ((s.cell.clients, s) for s in chosen if not math.isnan(s.median(metric))),
+                        key=lambda point: point[0],
+                    )
                     if not points:
                         continue
                     xs = [n for n, _ in points]
