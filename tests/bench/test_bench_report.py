@@ -40,6 +40,7 @@ def figures(
     calls: Optional[Dict[str, float]] = None,
     calls_per_second: float = 2.0,
     per_client: Optional[Sequence[int]] = None,
+    open_waits: int = 0,
 ) -> RunMetrics:
     per_client = tuple(per_client) if per_client is not None else (5,) * clients
     return RunMetrics(
@@ -47,7 +48,7 @@ def figures(
         window_seconds=10.0,
         grants=sum(per_client),
         acquisitions_per_minute=per_minute,
-        wait=Distribution(count=10, p50=p99 / 4, p99=p99, max=p99 * 1.1),
+        wait=Distribution(count=10, p50=p99 / 4, p99=p99, max=p99 * 1.1, open=open_waits),
         handoff_gap=Distribution(count=5, p50=gap, p99=gap * 2, max=gap * 3),
         calls_per_acquisition=calls if calls is not None else {"AddServiceToReservation": 2.0},
         calls_per_second=calls_per_second,
@@ -274,3 +275,26 @@ def test_a_file_that_is_not_benchmark_results_is_refused(tmp_path: Path) -> None
         load_results(path)
     with pytest.raises(ValueError, match="cannot read benchmark results"):
         load_results(tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize(
+    ("ours_open", "base_open", "ours_p99", "expected"),
+    [
+        (0, 0, 5.0, MET),  # 0.5x, nothing open
+        (2, 0, 5.0, NOT_MEASURED),  # ours is a lower bound under the limit: it could be worse
+        (2, 0, 8.0, MISSED),  # ours is a lower bound and already over the limit
+        (0, 2, 5.0, MET),  # the original's is a lower bound: the true ratio is even smaller
+        (0, 2, 8.0, NOT_MEASURED),  # over the limit against a lower bound: it could still pass
+        (2, 2, 9.0, NOT_MEASURED),  # both open: a ratio of lower bounds says nothing
+    ],
+)
+def test_p99_waits_cut_off_by_the_window_decide_only_one_way(
+    ours_open, base_open, ours_p99, expected
+) -> None:
+    results = [
+        result(N8_HOLD1, "original-v1", p99=10.0, open_waits=base_open),
+        result(N8_HOLD1, "default", p99=ours_p99, open_waits=ours_open),
+    ]
+    verdict = find(verdicts(results), "N=8 and 32, hold 1 s and 10 s: p99")
+    assert verdict.verdict == expected
+    assert ("not judged" in verdict.measured) == (expected == NOT_MEASURED)
