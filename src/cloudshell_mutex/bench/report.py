@@ -535,15 +535,20 @@ def render(
         "# Benchmarks against the original code",
         "",
         "Written by `make bench` (`python -m cloudshell_mutex.bench`); do not edit by hand, run it again.",
+        "",
         f"This one: the {names} plan{'s' if len(plans) > 1 else ''} (repeats of every run: {repeats}), "
-        f"{len(results)} runs in "
-        f"{seconds / 60:.1f} min, on {os.cpu_count()} cores, Python {platform.python_version()} "
-        f"({platform.system()}). `make bench` runs the quick plan (a few minutes); `make bench BENCH=full`",
-        "the whole matrix (N = 1, 2, 8, 32; hold 0.1, 1, 10 s; hours); `make bench BENCH=quick,targets` adds",
-        "to the quick plan the target cells it leaves out, once each (about half an hour).",
-        "These are emulator figures: a real",
-        "server's latency and load will change them, and the client processes share the machine's cores with",
-        "the emulator, so large N measure a busy machine too.",
+        f"{len(results)} runs in {seconds / 60:.1f} min, on {os.cpu_count()} cores, "
+        f"Python {platform.python_version()} ({platform.system()}); the raw results are saved "
+        "beside the plots as `results.json` (`python -m cloudshell_mutex.bench --from-results PATH` writes "
+        "this page again from them).",
+        "",
+        "* `make bench`: the quick plan (N = 2, 8; hold 0.1, 1 s; short windows; a few minutes).",
+        "* `make bench BENCH=quick,targets`: plus the target cells the quick plan leaves out or measures in",
+        "  windows too short for them, once each (about half an hour).",
+        "* `make bench BENCH=full`: the whole matrix (N = 1, 2, 8, 32; hold 0.1, 1, 10 s; hours).",
+        "",
+        "These are emulator figures: a real server's latency and load will change them, and the client",
+        "processes share the machine's cores with the emulator, so large N also measure a busy machine.",
         "",
         METHOD.format(
             latency=_latency_text(),
