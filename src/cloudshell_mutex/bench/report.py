@@ -439,7 +439,9 @@ def plot(summaries: Dict[Tuple[Cell, str], Summary], folder: Path) -> List[Path]
                     ys = [s.median(metric) for _, s in points]
                     lows = [y - s.spread(metric)[0] for y, (_, s) in zip(ys, points)]
                     highs = [s.spread(metric)[1] - y for y, (_, s) in zip(ys, points)]
-                    ax.errorbar(xs, ys, yerr=[lows, highs], marker="o", capsize=3, label=name)
+                    # One colour per contender in every panel, whichever contenders a panel has.
+                    colour = f"C{names.index(name) % 10}"
+                    ax.errorbar(xs, ys, yerr=[lows, highs], marker="o", capsize=3, label=name, color=colour)
                 ax.set_xscale("log", base=2)
                 ax.set_xticks(ticks)
                 ax.set_xticklabels([str(n) for n in ticks])
@@ -450,7 +452,13 @@ def plot(summaries: Dict[Tuple[Cell, str], Summary], folder: Path) -> List[Path]
                 ax.set_xlabel("N (processes)")
                 ax.set_ylabel(label)
                 ax.grid(True, which="both", alpha=0.3)
-        handles, labels = axes[0][0].get_legend_handles_labels()
+        # The legend from every panel: a contender missing from the first panel is still named.
+        legend: Dict[str, object] = {}
+        for ax in axes.flat:
+            for handle, label_text in zip(*ax.get_legend_handles_labels()):
+                legend.setdefault(label_text, handle)
+        labels = [name for name in names if name in legend]
+        handles = [legend[name] for name in labels]
         figure.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=8)
         figure.suptitle(f"{label} against N: median of the repeats, bars min-max", fontsize=10)
         figure.tight_layout(rect=(0, 0.06, 1, 0.95))
