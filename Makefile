@@ -20,11 +20,14 @@ BIN := $(VENV)/bin
 # of the real Sandbox class (see ../shared/cloudshell-facts.md).
 ORCH_CORE := cloudshell-orch-core==4.5.0.5000
 PYTEST_ARGS ?=
+# make bench: the quick plan (a few minutes) by default; BENCH=full for the whole matrix (hours).
+BENCH ?= quick
 
-.PHONY: help venv venv39 test test-py39 test-oldest-client test-live stress lint clean emulator package demo
+.PHONY: help venv venv39 test test-py39 test-oldest-client test-live stress lint clean emulator package demo bench
 
 help:
 	@echo "make demo       two drivers race to rewire one sandbox, without and with the lock (under a minute)"
+	@echo "make bench      the lock against the original code -> docs/benchmarks.md (BENCH=full: hours)"
 	@echo "make emulator   run the CloudShell API emulator on 127.0.0.1:8029 (Quali API on 9000)"
 	@echo "make test       lint, the whole test suite, and the unit tests under Python 3.9"
 	@echo "make test-live  the contract suite (tests/contract) against a real CloudShell server (CLOUDSHELL_TEST_*)"
@@ -106,6 +109,10 @@ stress: venv
 # Builds the package, starts the embedded emulator on free ports and races two driver processes.
 demo: venv
 	$(BIN)/python -m cloudshell_mutex.demo
+
+# Not part of make test: benchmarks are not timed tests. Writes docs/benchmarks.md and docs/benchmarks/*.png.
+bench: venv
+	$(BIN)/python -m cloudshell_mutex.bench --plan $(BENCH)
 
 emulator: venv
 	$(BIN)/cloudshell-mutex emulator

@@ -1,0 +1,291 @@
+"""The benchmark's figures for one run, computed from the server's event log (no I/O, no clocks).
+
+Inputs are what one run leaves behind:
+
+* the emulator's event log of the run's reservation (``service_added`` / ``service_removed`` of the lock's
+  alias, each with the server's ``monotonic`` time and the ``user`` who made the call; every client logs
+  on as its own user, so the server names the client of every grant);
+* the clients' own records of *when they started waiting* (:class:`Attempt`): only the client knows
+  that. When it was granted comes from the server's log, never from the client. ``time.monotonic`` is
+  one system-wide clock on one machine, so both sides compare;
+* the server's call counts for the run's window.
+
+Waits still open when the window closes count with their length so far (a lower bound, flagged
+``open``), so a contender that starves its waiters cannot look better by never granting them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+ADDED = "service_added"
+REMOVED = "service_removed"
+
+
+class BenchDataError(ValueError):
+    """The event log and the clients' records do not fit together (a bug in the run, not a result)."""
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One acquisition as its client saw it: when it started waiting (``time.monotonic``)."""
+
+    client: int
+    start: float
+
+
+@dataclass(frozen=True)
+class Grant:
+    """One grant as the server logged it: when the alias was added, and for which client."""
+
+    client: int
+    time: float
+
+
+@dataclass(frozen=True)
+class Wait:
+    """From an attempt's start to its grant; ``open`` when no grant came before the window closed."""
+
+    client: int
+    start: float
+    granted: Optional[float]
+    seconds: float
+
+    @property
+    def open(self) -> bool:
+        """No grant before the window closed: ``seconds`` is a lower bound."""
+        return self.granted is None
+
+
+@dataclass(frozen=True)
+class Window:
+    """The measuring window on the shared monotonic clock."""
+
+    start: float
+    end: float
+
+    def __post_init__(self) -> None:
+        if not self.end > self.start:
+            raise ValueError(f"a window must end after it starts, got {self.start} .. {self.end}")
+
+    @property
+    def seconds(self) -> float:
+        """Its length."""
+        return self.end - self.start
+
+    def __contains__(self, moment: float) -> bool:
+        return self.start <= moment <= self.end
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """p50, p99 and max of some durations in seconds, and how many of them are lower bounds (open)."""
+
+    count: int
+    p50: float
+    p99: float
+    max: float
+    open: int = 0
+
+    @classmethod
+    def of(cls, values: Sequence[float], open_count: int = 0) -> Distribution:
+        """The summary of ``values`` (NaN for an empty list)."""
+        ordered = sorted(values)
+        return cls(
+            count=len(ordered),
+            p50=percentile(ordered, 50),
+            p99=percentile(ordered, 99),
+            max=ordered[-1] if ordered else math.nan,
+            open=open_count,
+        )
+
+
+@dataclass(frozen=True)
+class RunMetrics:
+    """Every figure of one run (one contender, one configuration, one repeat)."""
+
+    clients: int
+    window_seconds: float
+    grants: int
+    acquisitions_per_minute: float
+    wait: Distribution
+    handoff_gap: Distribution
+    calls_per_acquisition: Dict[str, float]
+    calls_per_second: float
+    grants_per_client: Tuple[int, ...]
+    fifo_inversions: int
+    inverted_grants: int
+
+    @property
+    def calls_per_acquisition_total(self) -> float:
+        """All API calls in the window per grant."""
+        return sum(self.calls_per_acquisition.values())
+
+    @property
+    def min_grants(self) -> int:
+        """Grants of the client that got fewest."""
+        return min(self.grants_per_client) if self.grants_per_client else 0
+
+    @property
+    def max_grants(self) -> int:
+        """Grants of the client that got most."""
+        return max(self.grants_per_client) if self.grants_per_client else 0
+
+    @property
+    def fairness(self) -> float:
+        """min grants per client / mean grants per client (1 = even; the target is >= 0.5)."""
+        if not self.grants_per_client or self.grants == 0:
+            return math.nan
+        return self.min_grants / (self.grants / len(self.grants_per_client))
+
+
+def percentile(ordered: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile of sorted values, interpolated linearly between ranks (NaN if empty)."""
+    if not ordered:
+        return math.nan
+    if not 0 <= q <= 100:
+        raise ValueError(f"a percentile is between 0 and 100, got {q}")
+    rank = (len(ordered) - 1) * q / 100.0
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def grants_and_removes(
+    events: Sequence[Mapping[str, object]], alias: str, clients_by_user: Mapping[str, int]
+) -> Tuple[List[Grant], List[float]]:
+    """The lock's grants (with their client) and removes, in the server's commit order."""
+    grants: List[Grant] = []
+    removes: List[float] = []
+    for event in sorted(events, key=lambda e: e["seq"]):  # type: ignore[arg-type,return-value]
+        if event["alias"] != alias:
+            continue
+        if event["op"] == ADDED:
+            user = str(event["user"])
+            if user not in clients_by_user:
+                raise BenchDataError(f"a grant to user {user!r}, who is not one of the run's clients")
+            grants.append(Grant(clients_by_user[user], float(event["monotonic"])))  # type: ignore[arg-type]
+        elif event["op"] == REMOVED:
+            removes.append(float(event["monotonic"]))  # type: ignore[arg-type]
+    return grants, removes
+
+
+def pair_waits(attempts: Sequence[Attempt], grants: Sequence[Grant], window: Window) -> List[Wait]:
+    """Match each client's attempts, in order, to its grants in the window, in order.
+
+    A client waits for one acquisition at a time, so its k-th grant answers its k-th attempt. Attempts
+    without a grant are open waits, counted until the window's end.
+    """
+    starts: Dict[int, List[float]] = {}
+    for attempt in attempts:
+        if attempt.start in window:
+            starts.setdefault(attempt.client, []).append(attempt.start)
+    granted: Dict[int, List[float]] = {}
+    for grant in grants:
+        if grant.time in window:
+            granted.setdefault(grant.client, []).append(grant.time)
+    waits: List[Wait] = []
+    for client, client_starts in sorted(starts.items()):
+        client_starts.sort()
+        client_grants = sorted(granted.pop(client, []))
+        if len(client_grants) > len(client_starts):
+            raise BenchDataError(
+                f"client {client} was granted {len(client_grants)} times but asked {len(client_starts)} times"
+            )
+        for index, start in enumerate(client_starts):
+            if index < len(client_grants):
+                grant_time = client_grants[index]
+                if grant_time < start:
+                    raise BenchDataError(
+                        f"client {client} was granted at {grant_time} before asking at {start}"
+                    )
+                waits.append(Wait(client, start, grant_time, grant_time - start))
+            else:
+                waits.append(Wait(client, start, None, window.end - start))
+    if granted:
+        raise BenchDataError(f"grants to clients that never asked: {sorted(granted)}")
+    return waits
+
+
+def handoff_gaps(waits: Sequence[Wait], grants: Sequence[Grant], removes: Sequence[float], window: Window):
+    """For each release while someone waited: the time to the next grant (or to the window's end, open).
+
+    Returns ``(gaps, open_count)``.
+    """
+    grant_times = sorted(g.time for g in grants)
+    gaps: List[float] = []
+    open_count = 0
+    for removed in removes:
+        if removed not in window:
+            continue
+        waiting = any(w.start < removed and (w.granted is None or w.granted > removed) for w in waits)
+        if not waiting:
+            continue
+        following = next((t for t in grant_times if t > removed), None)
+        if following is not None and following in window:
+            gaps.append(following - removed)
+        else:
+            gaps.append(window.end - removed)
+            open_count += 1
+    return gaps, open_count
+
+
+def fifo_inversions(waits: Sequence[Wait]) -> Tuple[int, int]:
+    """Pairs where a waiter that started later was granted earlier, and grants that overtook anyone.
+
+    An open wait counts as granted after every grant of the window. Returns ``(pairs, inverted_grants)``.
+    """
+    ordered = sorted(waits, key=lambda w: w.start)
+    pairs = 0
+    inverted = 0
+    for later_index, later in enumerate(ordered):
+        if later.granted is None:
+            continue
+        overtaken = sum(
+            1
+            for earlier in ordered[:later_index]
+            if earlier.start < later.start and (earlier.granted is None or earlier.granted > later.granted)
+        )
+        pairs += overtaken
+        inverted += overtaken > 0
+    return pairs, inverted
+
+
+def run_metrics(
+    events: Sequence[Mapping[str, object]],
+    attempts: Sequence[Attempt],
+    clients_by_user: Mapping[str, int],
+    window: Window,
+    call_counts: Mapping[str, int],
+    alias: str = "MUTEX",
+) -> RunMetrics:
+    """Every figure of one run (see the module docstring for what comes from where)."""
+    clients = len(clients_by_user)
+    if sorted(clients_by_user.values()) != list(range(clients)):
+        raise BenchDataError(
+            f"clients must be numbered 0..{clients - 1}, got {sorted(clients_by_user.values())}"
+        )
+    grants, removes = grants_and_removes(events, alias, clients_by_user)
+    in_window = [g for g in grants if g.time in window]
+    waits = pair_waits(attempts, in_window, window)
+    gaps, open_gaps = handoff_gaps(waits, grants, removes, window)
+    pairs, inverted = fifo_inversions(waits)
+    per_client = [0] * clients
+    for grant in in_window:
+        per_client[grant.client] += 1
+    count = len(in_window)
+    return RunMetrics(
+        clients=clients,
+        window_seconds=window.seconds,
+        grants=count,
+        acquisitions_per_minute=count * 60.0 / window.seconds,
+        wait=Distribution.of([w.seconds for w in waits], sum(w.open for w in waits)),
+        handoff_gap=Distribution.of(gaps, open_gaps),
+        calls_per_acquisition={m: n / count for m, n in sorted(call_counts.items())} if count else {},
+        calls_per_second=sum(call_counts.values()) / window.seconds,
+        grants_per_client=tuple(per_client),
+        fifo_inversions=pairs,
+        inverted_grants=inverted,
+    )

@@ -1,0 +1,119 @@
+"""One benchmark client: a separate OS process with its own ``CloudShellAPISession``.
+
+The parent (:mod:`.runner`) starts it with the "spawn" context and sends it one :class:`RunSpec` per
+run. The client waits for the window to open, then takes and releases the lock as its workload says
+until the window closes, and reports when each acquisition *started waiting* (only the client knows
+that; when it was granted comes from the server's log).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Tuple
+
+from ..lock.errors import MutexTimeout
+from .contenders import Contender, Seat, WindowClosed
+from .plans import THINK
+
+#: Credentials and address of the emulated server: (host, port, user, password, domain).
+Address = Tuple[str, int, str, str, str]
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run for one client: the reservation, the contender, the workload and the window."""
+
+    reservation_id: str
+    contender: Contender
+    workload: str
+    hold: float
+    start: float  # time.monotonic() at which the window opens
+    end: float  # ... and closes
+    seed: int
+
+
+@dataclass
+class ClientReport:
+    """What one client saw in one run."""
+
+    client: int
+    starts: List[float] = field(default_factory=list)  # when each acquisition started waiting
+    acquired: int = 0  # acquisitions the client believed it got
+    ran_without_lock: int = 0  # the original's "continuing without it" after 100 failed tries
+    error: Optional[str] = None
+
+
+def _window_closed(spec: RunSpec) -> bool:
+    return time.monotonic() >= spec.end
+
+
+def run_client(api: Any, client: int, spec: RunSpec) -> ClientReport:
+    """Take and release the lock as the workload says, from the window's start to its end."""
+    report = ClientReport(client)
+    rng = random.Random(f"{spec.seed}:{client}")  # a str seed is hashed deterministically
+    seat = Seat(api, spec.reservation_id, client, spec.end)
+    time.sleep(max(0.0, spec.start - time.monotonic()))
+    try:
+        while not _window_closed(spec):
+            if spec.workload == THINK:
+                seat.sleep(rng.expovariate(1.0 / spec.hold))
+            report.starts.append(time.monotonic())
+            lock = spec.contender.make(seat)
+            try:
+                with lock:
+                    report.acquired += 1
+                    report.ran_without_lock += bool(getattr(lock, "gave_up", False))
+                    # The window's end cuts the hold short; the release still runs.
+                    with contextlib.suppress(WindowClosed):
+                        seat.sleep(spec.hold)
+            except MutexTimeout:
+                if not _window_closed(spec):  # a timeout before the window's end is a real failure
+                    raise
+                break
+    except WindowClosed:
+        pass
+    except Exception:
+        report.error = traceback.format_exc(limit=5)
+    return report
+
+
+def serve(client: int, address: Address, commands: Any, results: Any) -> None:
+    """The worker process: log on as this client's user, then run each :class:`RunSpec` it is sent.
+
+    ``None`` ends it; ``("warmup", reservation_id)`` takes and releases a lock of its own once, so the
+    once-per-process catalog read does not fall into a measured run.
+    """
+    from cloudshell.api.cloudshell_api import CloudShellAPISession
+
+    from ..lock.mutex import LOGGER_NAME, ReservationMutex
+
+    # A timeout at the window's end is how a run ends, not news: keep the lock's log out of the output.
+    logging.getLogger(LOGGER_NAME).addHandler(logging.NullHandler())
+    logging.getLogger(LOGGER_NAME).propagate = False
+
+    try:
+        host, port, user, password, domain = address
+        api = CloudShellAPISession(host, user, password, domain, port=port)
+        results.put(("ready", client, None))
+    except BaseException:
+        results.put(("failed", client, traceback.format_exc(limit=5)))
+        return
+    while True:
+        command = commands.get()
+        if command is None:
+            return
+        try:
+            if isinstance(command, RunSpec):
+                results.put(("report", client, run_client(api, client, command)))
+            else:
+                _, reservation_id = command
+                with ReservationMutex(api, reservation_id, owner="bench warm-up", name=f"WARMUP{client}"):
+                    pass
+                results.put(("warm", client, None))
+        except BaseException:
+            results.put(("failed", client, traceback.format_exc(limit=5)))

@@ -1,0 +1,36 @@
+"""The whole pipeline, tiny: spawned clients against the emulator, the report and its plots written."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from cloudshell_mutex.bench.__main__ import main
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def test_the_smoke_plan_writes_the_report_and_the_plots(tmp_path: Path, capsys) -> None:
+    pytest.importorskip("matplotlib")
+    doc, plots = tmp_path / "docs" / "benchmarks.md", tmp_path / "docs" / "benchmarks"
+    assert main(["--plan", "smoke", "--doc", str(doc), "--plots", str(plots)]) == 0
+    text = doc.read_text(encoding="utf-8")
+    assert "the **smoke** plan" in text
+    assert "### N=2, hold 0.1 s, re-acquire at once (3 s window, 1 repeat)" in text
+    # Both contenders measured: a row each, with its grants per minute (from the server's log).
+    v1 = re.search(r"^\| original-v1 \*\(original code\)\* \| (\d+)", text, re.MULTILINE)
+    assert v1 and int(v1.group(1)) > 0, text
+    assert re.search(r"^\| default \| \d+", text, re.MULTILINE), text
+    # The uncontended cycle is judged from the server's counts, by method.
+    assert re.search(r"\| uncontended acquire \+ release = 3 API calls \| \d\.\d\d = [\d.]+ add", text), text
+    for name in ("wait_p99.png", "handoff_gap_p50.png", "calls_per_second.png"):
+        assert (plots / name).read_bytes()[:4] == b"\x89PNG"
+        assert f"](benchmarks/{name})" in text
+    assert "wrote" in capsys.readouterr().out
+    # The raw results are saved beside the plots; the same report can be written from them alone.
+    again = tmp_path / "again" / "docs"
+    argv = ["--from-results", str(plots / "results.json"), "--doc", str(again / "benchmarks.md")]
+    assert main([*argv, "--plots", str(again / "benchmarks")]) == 0
+    assert (again / "benchmarks.md").read_text(encoding="utf-8") == text

@@ -1,0 +1,111 @@
+"""Plans, contenders and the window's end, without a server."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from cloudshell_mutex.bench.__main__ import main, parse_args
+from cloudshell_mutex.bench.contenders import BASELINE, CONTENDERS, Seat, WindowClosed, contender
+from cloudshell_mutex.bench.original import OriginalMutex
+from cloudshell_mutex.bench.plans import FULL, QUICK, REACQUIRE, TARGETS, THINK, Cell, Plan
+
+
+def test_the_quick_plan_is_a_small_part_of_the_full_matrix() -> None:
+    quick = {(c.clients, c.hold, c.workload) for c, _ in QUICK.groups}
+    full = {(c.clients, c.hold, c.workload) for c, _ in FULL.groups}
+    assert quick <= full
+    assert {n for n, _, _ in full} == {1, 2, 8, 32}
+    assert {h for _, h, _ in full} == {0.1, 1.0, 10.0}
+    assert {w for _, _, w in full} == {REACQUIRE, THINK}
+    assert QUICK.max_clients == 8
+    assert QUICK.estimated_seconds() < 15 * 60 < FULL.estimated_seconds()
+    for plan in (QUICK, FULL):
+        names = {name for _, group in plan.groups for name in group}
+        assert {BASELINE, "original-v2", "original-pacing", "default", "release-check-5"} <= names
+
+
+def test_runs_go_through_every_cell_once_per_repeat() -> None:
+    a, b = Cell(2, 0.1, REACQUIRE, 1.0), Cell(8, 1.0, THINK, 2.0)
+    plan = Plan("p", ((a, ("default", BASELINE)), (b, ("default",))), repeats=2)
+    assert list(plan.runs()) == [
+        (0, a, "default"),
+        (0, a, BASELINE),
+        (0, b, "default"),
+        (1, a, "default"),
+        (1, a, BASELINE),
+        (1, b, "default"),
+    ]
+    assert plan.run_count == 6
+
+
+def test_bad_plans_and_cells_say_what_is_wrong() -> None:
+    with pytest.raises(ValueError, match="unknown contender 'fifo'; known: default, "):
+        Plan("p", ((Cell(2, 1.0, REACQUIRE, 5.0), ("fifo",)),), repeats=1)
+    with pytest.raises(ValueError, match="repeats must be at least 1"):
+        Plan("p", (), repeats=0)
+    with pytest.raises(ValueError, match="unknown workload 'burst'"):
+        Cell(2, 1.0, "burst", 5.0)
+    with pytest.raises(ValueError, match="at least 1 client"):
+        Cell(0, 1.0, REACQUIRE, 5.0)
+    with pytest.raises(ValueError, match="hold and window must be positive"):
+        Cell(2, 0.0, REACQUIRE, 5.0)
+
+
+def test_contenders_mark_the_original_code() -> None:
+    assert contender(BASELINE).original
+    assert not contender("default").original
+    assert {name for name, c in CONTENDERS.items() if c.original} == {"original-v1", "original-v2"}
+
+
+def test_a_seat_sleeps_until_the_window_closes_then_raises() -> None:
+    open_seat = Seat(api=None, reservation_id="r", client=0, deadline=time.monotonic() + 3600)
+    open_seat.sleep(0)  # well inside the window: returns
+    assert open_seat.remaining() > 3000
+    closed = Seat(api=None, reservation_id="r", client=0, deadline=time.monotonic() - 1)
+    with pytest.raises(WindowClosed):
+        closed.sleep(60)  # would sleep a minute; the window is closed: raises at once
+    assert closed.remaining() == 0
+
+
+class _AlwaysBusy:
+    def AddServiceToReservation(self, *args):
+        raise Exception("CloudShell API error 100: Service with given alias already exists")
+
+    def RemoveServicesFromReservation(self, *args):
+        pass
+
+
+def test_the_originals_sleeps_go_through_its_sleep_function_with_randint_2_to_5() -> None:
+    slept = []
+    original = OriginalMutex(_AlwaysBusy(), "r", attempts=20, sleep=slept.append)
+    with original:
+        pass
+    assert original.gave_up  # the original's defect, kept: it carries on without the lock
+    assert len(slept) == 20
+    assert all(isinstance(s, int) and 2 <= s <= 5 for s in slept)
+
+
+def test_the_original_ends_when_its_sleep_function_raises() -> None:
+    seat = Seat(api=None, reservation_id="r", client=0, deadline=time.monotonic() - 1)
+    original = OriginalMutex(_AlwaysBusy(), "r", sleep=seat.sleep)
+    with pytest.raises(WindowClosed):
+        original.__enter__()
+    assert original.failures == 1 and not original.acquired
+
+
+def test_an_unknown_plan_is_refused_with_the_known_ones(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--plan", "huge"])
+    assert exit_info.value.code == 2
+    assert "unknown plan 'huge': use one of quick, full, targets, smoke" in capsys.readouterr().err
+
+
+def test_several_plans_run_one_after_the_other() -> None:
+    assert parse_args(["--plan", "quick, targets"]).plans == ["quick", "targets"]
+    targets = {(c.clients, c.hold, c.workload) for c, _ in TARGETS.groups}
+    assert targets == {(n, h, w) for n in (8, 32) for h in (1.0, 10.0) for w in (REACQUIRE, THINK)}
+    # Where the quick plan has the same configuration, the targets plan measures it in a longer window.
+    quick = {(c.clients, c.hold, c.workload): c.window for c, _ in QUICK.groups}
+    assert all(c.window > quick.get((c.clients, c.hold, c.workload), 0) for c, _ in TARGETS.groups)
