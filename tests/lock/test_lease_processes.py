@@ -125,6 +125,33 @@ def waiter_worker(
     results.put(report)
 
 
+def orchestrator_worker(addr: Address, rid: str, lease: float, handles, adopted) -> None:
+    """Acquire, export, wait until the driver adopted, then exit without releasing."""
+    mutex = ReservationMutex(session(addr), rid, owner="orchestrator", lease=lease, **FAST)
+    mutex.acquire()
+    handles.put(mutex.export())
+    adopted.get(timeout=60)
+    os._exit(0)  # the orchestrator's script ends; its heartbeat thread dies with it
+
+
+def driver_worker(addr: Address, handle: str, lease: float, hold: float, adopted, results) -> None:
+    """Adopt the exported lock, keep it past several leases (checking it before each step), release it."""
+    report: Dict[str, Any] = {"error": None}
+    try:
+        mutex = ReservationMutex.adopt(session(addr), handle, owner="driver", **FAST)
+        adopted.put("adopted")
+        started = time.monotonic()
+        while time.monotonic() - started < hold:
+            mutex.ensure_held()  # before each side effect
+            time.sleep(0.25)
+        mutex.release()
+        report["held_for"] = time.monotonic() - started
+        report["token"] = mutex.token
+    except BaseException as error:
+        report["error"] = f"{type(error).__name__}: {error}"
+    results.put(report)
+
+
 def start(target, *args) -> multiprocessing.Process:
     process = multiprocessing.get_context("spawn").Process(target=target, args=args, daemon=True)
     process.start()
@@ -292,3 +319,38 @@ def test_heartbeat_cost_in_calls_per_second_per_held_lock(emu):
     assert set(counts) <= {"GetReservationDetails", "SetServiceAttributesValues"}
     # About 3 rounds (a read and a write) per lease: 6/lease calls/s, with jitter.
     assert 0.5 * 6 / LEASE <= rate <= 1.5 * 6 / LEASE
+
+
+def test_an_orchestrator_exports_a_driver_adopts_and_keeps_the_lock_past_several_leases(emu):
+    rid = emu.create_reservation()
+    ctx = multiprocessing.get_context("spawn")
+    handles, adopted, results = ctx.Queue(), ctx.Queue(), ctx.Queue()
+    orchestrator = start(orchestrator_worker, address(emu), rid, LEASE, handles, adopted)
+    handle = handles.get(timeout=60)
+    hold = 4 * LEASE
+    driver = start(driver_worker, address(emu), handle, LEASE, hold, adopted, results)
+    try:
+        orchestrator.join(60)
+        assert orchestrator.exitcode == 0
+        seen = []
+        waiter = ReservationMutex(
+            emu.session(), rid, owner="waiter", lease=LEASE, timeout=60, on_event=seen.append, **FAST
+        )
+        waiter.acquire()  # only once the driver released: the orchestrator's exit broke nothing
+        report = results.get(timeout=60)
+        assert report["error"] is None, report["error"]
+        assert report["held_for"] >= hold
+        assert "broken" not in [e.kind for e in seen]
+        waiter_token = waiter.token
+        waiter.release()
+    finally:
+        stop_all(orchestrator, driver)
+    assert check_log(emu, rid) == {"grants": 2, "removes": 2}
+    beats = [
+        e["attributes"][protocol.ATTR_HEARTBEAT]
+        for e in emu.control.events(rid)
+        if e["alias"] == protocol.DEFAULT_ALIAS and e["attributes"][protocol.ATTR_OWNER] != waiter_token
+    ]
+    # The orchestrator's first beat came with its add; the driver's with each of its own writes.
+    assert len({b.split(":")[1] for b in beats}) == 2
+    assert len(beats) >= 1 + 3 * 4 // 2  # the driver beat about every lease/3 for 4 leases

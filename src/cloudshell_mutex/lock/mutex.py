@@ -30,6 +30,7 @@ from .alias import CallResult, LockAlias, Status
 from .classify import Classification, ErrorKind
 from .errors import MutexError, MutexLostError, MutexUsageError
 from .events import Reporter
+from .handle import HandleInfo, make_handle, parse_handle
 from .holder import Holder, make_token, sanitize_label
 from .late_adds import LateAdds, process_late_adds
 from .lease import Heartbeat, StaleWatch
@@ -207,6 +208,69 @@ class ReservationMutex:
                 if beat is not None:
                     beat.lost, beat.lost_to = True, result.holder
                 raise self._lost_notice(result.holder)
+
+    def export(self) -> str:
+        """A short string that lets another process join this acquisition (:meth:`adopt`).
+
+        Safe to pass as a driver command's input (letters, digits, ``-_.``); it holds no credentials. Both
+        sides then heartbeat the same lease, and either may release; the other notices (its heartbeat finds
+        the lock gone: ``on_lost``, :meth:`ensure_held`). Export only while held.
+        """
+        if self._token is None:
+            raise MutexUsageError(
+                f"export() needs the lock held: acquire {self.name!r} first",
+                reservation_id=self.reservation_id,
+                alias=self.name,
+            )
+        lease_seconds = self._heartbeat.lease if self._heartbeat is not None else 0.0
+        info = HandleInfo(self.reservation_id, self.name, self.options.model, self._token, lease_seconds)
+        return make_handle(info)
+
+    @classmethod
+    def adopt(cls, api: Any, handle: str, owner: Optional[str] = None, **kwargs: Any) -> ReservationMutex:
+        """Join the acquisition another process exported (:meth:`export`); returns a held lock object.
+
+        The handle is parsed strictly (:class:`~.errors.MutexHandleError`). One fresh read checks that the
+        lock still carries the handle's token (else :class:`~.errors.MutexLostError`); with a lease, this
+        object writes a heartbeat at once and keeps heartbeating. ``kwargs`` are the constructor's options.
+        """
+        info = parse_handle(handle)
+        kwargs.setdefault("model", info.model)
+        kwargs.setdefault("lease", info.lease)
+        mutex = cls(api, info.reservation_id, owner=owner or "adopted", name=info.alias, **kwargs)
+        mutex._adopt(info.token)
+        return mutex
+
+    def _adopt(self, token: str) -> None:
+        op = self._operation(token)
+        read = self._read(op)
+        if not read.ok:
+            raise self._diagnose(read.failure, "reading the lock to adopt it")
+        holder = read.holder
+        if holder is None or holder.token != token:
+            op.see_holder(holder)
+            error = MutexLostError(
+                f"cannot adopt {self.name!r} in reservation {self.reservation_id}: it is not held by the "
+                f"handle's acquisition ({token}) any more; it is held by {op.holder_label or 'nobody'}",
+                reservation_id=self.reservation_id,
+                alias=self.name,
+            )
+            raise self._news.error(error, op, events.LOST, logging.WARNING, holder=op.holder_label)
+        self._token = token
+        self._depth = 1
+        self._confirmed_at = read.sent_at
+        holder_lease = lease.lease_of(holder)
+        if (
+            holder_lease is not None
+            and self.options.lease > 0
+            and protocol.ATTR_HEARTBEAT in holder.attributes
+        ):
+            self._start_heartbeat(token, float("-inf"), holder_lease)
+            self.renew()  # its own first beat: until it lands, assume the lease may lapse any moment
+        self._news.event(events.ACQUIRED, op, error="adopted")
+        self._news.log(
+            logging.INFO, "adopted %s in reservation %s (%s)", self.name, self.reservation_id, token
+        )
 
     def renew(self) -> bool:
         """One heartbeat now (a fresh read, and a write while the lock is ours); True when it was written.
@@ -636,15 +700,19 @@ class ReservationMutex:
         nonce = lease.nonce_of(token) or token
         return lease.heartbeat_value(nonce, self._part, 0) if self.options.lease > 0 else ""
 
-    def _start_heartbeat(self, token: str, confirmed_at: float) -> None:
+    def _start_heartbeat(
+        self, token: str, confirmed_at: float, lease_seconds: Optional[float] = None
+    ) -> None:
         """With a lease on a model that takes it: heartbeat (a daemon thread on the real clock; with a
-        virtual clock, tests call renew())."""
-        if self.options.lease <= 0 or not self._alias.takes(protocol.ATTR_HEARTBEAT):
-            return
+        virtual clock, tests call renew()). ``lease_seconds``: an adopted lock's lease, from its service."""
+        if lease_seconds is None:
+            if self.options.lease <= 0 or not self._alias.takes(protocol.ATTR_HEARTBEAT):
+                return
+            lease_seconds = self.options.lease
         self._heartbeat = Heartbeat(
             self._alias,
             token,
-            self.options.lease,
+            lease_seconds,
             confirmed_at,
             part=self._part,
             clock=self._clock,
