@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from fakes import RES, FakeApi, api_error, make
 
-from cloudshell_mutex import MutexLostError, MutexTimeout, protocol
+from cloudshell_mutex import MutexLostError, MutexTimeout, MutexUsageError, protocol
 from cloudshell_mutex.lock import lease
 from cloudshell_mutex.lock.holder import Holder
 from cloudshell_mutex.lock.lease import StaleWatch, stale_margin
@@ -294,3 +294,41 @@ def test_reservation_checks_are_unchanged_by_leases(clock):
     api.ended = True
     with pytest.raises(Exception, match="ended"):
         mutex.acquire()
+
+
+# ---------------------------------------------------------------- fencing
+
+
+def test_generation_grows_with_every_acquisition_that_asks_and_costs_nothing_otherwise(clock):
+    api = leased_api()
+    api.model_attributes.append(protocol.ATTR_GENERATION)
+    mutex = make(api, clock, lease=0)
+    seen = []
+    for asks in (True, False, True, True):
+        mutex.acquire()
+        api.calls.clear()
+        if asks:
+            seen.append(mutex.generation)
+            calls = len(api.calls)
+            assert mutex.generation == seen[-1]  # asked twice: read and bumped once
+            assert len(api.calls) == calls
+        else:
+            assert api.calls == []
+        mutex.release()
+    assert seen == [1, 2, 3]
+    assert api.services[protocol.DEFAULT_ALIAS + "~generation"][protocol.ATTR_GENERATION] == "3"
+
+
+def test_generation_on_the_original_model_says_what_to_install(clock):
+    api = FakeApi()
+    mutex = make(api, clock)
+    mutex.acquire()
+    with pytest.raises(MutexUsageError, match=r"Mutex Generation.*cloudshell-mutex install"):
+        mutex.generation  # noqa: B018
+    mutex.release()
+
+
+def test_generation_needs_the_lock_held(clock):
+    api = leased_api()
+    with pytest.raises(MutexUsageError, match="acquire"):
+        make(api, clock).generation  # noqa: B018

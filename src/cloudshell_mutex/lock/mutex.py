@@ -25,6 +25,8 @@ import random
 import time
 from typing import Any, Callable, Optional
 
+from cloudshell.api.cloudshell_api import AttributeNameValue
+
 from . import diagnosis, events, lease, protocol
 from .alias import CallResult, LockAlias, Status
 from .classify import Classification, ErrorKind
@@ -41,6 +43,9 @@ from .pacing import DefaultPacing, ExponentialBackoff, PacingPolicy, clip
 #: A fresh read shows a committed change within this many seconds (an assumption: reads of a real server
 #: are not known to lag; the emulator's ``stale_fresh_read`` fault tests what the lock does if they do).
 FRESH_READ_LAG = 1.0
+
+#: The suffix of the alias of a lock's generation counter service.
+GENERATION_SUFFIX = "~generation"
 
 #: The logger the lock writes to unless it is given one.
 LOGGER_NAME = "cloudshell_mutex"
@@ -118,6 +123,18 @@ class ReservationMutex:
             clock=clock,
             sleep=sleep,
         )
+        # Fencing: the counter service (created on first use) and this acquisition's generation, if asked.
+        self._counter = LockAlias(
+            api,
+            reservation_id,
+            name + GENERATION_SUFFIX,
+            self.options.model,
+            budget=self.options.budget,
+            logger=self.logger,
+            clock=clock,
+            sleep=sleep,
+        )
+        self._generation: Optional[int] = None
         self._watch = StaleWatch()
         self._breaker_watch = StaleWatch()
         self._heartbeat: Optional[Heartbeat] = None
@@ -208,6 +225,65 @@ class ReservationMutex:
                 if beat is not None:
                     beat.lost, beat.lost_to = True, result.holder
                 raise self._lost_notice(result.holder)
+
+    @property
+    def generation(self) -> int:
+        """An advisory fencing number: larger for every later acquisition of this lock in this reservation
+        that asks for it. The first ask per acquisition reads and bumps a counter service
+        (``<alias>~generation``, ``Mutex Generation``) under the lock: 2 calls (3 the first time in a
+        reservation); an acquisition that never asks costs nothing.
+
+        CloudShell does not check it. A protected resource that wants fencing must remember the largest
+        generation it has seen and refuse requests that carry a smaller one (docs/protocol.md, "Fencing").
+        Needs our Mutex_Package (the model with ``Mutex Generation``); raises
+        :class:`~.errors.MutexUsageError` on a model without it, and :class:`~.errors.MutexLostError` when
+        the lock is not held any more.
+        """
+        if self._generation is None:
+            self.ensure_held()
+            self._generation = self._bump_generation()
+            self.ensure_held()  # the number is worth something only if we still held the lock meanwhile
+        return self._generation
+
+    def _bump_generation(self) -> int:
+        counter = self._counter
+        op = self._operation(self._token or "")
+        read = counter.read()
+        if not read.ok:
+            raise self._diagnose(read.failure, "reading the generation counter")
+        if read.holder is None:
+            attributes = [
+                AttributeNameValue(protocol.ATTR_OWNER, f"generation counter of {self.name}"),
+                AttributeNameValue(protocol.ATTR_GENERATION, "1"),
+            ]
+            created = counter.try_add(attributes)
+            if created.ok:
+                return 1
+            if created.status is Status.FATAL and created.failure.code is not None:
+                raise self._news.error(
+                    MutexUsageError(
+                        f"mutex.generation needs the Mutex Service model with {protocol.ATTR_GENERATION!r} "
+                        "(the server refused it): import this project's Mutex_Package.zip "
+                        "(cloudshell-mutex install)",
+                        reservation_id=self.reservation_id,
+                        alias=self.name,
+                    ),
+                    op,
+                )
+            read = counter.read()  # created meanwhile (or our add landed after all): read it
+            if not read.ok or read.holder is None:
+                failure = read.failure or created.failure
+                raise self._diagnose(failure, "creating the generation counter")
+        raw = read.holder.attributes.get(protocol.ATTR_GENERATION, "0")
+        try:
+            current = int(float(raw))
+        except ValueError:
+            current = 0
+        value = current + 1
+        written = counter.set_attributes([(protocol.ATTR_GENERATION, str(value))])
+        if not written.ok:
+            raise self._diagnose(written.failure, "writing the generation counter")
+        return value
 
     def export(self) -> str:
         """A short string that lets another process join this acquisition (:meth:`adopt`).
@@ -680,6 +756,7 @@ class ReservationMutex:
             self._heartbeat.stop()
             self._heartbeat = None
         self._token = None
+        self._generation = None
         self._depth = 0
         self._confirmed_at = float("-inf")
         self._late_add_by = None
