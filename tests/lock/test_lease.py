@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 from fakes import RES, FakeApi, api_error, make
+from urllib3.exceptions import ProtocolError
 
 from cloudshell_mutex import MutexLostError, MutexTimeout, MutexUsageError, protocol
 from cloudshell_mutex.lock import lease
@@ -332,3 +333,30 @@ def test_generation_needs_the_lock_held(clock):
     api = leased_api()
     with pytest.raises(MutexUsageError, match="acquire"):
         make(api, clock).generation  # noqa: B018
+
+
+def test_a_breakers_remove_without_an_answer_is_waited_for_and_never_sent_twice(clock):
+    """The remove of the stale holder is delayed 2 s and its connection reset: a second remove could land
+    after the next holder took the lock. The breaker keeps its alias alive and reads until it lands."""
+    api = leased_api()
+    hold(api)
+
+    def delayed_and_reset(reservation_id, aliases):
+        if aliases == [protocol.DEFAULT_ALIAS]:
+            api.late_remove(clock.now + 2.0)
+            clock.now += 0.05
+            raise ProtocolError("Connection aborted.", ConnectionResetError())
+        return False
+
+    api.faults["RemoveServicesFromReservation"] = [delayed_and_reset] * 10
+    removes = []
+    api.on_call = lambda method: (
+        removes.append(clock.now) if method == "RemoveServicesFromReservation" else None
+    )
+    mutex = make(api, clock, lease=2, holder_check_interval=0.5, timeout=30)
+    assert mutex.acquire() is True
+    assert len(removes) == 2  # the stale holder's (once) and the breaker's own alias
+    assert api.services[protocol.DEFAULT_ALIAS][protocol.ATTR_OWNER] == mutex.token
+    assert BREAKER not in api.services
+    beats = api.calls.count("SetServiceAttributesValues")
+    assert beats >= 1  # the breaker kept its alias alive while it waited
