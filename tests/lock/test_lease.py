@@ -360,3 +360,19 @@ def test_a_breakers_remove_without_an_answer_is_waited_for_and_never_sent_twice(
     assert BREAKER not in api.services
     beats = api.calls.count("SetServiceAttributesValues")
     assert beats >= 1  # the breaker kept its alias alive while it waited
+
+
+def test_an_on_lost_callback_may_release_from_the_heartbeat(clock):
+    api = leased_api()
+    holder_box = []
+
+    def release_on_loss(error):
+        with pytest.raises(MutexLostError):
+            holder_box[0].release()
+
+    mutex = make(api, clock, lease=3, on_lost=release_on_loss)
+    holder_box.append(mutex)
+    mutex.acquire()
+    api.services.clear()
+    assert mutex.renew() is False
+    assert not mutex.locked()

@@ -282,13 +282,14 @@ class Heartbeat:
         self._thread.start()
 
     def stop(self, wait: float = 5.0) -> None:
-        """Stop beating; waits (up to ``wait`` s) for a round in progress to end."""
+        """Stop beating; waits (up to ``wait`` s) for a round in progress to end. Never longer: a call that
+        hangs must not hold up a release, and a write of that round landing later is harmless (it lands
+        on a removed alias, or on a successor's service, where its foreign nonce is ignored). Safe to call
+        from the heartbeat thread itself (an ``on_lost`` callback that releases)."""
         self._stop.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(wait)
-        with self._lock:  # a round in progress has ended (or timed out above)
-            pass
 
     def _run(self) -> None:
         while not self._stop.wait(beat_interval(self.lease, self._rng)):
