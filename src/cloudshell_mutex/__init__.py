@@ -10,6 +10,7 @@ from __future__ import annotations
 from .lock import protocol
 from .lock.errors import (
     MutexError,
+    MutexHandleError,
     MutexLostError,
     MutexNotInstalled,
     MutexPermissionError,
@@ -29,6 +30,7 @@ __all__ = [
     "Holder",
     "MutexError",
     "MutexEvent",
+    "MutexHandleError",
     "MutexLostError",
     "MutexNotInstalled",
     "MutexOptions",

@@ -141,6 +141,20 @@ class FakeApi:
         for alias in aliases:
             del self.services[alias]
 
+    def SetServiceAttributesValues(self, reservationId="", serviceAlias="", attributeRequests=()) -> Any:
+        if self._enter("SetServiceAttributesValues", reservationId, serviceAlias, attributeRequests):
+            return b"<ok/>"
+        self._check_reservation(reservationId)
+        if serviceAlias not in self.services:
+            raise api_error(
+                f"Service with alias '{serviceAlias}' was not found in reservation '{reservationId}'"
+            )
+        for a in attributeRequests:
+            if a.Name not in self.model_attributes:
+                raise api_error(f"Attribute '{a.Name}' is not defined on service model 'Mutex Service'")
+        self.services[serviceAlias].update({a.Name: a.Value for a in attributeRequests})
+        return b"<ok/>"
+
     def GetReservationDetails(self, reservationId="", disableCache=False) -> Any:
         assert disableCache is True, "ownership reads must bypass the cache"
         self._enter("GetReservationDetails", reservationId)

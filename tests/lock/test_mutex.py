@@ -80,7 +80,8 @@ def test_lease_attributes_only_when_the_model_has_them(clock):
         written = api.services[protocol.DEFAULT_ALIAS]
         assert written[protocol.ATTR_OWNER] == mutex.token
         assert written[protocol.ATTR_LABEL] == "Router A driver"
-        assert written[protocol.ATTR_LEASE_SECONDS] == "0"
+        assert written[protocol.ATTR_LEASE_SECONDS] == "60"  # the default lease
+        assert written[protocol.ATTR_HEARTBEAT].endswith(":0")  # the first heartbeat: <nonce>:<part>:0
     catalog.forget()
     original = FakeApi()  # only Mutex Owner: writing more would fail on such a server
     with make(original, clock):

@@ -119,7 +119,8 @@ def test_writes_lease_attributes_when_the_installed_model_has_them(cloudshell_em
         attributes = service["attributes"]
         assert attributes[protocol.ATTR_OWNER] == held.token
         assert attributes[protocol.ATTR_LABEL] == "Router A driver"
-        assert attributes[protocol.ATTR_LEASE_SECONDS] == "0"
+        assert attributes[protocol.ATTR_LEASE_SECONDS] == "60"  # the default lease
+        assert attributes[protocol.ATTR_HEARTBEAT].endswith(":0")
     assert emu.control.call_counts() == CYCLE  # our model takes our attributes at once
 
 

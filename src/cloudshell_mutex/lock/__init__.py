@@ -15,6 +15,7 @@ from __future__ import annotations
 from .alias import CallResult, LockAlias, Status
 from .errors import (
     MutexError,
+    MutexHandleError,
     MutexLostError,
     MutexNotInstalled,
     MutexPermissionError,
@@ -34,6 +35,7 @@ __all__ = [
     "LockAlias",
     "MutexError",
     "MutexEvent",
+    "MutexHandleError",
     "MutexLostError",
     "MutexNotInstalled",
     "MutexOptions",

@@ -16,7 +16,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, FrozenSet, List, Optional, Sequence
+from typing import Any, Callable, FrozenSet, List, Optional, Sequence, Tuple
 
 from cloudshell.api.cloudshell_api import AttributeNameValue
 
@@ -144,9 +144,17 @@ class LockAlias:
     # ---------------------------------------------------------------- the model
 
     def add_owner(
-        self, token: str, label: str, *, paced: bool = False, deadline: Optional[float] = None
+        self,
+        token: str,
+        label: str,
+        *,
+        lease: float = 0.0,
+        heartbeat: str = "",
+        paced: bool = False,
+        deadline: Optional[float] = None,
     ) -> CallResult:
-        """The lock's add: ``Mutex Owner`` = ``token``, plus our attributes while the model takes them.
+        """The lock's add: ``Mutex Owner`` = ``token``, plus our attributes while the model takes them:
+        the label, the lease (seconds; 0 = none) and the first heartbeat value.
 
         What the model takes is learned from the adds (:mod:`.catalog`): when the server refuses an add
         with our attributes (an API refusal, which changed nothing), the add is made once more with
@@ -155,25 +163,36 @@ class LockAlias:
         """
         known = catalog.accepted(self.api, self.model)
         names = catalog.FULL if known is None else known
-        result = self.try_add(self._owner_attributes(names, token, label), paced=paced, deadline=deadline)
+        attributes = self._owner_attributes(names, token, label, lease, heartbeat)
+        result = self.try_add(attributes, paced=paced, deadline=deadline)
         refused = result.status is Status.FATAL and result.failure.code is not None
         if refused and names != catalog.OWNER_ONLY:
             names = catalog.OWNER_ONLY
-            result = self.try_add(self._owner_attributes(names, token, label), paced=paced, deadline=deadline)
+            attributes = self._owner_attributes(names, token, label, lease, heartbeat)
+            result = self.try_add(attributes, paced=paced, deadline=deadline)
         if result.ok:
             catalog.learn(self.api, self.model, names)
         elif result.status is Status.FATAL and known is not None:
             catalog.forget(self.api, self.model)  # learn it again next time
         return result
 
-    def _owner_attributes(self, names: FrozenSet[str], token: str, label: str) -> List[AttributeNameValue]:
+    def _owner_attributes(
+        self, names: FrozenSet[str], token: str, label: str, lease: float, heartbeat: str
+    ) -> List[AttributeNameValue]:
         attributes = [AttributeNameValue(protocol.ATTR_OWNER, token)]
         if protocol.ATTR_LABEL in names:
             attributes.append(AttributeNameValue(protocol.ATTR_LABEL, sanitize_label(label)))
         if protocol.ATTR_LEASE_SECONDS in names:
             # "0" means "no lease": such a holder is never judged stale.
-            attributes.append(AttributeNameValue(protocol.ATTR_LEASE_SECONDS, "0"))
+            attributes.append(AttributeNameValue(protocol.ATTR_LEASE_SECONDS, _seconds(lease)))
+        if protocol.ATTR_HEARTBEAT in names and heartbeat:
+            attributes.append(AttributeNameValue(protocol.ATTR_HEARTBEAT, heartbeat))
         return attributes
+
+    def takes(self, attribute: str) -> bool:
+        """True when this process learned that the server's model takes ``attribute`` (from an add)."""
+        known = catalog.accepted(self.api, self.model)
+        return known is not None and attribute in known
 
     # ---------------------------------------------------------------- the calls
 
@@ -220,6 +239,23 @@ class LockAlias:
         if not may_resend and result.resent:
             result = CallResult(result.status, result.sent_at, result.elapsed, result.failure, False)
         return result
+
+    def set_attributes(
+        self, values: Sequence[Tuple[str, str]], *, paced: bool = False, deadline: Optional[float] = None
+    ) -> CallResult:
+        """``SetServiceAttributesValues`` on the alias's service: overwrite ``(name, value)`` pairs.
+
+        There is no compare-and-set: the values land on whoever holds the alias when the call lands.
+        MISSING: the alias was not there.
+        """
+        attributes = [AttributeNameValue(name, value) for name, value in values]
+        return self._send(
+            "SetServiceAttributesValues",
+            (self.reservation_id, self.alias, attributes),
+            paced,
+            deadline,
+            missing=ErrorKind.ALIAS_MISSING,
+        )
 
     def write_output(
         self, message: str, *, paced: bool = False, deadline: Optional[float] = None
@@ -288,3 +324,8 @@ class LockAlias:
 
     def __repr__(self) -> str:
         return f"<LockAlias {self.alias!r} reservation={self.reservation_id}>"
+
+
+def _seconds(value: float) -> str:
+    """A number of seconds as the Numeric attribute's text: "60", "2.5"."""
+    return f"{value:g}"

@@ -16,8 +16,11 @@ from typing import Any, Dict, FrozenSet, Optional, Tuple
 
 from . import protocol
 
-#: What an add writes when the model has it: the owner token, a label for people, the lease ("0": none).
-FULL = frozenset({protocol.ATTR_OWNER, protocol.ATTR_LABEL, protocol.ATTR_LEASE_SECONDS})
+#: What an add writes when the model has it: the owner token, a label for people, the lease ("0": none)
+#: and the first heartbeat.
+FULL = frozenset(
+    {protocol.ATTR_OWNER, protocol.ATTR_LABEL, protocol.ATTR_LEASE_SECONDS, protocol.ATTR_HEARTBEAT}
+)
 #: What every model with owner verification has (the original 2017 package).
 OWNER_ONLY = frozenset({protocol.ATTR_OWNER})
 

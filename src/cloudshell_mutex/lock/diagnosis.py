@@ -114,7 +114,7 @@ def note_pending_add(error: MutexError, alias: str, token: str) -> MutexError:
     return error
 
 
-def timeout_error(op: Operation, now: float, reservation_id: str, alias: str) -> MutexTimeout:
+def timeout_error(op: Operation, now: float, reservation_id: str, alias: str, note: str = "") -> MutexTimeout:
     """The acquisition ran out of time: say who held the lock, and for how long this waiter saw it."""
     waited = now - op.start
     limit = waited if op.deadline is None else op.deadline - op.start
@@ -135,7 +135,9 @@ def timeout_error(op: Operation, now: float, reservation_id: str, alias: str) ->
             + remove_hint(alias, op.token)
         )
     elif holder is not None:
-        message = f"{waiting}: held by {holder}, seen held for {held_for or 0.0:.1f} s; nothing was removed"
+        message = (
+            f"{waiting}: held by {holder}, seen held for {held_for or 0.0:.1f} s; nothing was removed{note}"
+        )
     elif op.contentions:
         message = f"{waiting}: it was held at every attempt (holder unknown); nothing was removed"
     else:
@@ -152,13 +154,16 @@ def timeout_error(op: Operation, now: float, reservation_id: str, alias: str) ->
     )
 
 
-def lost_error(op: Operation, reservation_id: str, alias: str) -> MutexLostError:
-    """At release, the lock was no longer this acquisition's (``op.holder`` is who has it now)."""
+def lost_error(op: Operation, reservation_id: str, alias: str, by_heartbeat: bool = False) -> MutexLostError:
+    """The lock was no longer this acquisition's (``op.holder`` is who has it now): found at release, or
+    (``by_heartbeat``) by the heartbeat while held."""
+    when = "when its heartbeat read it" if by_heartbeat else "at release"
     message = (
         f"{alias!r} in reservation {reservation_id} was no longer held by this acquisition "
-        f"({op.token}) at release; it is held by {op.holder_label or 'nobody'}. Nothing was removed. "
-        "Someone removed the lock while it was held (an operator, or code that removes MUTEX without "
-        "owning it), so the work done under it may not have been exclusive"
+        f"({op.token}) {when}; it is held by {op.holder_label or 'nobody'}. Nothing was removed. "
+        "Someone removed the lock while it was held (a waiter that judged its lease lapsed, a partner "
+        "that adopted and released it, an operator, or code that removes MUTEX without owning it), so "
+        "the work done under it may not have been exclusive"
     )
     return MutexLostError(message, reservation_id=reservation_id, alias=alias)
 

@@ -85,6 +85,11 @@ class MutexLostError(MutexError):
     was removed. The work done under the lock may not have been exclusive."""
 
 
+class MutexHandleError(MutexError, ValueError):
+    """A lock handle given to ``ReservationMutex.adopt`` is not one that ``export()`` made (truncated,
+    altered, or another string altogether)."""
+
+
 class MutexUsageError(MutexError, RuntimeError):
     """The object was used in a way that cannot be right, e.g. re-entered while held without
     ``reentrant=True``."""

@@ -19,9 +19,11 @@ ACQUIRED = "acquired"
 TIMEOUT = "timeout"
 ERROR = "error"  # a fatal error was raised
 RELEASED = "released"
-LOST = "lost"  # at release, the lock was not ours any more; nothing was removed
+LOST = "lost"  # the lock was not ours any more (at release, or seen by the heartbeat); nothing was removed
+BROKEN = "broken"  # this waiter removed a stale holder (holder: its label; error: what it saw)
+DANGER = "danger"  # heartbeats failed for 2/3 of the lease: it may lapse soon
 
-EVENT_KINDS = (CONTENDED, TRANSIENT, RESOLVED, ACQUIRED, TIMEOUT, ERROR, RELEASED, LOST)
+EVENT_KINDS = (CONTENDED, TRANSIENT, RESOLVED, ACQUIRED, TIMEOUT, ERROR, RELEASED, LOST, BROKEN, DANGER)
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,8 @@ def describe_owner(value: str) -> str:
         return "an owner that wrote no Mutex Owner (original protocol v1?)"
     info = parse_token(value)
     if info is None:
-        return repr(value[:80])
+        shown = repr(value[:80])  # escapes can make it longer than the value: cut it again
+        return shown if len(shown) <= 100 else shown[:97] + "..."
     return f"{info.label} (host {info.host}, pid {info.pid})"
 
 

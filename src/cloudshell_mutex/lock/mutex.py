@@ -25,16 +25,23 @@ import random
 import time
 from typing import Any, Callable, Optional
 
-from . import diagnosis, events, protocol
+from cloudshell.api.cloudshell_api import AttributeNameValue
+
+from . import diagnosis, events, lease, protocol
 from .alias import CallResult, LockAlias, Status
 from .classify import Classification, ErrorKind
-from .errors import MutexError, MutexUsageError
+from .errors import MutexError, MutexLostError, MutexUsageError
 from .events import Reporter
+from .handle import HandleInfo, make_handle, parse_handle
 from .holder import Holder, make_token, sanitize_label
 from .late_adds import LateAdds, process_late_adds
+from .lease import Heartbeat, StaleWatch
 from .operation import Operation
 from .options import FRESH_READ_LAG, MutexOptions, check_duration
 from .pacing import DefaultPacing, ExponentialBackoff, PacingPolicy, clip
+
+#: The suffix of the alias of a lock's generation counter service.
+GENERATION_SUFFIX = "~generation"
 
 #: The logger the lock writes to unless it is given one.
 LOGGER_NAME = "cloudshell_mutex"
@@ -100,6 +107,34 @@ class ReservationMutex:
             late_adds = process_late_adds() if clock is time.monotonic else LateAdds(clock, self.logger)
         self._late_adds = late_adds
         self._news = Reporter(self._alias, self.logger, self.options.on_event, clock)
+        # Leases: the breaker alias (one breaker at a time), this waiter's judgement of the holder and of a
+        # breaker, and the held acquisition's heartbeat (None: no lease).
+        self._breaker = LockAlias(
+            api,
+            reservation_id,
+            lease.breaker_alias(name),
+            self.options.model,
+            budget=self.options.budget,
+            logger=self.logger,
+            clock=clock,
+            sleep=sleep,
+        )
+        # Fencing: the counter service (created on first use) and this acquisition's generation, if asked.
+        self._counter = LockAlias(
+            api,
+            reservation_id,
+            name + GENERATION_SUFFIX,
+            self.options.model,
+            budget=self.options.budget,
+            logger=self.logger,
+            clock=clock,
+            sleep=sleep,
+        )
+        self._generation: Optional[int] = None
+        self._watch = StaleWatch()
+        self._breaker_watch = StaleWatch()
+        self._heartbeat: Optional[Heartbeat] = None
+        self._part = lease.new_part()
         # The acquisition held now: its token (None = not held), nesting depth, and when a fresh
         # answer from the server last showed the lock is ours (the add itself, or a read).
         self._token: Optional[str] = None
@@ -146,6 +181,175 @@ class ReservationMutex:
     def locked(self) -> bool:
         """True while this object holds the lock (as far as it knows; see docs/protocol.md)."""
         return self._token is not None
+
+    @property
+    def leased(self) -> bool:
+        """True while this object holds the lock with a lease (it heartbeats; waiters may break it)."""
+        return self._heartbeat is not None
+
+    def ensure_held(self, read: bool = False) -> None:
+        """Raise :class:`~.errors.MutexLostError` unless this object still holds the lock, as far as it can
+        tell: the heartbeat has not seen it taken, and (with a lease) a heartbeat was confirmed less than a
+        lease ago, so no waiter can have broken it yet. ``read=True`` adds one fresh read of the owner.
+
+        Call it right before each side effect of a long critical section: it costs no call by default.
+        """
+        if self._token is None:
+            raise MutexUsageError(
+                f"this ReservationMutex does not hold {self.name!r} in reservation {self.reservation_id}: "
+                "acquire it first",
+                reservation_id=self.reservation_id,
+                alias=self.name,
+            )
+        beat = self._heartbeat
+        if beat is not None and beat.lost:
+            raise self._lost_notice(beat.lost_to)
+        if beat is not None and beat.lapsed(self._clock()):
+            raise MutexLostError(
+                f"{self.name!r} in reservation {self.reservation_id}: no heartbeat was confirmed for "
+                f"{self._clock() - beat.confirmed_at:.1f} s, longer than the lease ({beat.lease:g} s); "
+                "a waiter may have broken the lock. Stop the work done under it; release() tells whether "
+                "it was",
+                reservation_id=self.reservation_id,
+                alias=self.name,
+            )
+        if read:
+            result = self._alias.read()
+            if not result.ok:
+                raise self._diagnose(result.failure, "checking the lock owner")
+            if result.holder is None or result.holder.token != self._token:
+                if beat is not None:
+                    beat.lost, beat.lost_to = True, result.holder
+                raise self._lost_notice(result.holder)
+
+    @property
+    def generation(self) -> int:
+        """An advisory fencing number: larger for every later acquisition of this lock in this reservation
+        that asks for it. The first ask per acquisition reads and bumps a counter service
+        (``<alias>~generation``, ``Mutex Generation``) under the lock: 2 calls (3 the first time in a
+        reservation); an acquisition that never asks costs nothing.
+
+        CloudShell does not check it. A protected resource that wants fencing must remember the largest
+        generation it has seen and refuse requests that carry a smaller one (docs/protocol.md, "Fencing").
+        Needs our Mutex_Package (the model with ``Mutex Generation``); raises
+        :class:`~.errors.MutexUsageError` on a model without it, and :class:`~.errors.MutexLostError` when
+        the lock is not held any more.
+        """
+        if self._generation is None:
+            self.ensure_held()
+            self._generation = self._bump_generation()
+            self.ensure_held()  # the number is worth something only if we still held the lock meanwhile
+        return self._generation
+
+    def _bump_generation(self) -> int:
+        counter = self._counter
+        op = self._operation(self._token or "")
+        read = counter.read()
+        if not read.ok:
+            raise self._diagnose(read.failure, "reading the generation counter")
+        if read.holder is None:
+            attributes = [
+                AttributeNameValue(protocol.ATTR_OWNER, f"generation counter of {self.name}"),
+                AttributeNameValue(protocol.ATTR_GENERATION, "1"),
+            ]
+            created = counter.try_add(attributes)
+            if created.ok:
+                return 1
+            if created.status is Status.FATAL and created.failure.code is not None:
+                raise self._news.error(
+                    MutexUsageError(
+                        f"mutex.generation needs the Mutex Service model with {protocol.ATTR_GENERATION!r} "
+                        "(the server refused it): import this project's Mutex_Package.zip "
+                        "(cloudshell-mutex install)",
+                        reservation_id=self.reservation_id,
+                        alias=self.name,
+                    ),
+                    op,
+                )
+            read = counter.read()  # created meanwhile (or our add landed after all): read it
+            if not read.ok or read.holder is None:
+                failure = read.failure or created.failure
+                raise self._diagnose(failure, "creating the generation counter")
+        raw = read.holder.attributes.get(protocol.ATTR_GENERATION, "0")
+        try:
+            current = int(float(raw))
+        except ValueError:
+            current = 0
+        value = current + 1
+        written = counter.set_attributes([(protocol.ATTR_GENERATION, str(value))])
+        if not written.ok:
+            raise self._diagnose(written.failure, "writing the generation counter")
+        return value
+
+    def export(self) -> str:
+        """A short string that lets another process join this acquisition (:meth:`adopt`).
+
+        Safe to pass as a driver command's input (letters, digits, ``-_.``); it holds no credentials. Both
+        sides then heartbeat the same lease, and either may release; the other notices (its heartbeat finds
+        the lock gone: ``on_lost``, :meth:`ensure_held`). Export only while held.
+        """
+        if self._token is None:
+            raise MutexUsageError(
+                f"export() needs the lock held: acquire {self.name!r} first",
+                reservation_id=self.reservation_id,
+                alias=self.name,
+            )
+        lease_seconds = self._heartbeat.lease if self._heartbeat is not None else 0.0
+        info = HandleInfo(self.reservation_id, self.name, self.options.model, self._token, lease_seconds)
+        return make_handle(info)
+
+    @classmethod
+    def adopt(cls, api: Any, handle: str, owner: Optional[str] = None, **kwargs: Any) -> ReservationMutex:
+        """Join the acquisition another process exported (:meth:`export`); returns a held lock object.
+
+        The handle is parsed strictly (:class:`~.errors.MutexHandleError`). One fresh read checks that the
+        lock still carries the handle's token (else :class:`~.errors.MutexLostError`); with a lease, this
+        object writes a heartbeat at once and keeps heartbeating. ``kwargs`` are the constructor's options.
+        """
+        info = parse_handle(handle)
+        kwargs.setdefault("model", info.model)
+        kwargs.setdefault("lease", info.lease)
+        mutex = cls(api, info.reservation_id, owner=owner or "adopted", name=info.alias, **kwargs)
+        mutex._adopt(info.token)
+        return mutex
+
+    def _adopt(self, token: str) -> None:
+        op = self._operation(token)
+        read = self._read(op)
+        if not read.ok:
+            raise self._diagnose(read.failure, "reading the lock to adopt it")
+        holder = read.holder
+        if holder is None or holder.token != token:
+            op.see_holder(holder)
+            error = MutexLostError(
+                f"cannot adopt {self.name!r} in reservation {self.reservation_id}: it is not held by the "
+                f"handle's acquisition ({token}) any more; it is held by {op.holder_label or 'nobody'}",
+                reservation_id=self.reservation_id,
+                alias=self.name,
+            )
+            raise self._news.error(error, op, events.LOST, logging.WARNING, holder=op.holder_label)
+        self._token = token
+        self._depth = 1
+        self._confirmed_at = read.sent_at
+        holder_lease = lease.lease_of(holder)
+        if (
+            holder_lease is not None
+            and self.options.lease > 0
+            and protocol.ATTR_HEARTBEAT in holder.attributes
+        ):
+            self._start_heartbeat(token, float("-inf"), holder_lease)
+            self.renew()  # its own first beat: until it lands, assume the lease may lapse any moment
+        self._news.event(events.ACQUIRED, op, error="adopted")
+        self._news.log(
+            logging.INFO, "adopted %s in reservation %s (%s)", self.name, self.reservation_id, token
+        )
+
+    def renew(self) -> bool:
+        """One heartbeat now (a fresh read, and a write while the lock is ours); True when it was written.
+        The background thread does this about every lease/3; long critical sections may call it too."""
+        if self._heartbeat is None:
+            return False
+        return self._heartbeat.beat().ok
 
     def holder(self) -> Optional[Holder]:
         """Who holds the lock now (one fresh, uncached read), or None when it is free."""
@@ -207,6 +411,14 @@ class ReservationMutex:
         if self._depth > 1:
             self._depth -= 1
             return
+        beat = self._heartbeat
+        if beat is not None:
+            beat.stop()
+            if beat.lost:
+                # The heartbeat saw the lock taken: nothing of ours is there to remove.
+                error = self._lost_notice(beat.lost_to, report=False)
+                self._forget()
+                raise error
         # A release() after a failed one continues it: what the first learned (a remove of ours that
         # may still land) must not be forgotten, or the next remove could delete a successor's lock.
         op = self._release_op or self._operation(self._token)
@@ -283,14 +495,21 @@ class ReservationMutex:
         while True:
             # Step 1: the add. Its success is the lock; the owner token travels in the same call.
             op.add_sent()
-            add = self._alias.add_owner(op.token, self.owner, paced=op.polling, deadline=op.deadline)
+            add = self._alias.add_owner(
+                op.token,
+                self.owner,
+                lease=self.options.lease,
+                heartbeat=self._first_beat(op.token),
+                paced=op.polling,
+                deadline=op.deadline,
+            )
             op.add_returned()
             if add.may_land_later:
                 lands_by = add.sent_at + add.elapsed + self.options.request_lifetime
                 op.add_in_flight(lands_by, add.unanswered_copies)
             if add.ok:
                 if not self.options.verify or self._verified(op):
-                    return self._acquired(op, add.sent_at)
+                    return self._acquired(op, add.sent_at, lease_from=add.sent_at)
                 delay = op.next_pause(self.pacing, self._rng)
             elif add.status is Status.BUSY:
                 # Step 2: contention. It may be our own add, re-sent by the client after it had
@@ -298,8 +517,8 @@ class ReservationMutex:
                 # unknown outcome reads the owner; later ones do so every holder_check_interval.
                 if self._on_contention(op, add):
                     return self._acquired(op, op.last_read_at or add.sent_at, resolved=True)
-                # Freed since the add failed (the read found nobody): retry at once.
-                freed = op.read_since_add and op.holder is None
+                # Freed since the add failed (the read found nobody), or a stale holder broken: retry at once.
+                freed = (op.read_since_add and op.holder is None) or self._break_if_stale(op)
                 delay = 0.0 if freed else op.next_pause(self.pacing, self._rng)
             elif add.status is Status.TRANSIENT:
                 # Step 3: transient failure (5xx, dropped connection, timeout). Back off on a
@@ -334,6 +553,7 @@ class ReservationMutex:
             if op.settled_by(holder):
                 return True
             self._note_holder(op, holder)
+            self._watch.observe(holder, op.last_read_at)  # the lease judgement: this waiter's own clock
         if op.contentions == 1:
             self._news.event(events.CONTENDED, op, holder=op.holder_label)
             self._news.log(
@@ -413,13 +633,25 @@ class ReservationMutex:
         if not blocking and busy and not op.add_pending:
             self._news.log(logging.DEBUG, "%s is busy; not waiting (blocking=False)", self.name)
             return False
-        error = diagnosis.timeout_error(op, self._clock(), self.reservation_id, self.name)
+        note = ""
+        if op.holder is not None and lease.lease_of(op.holder) is None:
+            note = (
+                "; the holder has no lease (the original protocol, a model without the lease attributes, or "
+                "lease=0), so it is never broken automatically: if its process is gone, an administrator "
+                "removes it with Force Release (cloudshell-mutex release --force)"
+            )
+        error = diagnosis.timeout_error(op, self._clock(), self.reservation_id, self.name, note)
         raise self._news.error(error, op, events.TIMEOUT, logging.WARNING, holder=error.holder)
 
-    def _acquired(self, op: Operation, confirmed_at: float, resolved: bool = False) -> bool:
+    def _acquired(
+        self, op: Operation, confirmed_at: float, resolved: bool = False, lease_from: Optional[float] = None
+    ) -> bool:
         self._token = op.token
         self._depth = 1
         self._confirmed_at = confirmed_at
+        # A waiter saw our service no earlier than the add that made it was sent; of an add that was resolved
+        # by a read, only the start of the acquisition is known for sure.
+        self._start_heartbeat(op.token, op.start if lease_from is None else lease_from)
         self._late_add_by = op.add_lands_by if op.add_can_land(self._clock()) else None
         self._late_copies = op.add_unanswered
         if resolved:
@@ -516,7 +748,11 @@ class ReservationMutex:
             self._late_adds.watch(
                 self._alias, self._token, self._late_add_by, self.options.request_lifetime, self._late_copies
             )
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+            self._heartbeat = None
         self._token = None
+        self._generation = None
         self._depth = 0
         self._confirmed_at = float("-inf")
         self._late_add_by = None
@@ -530,6 +766,100 @@ class ReservationMutex:
             self._late_adds.watch(self._alias, op.token, op.add_lands_by, lifetime, op.add_unanswered)
         elif op.unsure_add:
             self._late_adds.watch(self._alias, op.token, now + 2 * FRESH_READ_LAG, lifetime)
+
+    # ------------------------------------------------------------------ leases
+
+    def _first_beat(self, token: str) -> str:
+        nonce = lease.nonce_of(token) or token
+        return lease.heartbeat_value(nonce, self._part, 0) if self.options.lease > 0 else ""
+
+    def _start_heartbeat(
+        self, token: str, confirmed_at: float, lease_seconds: Optional[float] = None
+    ) -> None:
+        """With a lease on a model that takes it: heartbeat (a daemon thread on the real clock; with a
+        virtual clock, tests call renew()). ``lease_seconds``: an adopted lock's lease, from its service."""
+        if lease_seconds is None:
+            if self.options.lease <= 0 or not self._alias.takes(protocol.ATTR_HEARTBEAT):
+                return
+            lease_seconds = self.options.lease
+        self._heartbeat = Heartbeat(
+            self._alias,
+            token,
+            lease_seconds,
+            confirmed_at,
+            part=self._part,
+            clock=self._clock,
+            rng=self._rng,
+            on_lost=self._on_heartbeat_lost,
+            on_danger=self._on_danger,
+            logger=self.logger,
+        )
+        self._heartbeat.count = 0
+        if self._clock is time.monotonic:
+            self._heartbeat.start()
+
+    def _lost_notice(self, holder: Optional[Holder], report: bool = False) -> MutexLostError:
+        op = self._operation(self._token or "")
+        op.see_holder(holder)
+        error = diagnosis.lost_error(op, self.reservation_id, self.name, by_heartbeat=True)
+        if report:
+            self._news.error(error, op, events.LOST, logging.WARNING, holder=op.holder_label)
+        return error
+
+    def _on_heartbeat_lost(self, holder: Optional[Holder]) -> None:
+        error = self._lost_notice(holder, report=True)
+        if self.options.on_lost is not None:
+            self.options.on_lost(error)
+
+    def _on_danger(self, silent: float) -> None:
+        op = self._operation(self._token or "")
+        message = (
+            f"no heartbeat of {self.name!r} confirmed for {silent:.1f} s (lease "
+            f"{self.options.lease:g} s): the lease may lapse; finish or stop the work done under the lock"
+        )
+        self._news.event(events.DANGER, op, error=message)
+        self._news.log(logging.WARNING, "%s", message)
+        if self.options.on_danger is not None:
+            self.options.on_danger(silent)
+
+    def _break_if_stale(self, op: Operation) -> bool:
+        """After a read while waiting: judge the holder on this waiter's own clock; when it is stale (a lease,
+        and the same token and heartbeat for lease + margin), break it as the only breaker. True when the
+        stale holder is gone (retry the add at once)."""
+        if not op.read_since_add or self._watch.holder is None:
+            return False
+        now = self._clock()
+        if not self._watch.stale(now):
+            return False
+        stale = self._watch.holder
+        seen = self._watch.unchanged_for(now)
+        result = lease.break_stale(
+            self._alias,
+            self._breaker,
+            self._watch,
+            self._breaker_watch,
+            op.token,
+            self.owner,
+            max(self.options.lease, lease.MIN_LEASE) if self.options.lease > 0 else lease.DEFAULT_LEASE,
+            self.options.request_lifetime,
+            self._clock,
+            self._sleep,
+        )
+        if not result.broken:
+            self._news.log(logging.DEBUG, "did not break %s: %s", self.name, result.why)
+            return result.why == "the holder went away by itself"
+        self._watch.observe(None, self._clock())
+        message = (
+            f"{sanitize_label(self.owner)} broke the stale lock {self.name!r} held by {stale.label} "
+            f"(Mutex Owner {stale.token!r}, lease {lease.lease_of(stale):g} s): no heartbeat seen for "
+            f"{seen:.1f} s on this waiter's own clock"
+        )
+        self._news.event(events.BROKEN, op, holder=stale.label, error=message)
+        self._news.log(logging.WARNING, "%s", message)
+        written = self._alias.write_output(message)
+        if not written.ok:
+            self._news.log(logging.DEBUG, "could not write the break to the reservation output")
+        return True
 
     # ------------------------------------------------------------------ shared helpers
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from . import protocol
 from .events import EventHook
@@ -21,6 +21,10 @@ from .pacing import CallBudget, PacingPolicy
 #: are not known to lag; the emulator's ``stale_fresh_read`` fault tests what the lock does if they do).
 #: No decision to remove is taken on a read made sooner than this after a removal of ours.
 FRESH_READ_LAG = 1.0
+
+#: The default lease and the shortest one (seconds): see lease.py for why.
+DEFAULT_LEASE = 60.0
+MIN_LEASE = 1.0
 
 #: A request is never assumed gone sooner than this after it was sent.
 MIN_REQUEST_LIFETIME = 1.0
@@ -54,6 +58,13 @@ class MutexOptions:
     * ``release_attempts``: how many rounds a release makes before giving up on transient failures.
     * ``on_event``: called with each :class:`~.events.MutexEvent`.
     * ``model``: the service model to add (``Mutex Service``).
+    * ``lease``: seconds (default 60; 0 = no lease). When the server's model has the lease attributes, the
+      holder writes the lease and heartbeats about every lease/3 in a background thread; waiters break a
+      holder they have seen without a heartbeat for lease + margin. A model without them (the original
+      package), or 0, means no lease: never broken automatically. See docs/protocol.md, "Leases".
+    * ``on_lost``: called with a :class:`~.errors.MutexLostError` when the heartbeat finds the lock taken
+      from this holder (from the heartbeat thread); ``on_danger``: called with the seconds since the last
+      confirmed heartbeat once heartbeats have failed for 2/3 of the lease (the lease may lapse soon).
     """
 
     timeout: Optional[float] = 300.0
@@ -70,6 +81,9 @@ class MutexOptions:
     release_attempts: int = 5
     on_event: Optional[EventHook] = None
     model: str = protocol.SERVICE_MODEL
+    lease: float = DEFAULT_LEASE
+    on_lost: Optional[Callable[[Any], None]] = None
+    on_danger: Optional[Callable[[float], None]] = None
 
     def __post_init__(self) -> None:
         check_duration("timeout", self.timeout, allow_none=True)
@@ -93,6 +107,14 @@ class MutexOptions:
             raise TypeError(f"budget must be a CallBudget, got {self.budget!r}")
         if self.on_event is not None and not callable(self.on_event):
             raise TypeError("on_event must be a callable that takes a MutexEvent")
+        check_duration("lease", self.lease)
+        if 0 < self.lease < MIN_LEASE:
+            raise ValueError(
+                f"lease must be 0 (no lease) or at least {MIN_LEASE:g} seconds, got {self.lease!r}"
+            )
+        for name in ("on_lost", "on_danger"):
+            if getattr(self, name) is not None and not callable(getattr(self, name)):
+                raise TypeError(f"{name} must be a callable, got {getattr(self, name)!r}")
         if not isinstance(self.model, str) or not self.model.strip():
             raise ValueError("model must be the name of the lock's service model, e.g. 'Mutex Service'")
 

@@ -1,0 +1,426 @@
+"""Leases: a holder proves it is alive with heartbeats; a waiter judges a lock stale on its own clock.
+
+The lease is stored on the lock service as a *relative* number of seconds (``Mutex Lease Seconds``),
+never as a time of day: no two machines' clocks are ever compared. The holder renews it by rewriting
+``Mutex Heartbeat`` about every lease/3 (:class:`Heartbeat`); the value ``<nonce>:<part>:<n>`` names the
+acquisition (the token's nonce), the participant that wrote it (the exporter and every adopter each have
+their own ``part``) and a counter. A waiter (:class:`StaleWatch`) judges the holder stale only after it has
+itself seen the same token and heartbeat, unchanged, for lease + margin on its own monotonic clock. A
+heartbeat whose nonce is not the holder's (an expired holder's late write landing on its successor's
+service) is ignored: it never counts as the successor's liveness.
+
+``SetServiceAttributesValues`` has no compare-and-set: the heartbeat reads the holder first (fresh) and
+writes only while the token is ours. Between that read and the write (one round trip) the lock can change
+hands; the late write then lands on the successor's service, where it is recognisably foreign (above) and
+changes nothing but the heartbeat value, which the successor's own next beat overwrites.
+
+Breaking (:func:`break_stale`) is done by exactly one waiter at a time: it holds a breaker alias
+(``<alias>~break``, itself leased) while it re-reads the stale holder and removes it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional, Tuple
+
+from . import protocol
+from .alias import LockAlias, Status
+from .holder import Holder, parse_token
+from .options import DEFAULT_LEASE, FRESH_READ_LAG, MIN_LEASE
+
+__all__ = ["DEFAULT_LEASE", "MIN_LEASE", "Heartbeat", "StaleWatch", "break_stale", "lease_of"]
+
+# The default lease (options.DEFAULT_LEASE, 60 s): a holder heartbeats about every lease/3: 2 calls (a
+# fresh read and a write) per 20 s = 0.1 calls/s per held lock, a small fraction of one waiter's polling;
+# a crashed holder is broken about lease + margin = 75 s after it stopped. Shorter leases recover sooner
+# but cost more calls and let a holder that pauses (a VM snapshot, a long GC) lose its lock sooner.
+# MIN_LEASE (1 s): shorter leases cannot be kept over a real server's latency.
+#: Heartbeat jitter: each interval is lease/3 times a factor in [1 - JITTER, 1 + JITTER].
+JITTER = 0.1
+#: The suffix of the breaker alias of a lock alias.
+BREAKER_SUFFIX = "~break"
+
+
+def stale_margin(lease: float) -> float:
+    """Seconds a waiter adds to a lease before judging a holder stale: covers the heartbeat's own latency
+    and a slow write, and makes "unchanged for a whole lease" robust to one late beat."""
+    return max(1.0, lease / 4)
+
+
+def beat_interval(lease: float, rng: random.Random) -> float:
+    """Seconds until the next heartbeat: lease/3 with jitter, so holders do not beat in lock-step."""
+    return lease / 3 * rng.uniform(1 - JITTER, 1 + JITTER)
+
+
+def danger_after(lease: float) -> float:
+    """Seconds without a confirmed heartbeat after which the holder is in the danger zone (two beats
+    missed): the lease may lapse soon, and the holder should stop starting side effects."""
+    return lease * 2 / 3
+
+
+def breaker_alias(alias: str) -> str:
+    """The alias of the breaker service of the lock ``alias``."""
+    return alias + BREAKER_SUFFIX
+
+
+# ---------------------------------------------------------------- the values
+
+
+def lease_of(holder: Optional[Holder]) -> Optional[float]:
+    """The holder's lease in seconds, or None when it has none: a model without the attribute (the original
+    package), a holder that wrote "0" or no number (older versions, the original snippet). A holder without a
+    lease is never judged stale: only a Force Release removes it."""
+    if holder is None:
+        return None
+    raw = holder.attributes.get(protocol.ATTR_LEASE_SECONDS, "")
+    try:
+        lease = float(raw)
+    except (TypeError, ValueError):
+        return None
+    if not math.isfinite(lease) or lease <= 0:
+        return None
+    return max(lease, MIN_LEASE)
+
+
+def nonce_of(token: str) -> Optional[str]:
+    """The random part of a token made by this library (None for others)."""
+    info = parse_token(token)
+    return None if info is None else info.nonce
+
+
+def heartbeat_value(nonce: str, part: str, count: int) -> str:
+    """``<nonce>:<part>:<count>``: the value one heartbeat writes."""
+    return f"{nonce}:{part}:{count}"
+
+
+def heartbeat_nonce(value: str) -> Optional[str]:
+    """The nonce a heartbeat value names, or None when the value is not one."""
+    pieces = (value or "").split(":")
+    if len(pieces) != 3 or not all(pieces) or not pieces[2].isdigit():
+        return None
+    return pieces[0]
+
+
+def own_heartbeat(holder: Holder) -> str:
+    """The holder's heartbeat value if it was written by this acquisition, else "" (none, or foreign)."""
+    value = holder.attributes.get(protocol.ATTR_HEARTBEAT, "")
+    nonce = nonce_of(holder.token)
+    return value if nonce is not None and heartbeat_nonce(value) == nonce else ""
+
+
+def new_part() -> str:
+    """A participant id for one heartbeat writer of an acquisition."""
+    return secrets.token_hex(2)
+
+
+# ---------------------------------------------------------------- the waiter's judgement
+
+
+class StaleWatch:
+    """One waiter's observation of one alias: who it saw, with which heartbeat, since when (its own clock).
+
+    ``observe`` takes each fresh read; ``stale`` is True only when the same token with the same heartbeat of
+    its own has been seen unchanged for the holder's lease + margin. A foreign heartbeat value (another
+    acquisition's late write) keeps the last own value: it neither refreshes nor resets the holder.
+    """
+
+    def __init__(self) -> None:
+        self.key: Optional[Tuple[str, str]] = None
+        self.since: Optional[float] = None
+        self.lease: Optional[float] = None
+        self.holder: Optional[Holder] = None
+
+    def observe(self, holder: Optional[Holder], now: float) -> None:
+        """Take in one fresh read made at ``now`` (monotonic, this process)."""
+        if holder is None:
+            self.key = self.since = self.lease = self.holder = None
+            return
+        beat = own_heartbeat(holder)
+        if beat == "" and self.key is not None and self.key[0] == holder.token:
+            beat = self.key[1]  # a foreign or missing value changes nothing
+        key = (holder.token, beat)
+        lease = lease_of(holder)
+        if key != self.key or lease != self.lease:
+            self.key, self.since, self.lease = key, now, lease
+        self.holder = holder
+
+    def stale(self, now: float) -> bool:
+        """True when the holder seen has a lease and has shown no sign of life for lease + margin."""
+        if self.key is None or self.lease is None or self.since is None:
+            return False
+        return now - self.since >= self.lease + stale_margin(self.lease)
+
+    def unchanged_for(self, now: float) -> float:
+        """Seconds this waiter has seen the current (token, heartbeat) unchanged."""
+        return 0.0 if self.since is None else now - self.since
+
+    def matches(self, holder: Optional[Holder]) -> bool:
+        """True when ``holder`` is still the one judged stale: the same token and the same own heartbeat."""
+        if holder is None or self.key is None:
+            return False
+        beat = own_heartbeat(holder) or self.key[1]
+        return (holder.token, beat) == self.key and own_heartbeat(holder) in ("", self.key[1])
+
+
+# ---------------------------------------------------------------- the holder's heartbeat
+
+
+@dataclass
+class BeatResult:
+    """What one heartbeat found: ``ok`` (written), ``lost`` (the alias is not ours), or a failure."""
+
+    ok: bool = False
+    lost: bool = False
+    holder: Optional[Holder] = None
+    error: Optional[str] = None
+
+
+class Heartbeat:
+    """Keeps one acquisition's lease alive: reads the holder (fresh), and while it is ours writes the next
+    heartbeat value. :meth:`beat` is one round; :meth:`start` runs rounds in a daemon thread about every
+    lease/3 (with jitter) until :meth:`stop`. ``confirmed_at`` is when the last successful write was *sent*
+    (monotonic): no waiter can judge the lease lapsed before confirmed_at + lease + margin.
+    """
+
+    def __init__(
+        self,
+        alias: LockAlias,
+        token: str,
+        lease: float,
+        confirmed_at: float,
+        *,
+        part: Optional[str] = None,
+        clock: Callable[[], float] = time.monotonic,
+        rng: Optional[random.Random] = None,
+        on_lost: Optional[Callable[[Optional[Holder]], None]] = None,
+        on_danger: Optional[Callable[[float], None]] = None,
+        logger: Optional[logging.Logger] = None,
+    ) -> None:
+        self.alias = alias
+        self.token = token
+        self.nonce = nonce_of(token) or token
+        self.part = part or new_part()
+        self.lease = lease
+        self.confirmed_at = confirmed_at
+        self.count = 0
+        self.beats = 0  # rounds made (each a read, and a write while ours)
+        self.lost = False
+        self.lost_to: Optional[Holder] = None
+        self.in_danger = False
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._on_lost = on_lost
+        self._on_danger = on_danger
+        self.logger = logger or logging.getLogger("cloudshell_mutex")
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._lock = threading.Lock()
+
+    def value(self) -> str:
+        """The heartbeat value to write next."""
+        return heartbeat_value(self.nonce, self.part, self.count)
+
+    def beat(self) -> BeatResult:
+        """One round: read the holder; write the next value only while the token is ours."""
+        with self._lock:
+            if self.lost:
+                return BeatResult(lost=True, holder=self.lost_to)
+            self.beats += 1
+            read = self.alias.read()
+            if not read.ok:
+                return self._failed(read.failure.message if read.failure else "read failed")
+            if read.holder is None or read.holder.token != self.token:
+                self._mark_lost(read.holder)
+                return BeatResult(lost=True, holder=read.holder)
+            self.count += 1
+            write = self.alias.set_attributes([(protocol.ATTR_HEARTBEAT, self.value())])
+            if write.ok:
+                # Sent after the read showed our token: no waiter saw this value before write.sent_at.
+                self.confirmed_at = write.sent_at
+                self.in_danger = False
+                return BeatResult(ok=True, holder=read.holder)
+            if write.status is Status.MISSING:
+                self._mark_lost(None)
+                return BeatResult(lost=True)
+            return self._failed(write.failure.message if write.failure else "write failed")
+
+    def _failed(self, message: str) -> BeatResult:
+        silent = self._clock() - self.confirmed_at
+        self.logger.warning(
+            "cloudshell-mutex: heartbeat of %r in reservation %s failed (%s); last confirmed %.1f s ago",
+            self.alias.alias,
+            self.alias.reservation_id,
+            message,
+            silent,
+        )
+        if silent >= danger_after(self.lease) and not self.in_danger:
+            self.in_danger = True
+            _call(self._on_danger, silent, self.logger)
+        return BeatResult(error=message)
+
+    def _mark_lost(self, holder: Optional[Holder]) -> None:
+        self.lost = True
+        self.lost_to = holder
+        self._stop.set()
+        _call(self._on_lost, holder, self.logger)
+
+    def lapsed(self, now: float) -> bool:
+        """True when no heartbeat was confirmed for a whole lease: a waiter may be about to break it."""
+        return now - self.confirmed_at >= self.lease
+
+    def start(self) -> None:
+        """Beat in a daemon thread until :meth:`stop` (real time)."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="cloudshell-mutex-heartbeat", daemon=True)
+        self._thread.start()
+
+    def stop(self, wait: float = 5.0) -> None:
+        """Stop beating; waits (up to ``wait`` s) for a round in progress to end. Never longer: a call that
+        hangs must not hold up a release, and a write of that round landing later is harmless (it lands
+        on a removed alias, or on a successor's service, where its foreign nonce is ignored). Safe to call
+        from the heartbeat thread itself (an ``on_lost`` callback that releases)."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(wait)
+
+    def _run(self) -> None:
+        while not self._stop.wait(beat_interval(self.lease, self._rng)):
+            try:
+                self.beat()
+            except Exception:  # never let the heartbeat die silently
+                self.logger.exception("cloudshell-mutex: heartbeat failed")
+
+
+def _call(callback: Optional[Callable[..., None]], argument: object, logger: logging.Logger) -> None:
+    if callback is None:
+        return
+    try:
+        callback(argument)
+    except Exception:  # user code must not stop the heartbeat
+        logger.exception("cloudshell-mutex: lease callback failed")
+
+
+# ---------------------------------------------------------------- breaking a stale lock
+
+
+@dataclass
+class BreakResult:
+    """What one attempt to break a stale holder came to.
+
+    ``broken``: the stale holder's service was removed by this breaker. Otherwise ``why`` says what stopped
+    it (another breaker at work, the holder came alive or went, the breaker could not be taken in time).
+    """
+
+    broken: bool
+    why: str
+
+
+def break_stale(
+    lock: LockAlias,
+    breaker: LockAlias,
+    watch: StaleWatch,
+    breaker_watch: StaleWatch,
+    token: str,
+    label: str,
+    breaker_lease: float,
+    request_lifetime: float,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> BreakResult:
+    """Remove the holder ``watch`` judged stale, as the only breaker at work.
+
+    1. Add the breaker alias (``Mutex Owner`` = ``token``, leased ``breaker_lease``). Busy: another
+       breaker is at work; its service is itself removed once this waiter has seen it unchanged for
+       breaker lease + margin (a crashed breaker), after a re-read shows it is still the same one.
+    2. Wait ``FRESH_READ_LAG``, then re-read the lock: the holder must still be the stale one (same token,
+       same heartbeat). The wait makes the read show any break done by the previous breaker (done before
+       it gave up its alias, so before this breaker's add): a read that lags could still show the dead
+       holder when the lock already is a successor's.
+    3. Remove it (sent once), but only within the breaker's own lease, measured from when its add was
+       sent: nobody can judge this breaker stale before then, so no second breaker acts meanwhile. A
+       remove without an answer is never sent again: the breaker keeps its alias alive (heartbeats) and
+       reads until the stale holder is gone or the remove can no longer land.
+    4. Remove the breaker alias (after a read shows it is still ours).
+    """
+    add = breaker.add_owner(token, label, lease=breaker_lease)
+    if add.status is Status.BUSY:
+        return _other_breaker(breaker, breaker_watch, clock)
+    if not add.ok:
+        return BreakResult(False, f"could not take the breaker ({_why(add)})")
+    try:
+        sleep(FRESH_READ_LAG)
+        read = lock.read()
+        if not read.ok:
+            return BreakResult(False, f"could not re-read the holder ({_why(read)})")
+        if not watch.matches(read.holder):
+            watch.observe(read.holder, read.sent_at)
+            return BreakResult(False, "the holder is not the stale one any more")
+        if clock() - add.sent_at >= breaker_lease:
+            return BreakResult(False, "breaking took longer than the breaker's lease")
+        removed = lock.remove_once()
+        if removed.ok:
+            return BreakResult(True, "removed")
+        if removed.status is Status.MISSING and not removed.resent:
+            return BreakResult(False, "the holder went away by itself")
+        if not (removed.may_land_later or removed.may_have_committed):
+            return BreakResult(False, f"the remove failed ({_why(removed)})")
+        return _await_remove(lock, breaker, watch, token, removed.sent_at + request_lifetime, clock, sleep)
+    finally:
+        mine = breaker.read()
+        if mine.ok and mine.holder is not None and mine.holder.token == token:
+            breaker.remove_once()
+
+
+def _other_breaker(breaker: LockAlias, breaker_watch: StaleWatch, clock: Callable[[], float]) -> BreakResult:
+    """The breaker alias is taken: wait for that breaker, or remove it once it is judged crashed."""
+    read = breaker.read()
+    now = clock()
+    if not read.ok:
+        return BreakResult(False, "another breaker is at work")
+    breaker_watch.observe(read.holder, now)
+    if read.holder is None:
+        return BreakResult(False, "another breaker just finished")
+    if not breaker_watch.stale(now):
+        return BreakResult(False, "another breaker is at work")
+    again = breaker.read()  # right before the remove: still the same crashed breaker?
+    if again.ok and breaker_watch.matches(again.holder):
+        breaker.remove_once()
+        breaker_watch.observe(None, clock())
+        return BreakResult(False, "removed a crashed breaker")
+    return BreakResult(False, "another breaker is at work")
+
+
+def _await_remove(
+    lock: LockAlias,
+    breaker: LockAlias,
+    watch: StaleWatch,
+    token: str,
+    lands_by: float,
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+) -> BreakResult:
+    """Our remove of the stale holder got no answer: read until the holder is gone (broken) or the remove
+    can no longer land (not broken; the next round judges again), keeping the breaker alive meanwhile."""
+    nonce = nonce_of(token) or token
+    count = 0
+    while clock() < lands_by:
+        read = lock.read()
+        if read.ok and not watch.matches(read.holder):
+            return BreakResult(True, "removed (the remove landed late)")
+        count += 1
+        breaker.set_attributes([(protocol.ATTR_HEARTBEAT, heartbeat_value(nonce, "brk", count))])
+        sleep(1.0)
+    return BreakResult(False, "the remove did not land")
+
+
+def _why(result: object) -> str:
+    failure = getattr(result, "failure", None)
+    return failure.message if failure is not None else result.status.value

@@ -1,0 +1,96 @@
+"""export()/adopt() on the virtual clock: strict handles, a shared lease, and either side releasing."""
+
+from __future__ import annotations
+
+import pytest
+from fakes import RES, FakeApi, make
+
+from cloudshell_mutex import MutexHandleError, MutexLostError, MutexUsageError, ReservationMutex, protocol
+from cloudshell_mutex.lock import catalog
+from cloudshell_mutex.lock.handle import HandleInfo, make_handle, parse_handle
+
+LEASED_MODEL = (protocol.ATTR_OWNER, *protocol.LEASE_ATTRIBUTES)
+TOKEN = "Orchestrator@exec-01:77:0123abcd"
+
+
+def adopt(api, clock, handle, **kwargs):
+    return ReservationMutex.adopt(api, handle, owner="driver", clock=clock, sleep=clock.sleep, **kwargs)
+
+
+def test_a_handle_is_short_and_safe_as_a_command_input():
+    handle = make_handle(HandleInfo(RES, "MUTEX", protocol.SERVICE_MODEL, TOKEN, 60.0))
+    assert len(handle) < 200
+    assert set(handle) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.")
+    assert parse_handle(handle) == HandleInfo(RES, "MUTEX", protocol.SERVICE_MODEL, TOKEN, 60.0)
+
+
+@pytest.mark.parametrize(
+    "mangle, why",
+    [
+        (lambda h: h[:-1], "check does not match"),
+        (lambda h: h[: len(h) // 2], "form|check"),
+        (lambda h: h.replace("csmx1", "csmx2"), "form"),
+        (lambda h: h + " ", "characters"),
+        (lambda h: '"' + h + '"', "characters"),
+        (lambda h: "", "empty"),
+        (lambda h: None, "string"),
+        (lambda h: h.split(".")[0] + "." + h.split(".")[1][:-2] + "." + h.split(".")[2], "check"),
+    ],
+)
+def test_truncated_or_altered_handles_get_a_clear_error(mangle, why):
+    handle = make_handle(HandleInfo(RES, "MUTEX", protocol.SERVICE_MODEL, TOKEN, 60.0))
+    with pytest.raises(MutexHandleError, match=why) as caught:
+        parse_handle(mangle(handle))
+    assert "mutex.export()" in str(caught.value)
+    assert isinstance(caught.value, ValueError)
+
+
+def test_a_forged_handle_with_a_valid_check_but_a_foreign_token_is_refused(clock):
+    """The check is no signature: what protects the lock is that adopt() joins only the token it holds."""
+    api = FakeApi(attributes=LEASED_MODEL, clock=clock)
+    holder = make(api, clock, lease=3)
+    holder.acquire()
+    forged = make_handle(HandleInfo(RES, "MUTEX", protocol.SERVICE_MODEL, "Me@evil:1:deadbeef", 3.0))
+    with pytest.raises(MutexLostError, match="cannot adopt"):
+        adopt(api, clock, forged)
+    assert api.services[protocol.DEFAULT_ALIAS][protocol.ATTR_OWNER] == holder.token
+
+
+def test_export_needs_the_lock_held(clock):
+    api = FakeApi(attributes=LEASED_MODEL, clock=clock)
+    with pytest.raises(MutexUsageError, match="acquire"):
+        make(api, clock).export()
+
+
+def test_both_sides_heartbeat_the_same_lease_and_a_release_by_one_is_noticed_by_the_other(clock):
+    api = FakeApi(attributes=LEASED_MODEL, clock=clock)
+    orchestrator = make(api, clock, lease=3)
+    orchestrator.acquire()
+    driver = adopt(api, clock, orchestrator.export())
+    assert driver.locked() and driver.token == orchestrator.token and driver.leased
+    service = api.services[protocol.DEFAULT_ALIAS]
+    beat_driver = service[protocol.ATTR_HEARTBEAT]  # the adopter beat at once
+    assert orchestrator.renew() and driver.renew()
+    assert service[protocol.ATTR_HEARTBEAT] != beat_driver
+    parts = {orchestrator._heartbeat.part, driver._heartbeat.part}
+    assert len(parts) == 2  # each side writes its own part: the value changes with every beat of either
+    driver.release()
+    assert protocol.DEFAULT_ALIAS not in api.services
+    assert orchestrator.renew() is False  # the other side notices
+    with pytest.raises(MutexLostError):
+        orchestrator.ensure_held()
+    api.calls.clear()
+    with pytest.raises(MutexLostError):
+        orchestrator.release()
+    assert api.calls == []
+
+
+def test_adopt_of_a_lock_without_a_lease_joins_without_heartbeat(clock):
+    api = FakeApi(clock=clock)  # the original model: Mutex Owner only
+    orchestrator = make(api, clock)
+    orchestrator.acquire()
+    catalog.forget()  # the adopting process has learned nothing about the server
+    driver = adopt(api, clock, orchestrator.export())
+    assert driver.locked() and not driver.leased
+    driver.release()
+    assert not api.services

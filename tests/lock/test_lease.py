@@ -1,0 +1,380 @@
+"""Leases on the virtual clock: the heartbeat, the waiter's judgement, breaking, and the holder's signals.
+
+Each test drives one decision deterministically with the in-memory fake (``fakes.py``); the same
+behaviour across OS processes against the emulator is in ``test_lease_processes.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+from fakes import RES, FakeApi, api_error, make
+from urllib3.exceptions import ProtocolError
+
+from cloudshell_mutex import MutexLostError, MutexTimeout, MutexUsageError, protocol
+from cloudshell_mutex.lock import lease
+from cloudshell_mutex.lock.holder import Holder
+from cloudshell_mutex.lock.lease import StaleWatch, stale_margin
+from cloudshell_mutex.lock.options import FRESH_READ_LAG
+
+LEASED_MODEL = (protocol.ATTR_OWNER, *protocol.LEASE_ATTRIBUTES)
+STALE = "Crashed driver@exec-01:4242:deadbeef"
+BREAKER = protocol.DEFAULT_ALIAS + lease.BREAKER_SUFFIX
+
+
+def leased_api() -> FakeApi:
+    return FakeApi(attributes=LEASED_MODEL)
+
+
+def hold(api: FakeApi, token: str = STALE, lease_seconds: str = "2", beat: str = "deadbeef:aa01:3") -> None:
+    api.services[protocol.DEFAULT_ALIAS] = {
+        protocol.ATTR_OWNER: token,
+        protocol.ATTR_LEASE_SECONDS: lease_seconds,
+        protocol.ATTR_HEARTBEAT: beat,
+    }
+
+
+def holder(token: str = STALE, beat: str = "deadbeef:aa01:3", lease_seconds: str = "2") -> Holder:
+    attributes = {
+        protocol.ATTR_OWNER: token,
+        protocol.ATTR_LEASE_SECONDS: lease_seconds,
+        protocol.ATTR_HEARTBEAT: beat,
+    }
+    return Holder(protocol.DEFAULT_ALIAS, token, "x", protocol.SERVICE_MODEL, attributes)
+
+
+# ---------------------------------------------------------------- the waiter's judgement
+
+
+def test_stale_only_after_the_same_token_and_heartbeat_for_lease_plus_margin():
+    watch = StaleWatch()
+    watch.observe(holder(), 100.0)
+    limit = 2 + stale_margin(2)
+    assert not watch.stale(100.0 + limit - 0.01)
+    assert watch.stale(100.0 + limit)
+    watch.observe(holder(beat="deadbeef:aa01:4"), 100.0 + limit)  # a new heartbeat: alive again
+    assert not watch.stale(100.0 + limit + 1)
+    assert watch.stale(100.0 + 2 * limit)
+
+
+def test_a_foreign_heartbeat_never_counts_as_the_holders_liveness():
+    """An expired holder's late heartbeat lands on its successor's service: it names another nonce."""
+    successor = "Next@exec-02:7:0badf00d"
+    watch = StaleWatch()
+    watch.observe(holder(successor, beat="0badf00d:bb02:5"), 0.0)
+    watch.observe(holder(successor, beat="deadbeef:aa01:9"), 2.0)  # the late write of the old holder
+    assert watch.stale(2 + stale_margin(2))
+    assert watch.matches(holder(successor, beat="deadbeef:aa01:9"))
+    assert not watch.matches(holder(successor, beat="0badf00d:bb02:6"))
+
+
+@pytest.mark.parametrize("value", ["0", "", "abc", "-5", "nan", "inf"])
+def test_a_holder_without_a_lease_is_never_stale(value):
+    watch = StaleWatch()
+    watch.observe(holder(lease_seconds=value), 0.0)
+    assert lease.lease_of(watch.holder) is None
+    assert not watch.stale(1e9)
+
+
+def test_a_new_token_restarts_the_judgement():
+    watch = StaleWatch()
+    watch.observe(holder(), 0.0)
+    watch.observe(holder("Next@exec-02:7:0badf00d", beat="0badf00d:bb02:0"), 3.0)
+    assert not watch.stale(3.0 + 2.9)
+    assert watch.stale(3.0 + 2 + stale_margin(2))
+
+
+# ---------------------------------------------------------------- the heartbeat
+
+
+def test_the_holder_writes_its_lease_and_heartbeats_only_while_ours(clock):
+    api = leased_api()
+    mutex = make(api, clock, lease=3)
+    mutex.acquire()
+    service = api.services[protocol.DEFAULT_ALIAS]
+    assert service[protocol.ATTR_LEASE_SECONDS] == "3"
+    nonce = lease.nonce_of(mutex.token)
+    assert lease.heartbeat_nonce(service[protocol.ATTR_HEARTBEAT]) == nonce
+    api.calls.clear()
+    assert mutex.renew() is True
+    assert api.calls == ["GetReservationDetails", "SetServiceAttributesValues"]
+    assert service[protocol.ATTR_HEARTBEAT].endswith(":1")
+    mutex.release()
+    assert not api.services
+
+
+def test_no_heartbeat_on_a_model_without_the_lease_attributes(clock):
+    api = FakeApi()  # the original package: Mutex Owner only
+    mutex = make(api, clock, lease=3)
+    mutex.acquire()
+    assert not mutex.leased and mutex.renew() is False
+    assert "SetServiceAttributesValues" not in api.calls
+    mutex.release()
+
+
+def test_lease_zero_writes_no_lease_and_no_heartbeat(clock):
+    api = leased_api()
+    mutex = make(api, clock, lease=0)
+    with mutex:
+        assert api.services[protocol.DEFAULT_ALIAS][protocol.ATTR_LEASE_SECONDS] == "0"
+        assert not mutex.leased
+
+
+def test_a_heartbeat_that_finds_the_lock_taken_reports_the_loss_and_release_removes_nothing(clock):
+    api = leased_api()
+    lost, events = [], []
+    mutex = make(api, clock, lease=3, on_lost=lost.append, on_event=events.append)
+    mutex.acquire()
+    hold(api, "Next@exec-02:7:0badf00d", beat="0badf00d:bb02:0")  # broken and taken meanwhile
+    api.calls.clear()
+    assert mutex.renew() is False
+    assert api.calls == ["GetReservationDetails"]  # no write onto the successor's service
+    assert len(lost) == 1 and isinstance(lost[0], MutexLostError)
+    assert [e.kind for e in events][-1] == "lost"
+    with pytest.raises(MutexLostError, match="heartbeat"):
+        mutex.ensure_held()
+    api.calls.clear()
+    with pytest.raises(MutexLostError):
+        mutex.release()
+    assert api.calls == []  # nothing removed, not even read again
+    assert api.services[protocol.DEFAULT_ALIAS][protocol.ATTR_OWNER] == "Next@exec-02:7:0badf00d"
+    assert not mutex.locked()
+
+
+def test_danger_zone_after_failed_heartbeats_then_ensure_held_refuses(clock):
+    api = leased_api()
+    dangers, events = [], []
+    mutex = make(api, clock, lease=3, on_danger=dangers.append, on_event=events.append)
+    mutex.acquire()
+    mutex.ensure_held()
+    api.faults["GetReservationDetails"] = [lambda *a: (_ for _ in ()).throw(Exception("timed out"))] * 5
+    clock.sleep(1.0)
+    mutex.renew()
+    assert dangers == []  # one beat missed
+    clock.sleep(1.0)
+    mutex.renew()
+    assert dangers == [pytest.approx(2.0)]  # 2/3 of the lease without a confirmed heartbeat
+    assert "danger" in [e.kind for e in events]
+    mutex.ensure_held()  # not lapsed yet
+    clock.sleep(1.0)
+    with pytest.raises(MutexLostError, match="longer than the lease"):
+        mutex.ensure_held()
+
+
+def test_ensure_held_with_a_read_sees_a_removed_lock(clock):
+    api = leased_api()
+    mutex = make(api, clock, lease=3)
+    mutex.acquire()
+    mutex.ensure_held(read=True)
+    api.services.clear()
+    with pytest.raises(MutexLostError):
+        mutex.ensure_held(read=True)
+
+
+# ---------------------------------------------------------------- breaking
+
+
+def test_a_waiter_breaks_a_stale_holder_after_lease_plus_margin_on_its_own_clock(clock):
+    api = leased_api()
+    hold(api)
+    events = []
+    mutex = make(api, clock, lease=2, holder_check_interval=0.5, timeout=30, on_event=events.append)
+    start = clock.now
+    assert mutex.acquire() is True
+    waited = clock.now - start
+    # lease + margin, one poll, and the breaker's wait for reads that may lag (FRESH_READ_LAG)
+    assert 2 + stale_margin(2) <= waited <= 2 + stale_margin(2) + 0.5 + 0.2 + FRESH_READ_LAG
+    assert api.services[protocol.DEFAULT_ALIAS][protocol.ATTR_OWNER] == mutex.token
+    assert BREAKER not in api.services  # the breaker was released
+    kinds = [e.kind for e in events]
+    assert kinds.index("broken") < kinds.index("acquired")
+    (broken,) = [e for e in events if e.kind == "broken"]
+    assert "Crashed driver" in broken.holder and STALE in broken.error
+    assert any("broke the stale lock" in line and STALE in line for line in api.output)
+
+
+def test_a_living_holder_is_never_broken(clock):
+    api = leased_api()
+    hold(api)
+    beats = iter(range(4, 10_000))
+
+    def heartbeat(method):  # the holder beats every second of virtual time
+        if method == "GetReservationDetails" and int(clock.now) % 1 == 0:
+            api.services[protocol.DEFAULT_ALIAS][protocol.ATTR_HEARTBEAT] = f"deadbeef:aa01:{next(beats)}"
+
+    api.on_call = heartbeat
+    mutex = make(api, clock, lease=2, holder_check_interval=0.5, timeout=20)
+    with pytest.raises(MutexTimeout):
+        mutex.acquire()
+    assert api.count("RemoveServicesFromReservation") == 0
+    assert BREAKER not in api.services
+
+
+@pytest.mark.parametrize("lease_seconds", ["0", None])
+def test_a_holder_without_a_lease_is_never_broken_and_the_timeout_says_force_release(clock, lease_seconds):
+    api = leased_api()
+    api.services[protocol.DEFAULT_ALIAS] = {protocol.ATTR_OWNER: STALE}
+    if lease_seconds is not None:
+        api.services[protocol.DEFAULT_ALIAS][protocol.ATTR_LEASE_SECONDS] = lease_seconds
+    mutex = make(api, clock, lease=2, holder_check_interval=0.5, timeout=30)
+    with pytest.raises(MutexTimeout, match=r"never broken automatically.*release --force"):
+        mutex.acquire()
+    assert api.count("RemoveServicesFromReservation") == 0
+    assert api.services[protocol.DEFAULT_ALIAS][protocol.ATTR_OWNER] == STALE
+
+
+def test_the_holder_coming_alive_between_judgement_and_remove_is_not_broken(clock):
+    """Right before removing, the breaker re-reads: a new heartbeat means the holder is alive."""
+    api = leased_api()
+    hold(api)
+
+    def beat_on_breaker_add(reservation, model, alias, attributes):
+        if alias == BREAKER:  # the holder beats while the breaker takes its alias
+            api.services[protocol.DEFAULT_ALIAS][protocol.ATTR_HEARTBEAT] = "deadbeef:aa01:99"
+        return False
+
+    api.faults["AddServiceToReservation"] = [beat_on_breaker_add] * 1000
+    mutex = make(api, clock, lease=2, holder_check_interval=0.5, timeout=3.6)
+    with pytest.raises(MutexTimeout):
+        mutex.acquire()
+    assert api.count("RemoveServicesFromReservation") == 1  # only its own breaker alias
+    assert api.services[protocol.DEFAULT_ALIAS][protocol.ATTR_OWNER] == STALE
+    assert BREAKER not in api.services
+
+
+def test_only_one_breaker_at_a_time_and_a_crashed_breaker_is_removed_after_its_lease(clock):
+    api = leased_api()
+    hold(api)
+    crashed = "Other waiter@exec-03:9:c0ffee00"
+    api.services[BREAKER] = {protocol.ATTR_OWNER: crashed, protocol.ATTR_LEASE_SECONDS: "2"}
+    mutex = make(api, clock, lease=2, holder_check_interval=0.5, timeout=30)
+    start = clock.now
+    assert mutex.acquire() is True
+    # It first waited for the other breaker (seen unchanged for its lease + margin), then broke the lock.
+    assert clock.now - start >= 2 * (2 + stale_margin(2)) - 0.5
+    assert BREAKER not in api.services
+    assert api.services[protocol.DEFAULT_ALIAS][protocol.ATTR_OWNER] == mutex.token
+
+
+def test_the_stale_holders_late_release_does_not_remove_its_successor(clock):
+    """The expired holder resumes: its release reads first, sees the successor, and removes nothing."""
+    api = leased_api()
+    old = make(api, clock, lease=2)
+    old.acquire()
+    waiter = make(api, clock, lease=2, holder_check_interval=0.5, timeout=30)
+    assert waiter.acquire() is True  # old never heartbeats (paused): broken after lease + margin
+    assert old.renew() is False  # it resumes: its heartbeat sees the loss and writes nothing
+    with pytest.raises(MutexLostError):
+        old.release()
+    assert api.services[protocol.DEFAULT_ALIAS][protocol.ATTR_OWNER] == waiter.token
+    waiter.release()
+
+
+def test_the_expired_holders_late_heartbeat_write_is_ignored_by_the_next_waiter(clock):
+    """The old holder read its token, paused, and its write landed on the successor's service."""
+    api = leased_api()
+    successor = "Next@exec-02:7:0badf00d"
+    hold(api, successor, beat="0badf00d:bb02:1")
+    lands = [clock.now + 1.0 + 0.5 * k for k in range(8)]
+    for k, at in enumerate(lands):  # late foreign heartbeats keep arriving
+        api.later(
+            at,
+            lambda k=k: api.services[protocol.DEFAULT_ALIAS].update(
+                {protocol.ATTR_HEARTBEAT: f"deadbeef:aa01:{k}"}
+            ),
+        )
+    mutex = make(api, clock, lease=2, holder_check_interval=0.5, timeout=30)
+    start = clock.now
+    assert mutex.acquire() is True  # the successor itself is dead: foreign beats did not keep it alive
+    assert clock.now - start <= 2 + stale_margin(2) + 0.5 + 0.2 + FRESH_READ_LAG
+
+
+def test_reservation_checks_are_unchanged_by_leases(clock):
+    api = leased_api()
+    mutex = make(api, clock, lease=2)
+    api.faults["AddServiceToReservation"] = [
+        lambda *a: (_ for _ in ()).throw(api_error(f"Reservation '{RES}' has ended"))
+    ]
+    api.ended = True
+    with pytest.raises(Exception, match="ended"):
+        mutex.acquire()
+
+
+# ---------------------------------------------------------------- fencing
+
+
+def test_generation_grows_with_every_acquisition_that_asks_and_costs_nothing_otherwise(clock):
+    api = leased_api()
+    api.model_attributes.append(protocol.ATTR_GENERATION)
+    mutex = make(api, clock, lease=0)
+    seen = []
+    for asks in (True, False, True, True):
+        mutex.acquire()
+        api.calls.clear()
+        if asks:
+            seen.append(mutex.generation)
+            calls = len(api.calls)
+            assert mutex.generation == seen[-1]  # asked twice: read and bumped once
+            assert len(api.calls) == calls
+        else:
+            assert api.calls == []
+        mutex.release()
+    assert seen == [1, 2, 3]
+    assert api.services[protocol.DEFAULT_ALIAS + "~generation"][protocol.ATTR_GENERATION] == "3"
+
+
+def test_generation_on_the_original_model_says_what_to_install(clock):
+    api = FakeApi()
+    mutex = make(api, clock)
+    mutex.acquire()
+    with pytest.raises(MutexUsageError, match=r"Mutex Generation.*cloudshell-mutex install"):
+        mutex.generation  # noqa: B018
+    mutex.release()
+
+
+def test_generation_needs_the_lock_held(clock):
+    api = leased_api()
+    with pytest.raises(MutexUsageError, match="acquire"):
+        make(api, clock).generation  # noqa: B018
+
+
+def test_a_breakers_remove_without_an_answer_is_waited_for_and_never_sent_twice(clock):
+    """The remove of the stale holder is delayed 2 s and its connection reset: a second remove could land
+    after the next holder took the lock. The breaker keeps its alias alive and reads until it lands."""
+    api = leased_api()
+    hold(api)
+
+    def delayed_and_reset(reservation_id, aliases):
+        if aliases == [protocol.DEFAULT_ALIAS]:
+            api.late_remove(clock.now + 2.0)
+            clock.now += 0.05
+            raise ProtocolError("Connection aborted.", ConnectionResetError())
+        return False
+
+    api.faults["RemoveServicesFromReservation"] = [delayed_and_reset] * 10
+    removes = []
+    api.on_call = lambda method: (
+        removes.append(clock.now) if method == "RemoveServicesFromReservation" else None
+    )
+    mutex = make(api, clock, lease=2, holder_check_interval=0.5, timeout=30)
+    assert mutex.acquire() is True
+    assert len(removes) == 2  # the stale holder's (once) and the breaker's own alias
+    assert api.services[protocol.DEFAULT_ALIAS][protocol.ATTR_OWNER] == mutex.token
+    assert BREAKER not in api.services
+    beats = api.calls.count("SetServiceAttributesValues")
+    assert beats >= 1  # the breaker kept its alias alive while it waited
+
+
+def test_an_on_lost_callback_may_release_from_the_heartbeat(clock):
+    api = leased_api()
+    holder_box = []
+
+    def release_on_loss(error):
+        with pytest.raises(MutexLostError):
+            holder_box[0].release()
+
+    mutex = make(api, clock, lease=3, on_lost=release_on_loss)
+    holder_box.append(mutex)
+    mutex.acquire()
+    api.services.clear()
+    assert mutex.renew() is False
+    assert not mutex.locked()

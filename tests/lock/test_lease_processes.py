@@ -1,0 +1,373 @@
+"""Leases across OS processes (spawn), against the emulator with the real CloudShellAPISession.
+
+Holders run in their own processes and are killed (SIGKILL) or stopped (SIGSTOP) for real; waiters judge
+them on their own monotonic clocks. Exclusion is checked on the emulator's ordered event log: MUTEX is never
+added while it is held, and never removed by anyone but the holder whose token it carries or one breaker.
+Leases are short (2 s) to keep the tests quick.
+"""
+
+from __future__ import annotations
+
+import io
+import multiprocessing
+import os
+import signal
+import time
+import zipfile
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+import pytest
+from cloudshell.api.cloudshell_api import CloudShellAPISession
+
+from cloudshell_mutex import MutexLostError, MutexTimeout, ReservationMutex, protocol
+from cloudshell_mutex.lock.lease import stale_margin
+from cloudshell_mutex.lock.options import FRESH_READ_LAG
+from cloudshell_mutex.lock.pacing import DefaultPacing
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+LEASE = 2.0
+POLL = 0.25  # the waiters' holder_check_interval
+FAST = dict(pacing=DefaultPacing(first=0.01, base=0.02, cap=0.1), holder_check_interval=POLL)
+#: Slack for the calls of a break (a few loopback round trips) on a busy 2-core machine.
+SLACK = 3.0
+
+Address = Tuple[str, int, str, str, str]
+
+
+def our_package() -> bytes:
+    package = io.BytesIO()
+    with zipfile.ZipFile(package, "w") as archive:
+        archive.write(ROOT / "package" / "metadata.xml", "metadata.xml")
+        archive.write(ROOT / "DataModel" / "datamodel.xml", "DataModel/datamodel.xml")
+    return package.getvalue()
+
+
+@pytest.fixture
+def emu(cloudshell_emulator_factory):
+    return cloudshell_emulator_factory(packages=[our_package()])
+
+
+def address(emu) -> Address:
+    return (emu.host, emu.port, emu.admin_user, emu.admin_password, emu.admin_domain)
+
+
+def session(addr: Address) -> CloudShellAPISession:
+    host, port, user, password, domain = addr
+    return CloudShellAPISession(host, user, password, domain, port=port)
+
+
+# ---------------------------------------------------------------- workers (spawned processes)
+
+
+def holder_worker(addr: Address, rid: str, lease: float, events, go, results) -> None:
+    """Acquire with a lease, say so, wait for ``go``; then check the lock and release (reporting both)."""
+    report: Dict[str, Any] = {"error": None}
+    try:
+        lost: List[str] = []
+        mutex = ReservationMutex(
+            session(addr), rid, owner="holder", lease=lease, on_lost=lambda e: lost.append(str(e)), **FAST
+        )
+        mutex.acquire()
+        events.put(("held", mutex.token, os.getpid()))
+        go.wait(120)
+        time.sleep(lease)  # the heartbeat thread runs again after a SIGCONT
+        try:
+            mutex.ensure_held()
+            report["ensure_held"] = "held"
+        except MutexLostError as error:
+            report["ensure_held"] = f"lost: {error}"
+        try:
+            mutex.release()
+            report["release"] = "released"
+        except MutexLostError as error:
+            report["release"] = f"lost: {error}"
+        report["on_lost"] = lost
+    except BaseException as error:  # report, never hang the parent
+        report["error"] = f"{type(error).__name__}: {error}"
+    results.put(report)
+
+
+def waiter_worker(
+    addr: Address, rid: str, lease: float, timeout: float, barrier, results, wall_clock_shift: float = 0.0
+) -> None:
+    """Wait for the lock (judging staleness itself), hold it briefly, release; report what happened."""
+    report: Dict[str, Any] = {"error": None, "kinds": []}
+    try:
+        if wall_clock_shift:  # this machine's wall clock is hours off: nothing may change
+            real_time = time.time
+            time.time = lambda: real_time() + wall_clock_shift  # type: ignore[assignment]
+        api = session(addr)
+        kinds: List[str] = report["kinds"]
+        mutex = ReservationMutex(
+            api,
+            rid,
+            owner="waiter",
+            lease=lease,
+            timeout=timeout,
+            on_event=lambda e: kinds.append(e.kind),
+            **FAST,
+        )
+        barrier.wait(60)
+        start = time.monotonic()
+        try:
+            mutex.acquire()
+        except MutexTimeout as error:
+            report["timeout"] = str(error)
+        else:
+            report["waited"] = time.monotonic() - start
+            report["token"] = mutex.token
+            time.sleep(0.2)
+            mutex.release()
+    except BaseException as error:
+        report["error"] = f"{type(error).__name__}: {error}"
+    results.put(report)
+
+
+def orchestrator_worker(addr: Address, rid: str, lease: float, handles, adopted) -> None:
+    """Acquire, export, wait until the driver adopted, then exit without releasing."""
+    mutex = ReservationMutex(session(addr), rid, owner="orchestrator", lease=lease, **FAST)
+    mutex.acquire()
+    handles.put(mutex.export())
+    adopted.get(timeout=60)
+    os._exit(0)  # the orchestrator's script ends; its heartbeat thread dies with it
+
+
+def driver_worker(addr: Address, handle: str, lease: float, hold: float, adopted, results) -> None:
+    """Adopt the exported lock, keep it past several leases (checking it before each step), release it."""
+    report: Dict[str, Any] = {"error": None}
+    try:
+        mutex = ReservationMutex.adopt(session(addr), handle, owner="driver", **FAST)
+        adopted.put("adopted")
+        started = time.monotonic()
+        while time.monotonic() - started < hold:
+            mutex.ensure_held()  # before each side effect
+            time.sleep(0.25)
+        mutex.release()
+        report["held_for"] = time.monotonic() - started
+        report["token"] = mutex.token
+    except BaseException as error:
+        report["error"] = f"{type(error).__name__}: {error}"
+    results.put(report)
+
+
+def start(target, *args) -> multiprocessing.Process:
+    process = multiprocessing.get_context("spawn").Process(target=target, args=args, daemon=True)
+    process.start()
+    return process
+
+
+def stop_all(*processes: multiprocessing.Process) -> None:
+    for process in processes:
+        if process.is_alive():
+            os.kill(process.pid, signal.SIGCONT)
+            process.kill()
+        process.join(10)
+
+
+def check_log(emu, rid: str) -> Dict[str, int]:
+    """The ordered log never shows two holders; returns the number of grants and removes."""
+    holder = None
+    grants = removes = 0
+    for event in sorted(emu.control.events(rid), key=lambda e: e["seq"]):
+        if event["alias"] != protocol.DEFAULT_ALIAS:
+            continue
+        if event["op"] == "service_added":
+            assert holder is None, f"MUTEX added while held by {holder!r}: {event}"
+            holder = event["attributes"].get(protocol.ATTR_OWNER)
+            grants += 1
+        elif event["op"] == "service_removed":
+            assert holder is not None, f"MUTEX removed while free: {event}"
+            holder = None
+            removes += 1
+        elif event["op"] == "service_attributes_set":
+            assert event["attributes"].get(protocol.ATTR_OWNER) == holder
+    return {"grants": grants, "removes": removes}
+
+
+def spawn_holder(emu, rid: str, lease: float = LEASE):
+    ctx = multiprocessing.get_context("spawn")
+    events, go, results = ctx.Queue(), ctx.Event(), ctx.Queue()
+    process = start(holder_worker, address(emu), rid, lease, events, go, results)
+    kind, token, _pid = events.get(timeout=60)
+    assert kind == "held"
+    return process, token, go, results
+
+
+# ---------------------------------------------------------------- tests
+
+
+def test_a_killed_holder_is_broken_within_lease_plus_margin_plus_one_poll(emu):
+    rid = emu.create_reservation()
+    process, token, _, _ = spawn_holder(emu, rid)
+    time.sleep(LEASE)  # it heartbeats meanwhile
+    process.kill()  # SIGKILL: no release, no clean-up
+    killed = time.monotonic()
+    process.join(10)
+    seen = []
+    waiter = ReservationMutex(
+        emu.session(), rid, owner="waiter", lease=LEASE, timeout=30, on_event=seen.append, **FAST
+    )
+    waiter.acquire()
+    recovered = time.monotonic() - killed
+    bound = LEASE + stale_margin(LEASE) + POLL + FRESH_READ_LAG  # + the breaker's wait for lagging reads
+    print(
+        f"\nkill -9 of a holder with a {LEASE:g} s lease: acquired {recovered:.2f} s later "
+        f"(bound {bound:g} s)"
+    )
+    assert LEASE + stale_margin(LEASE) <= recovered <= bound + SLACK  # never early: it saw the holder after
+    assert [e.kind for e in seen].count("broken") == 1
+    assert any("broke the stale lock" in line and token in line for line in emu.control.output(rid))
+    waiter.release()
+    assert check_log(emu, rid) == {"grants": 2, "removes": 2}
+
+
+def test_a_holder_stopped_beyond_its_lease_learns_it_lost_and_its_release_removes_nothing(emu):
+    rid = emu.create_reservation()
+    process, _token, go, results = spawn_holder(emu, rid)
+    os.kill(process.pid, signal.SIGSTOP)
+    try:
+        waiter = ReservationMutex(emu.session(), rid, owner="waiter", lease=LEASE, timeout=30, **FAST)
+        waiter.acquire()  # breaks the stopped holder
+        os.kill(process.pid, signal.SIGCONT)
+        go.set()  # after SIGCONT: setting an Event waits for its stopped waiter to wake
+        report = results.get(timeout=60)
+        assert report["error"] is None, report["error"]
+        assert report["ensure_held"].startswith("lost")
+        assert report["release"].startswith("lost")
+        assert report["on_lost"], "on_lost was not called"
+        # The resumed holder neither removed nor wrote onto its successor's service.
+        owner = emu.control.reservation(rid)["services"][0]["attributes"][protocol.ATTR_OWNER]
+        assert owner == waiter.token
+        waiter.release()
+    finally:
+        stop_all(process)
+    assert check_log(emu, rid) == {"grants": 2, "removes": 2}
+
+
+def test_two_simultaneous_breakers_exactly_one_wins(emu):
+    rid = emu.create_reservation()
+    process, _, _, _ = spawn_holder(emu, rid)
+    process.kill()
+    process.join(10)
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(2), ctx.Queue()
+    waiters = [start(waiter_worker, address(emu), rid, LEASE, 60.0, barrier, results) for _ in range(2)]
+    try:
+        reports = [results.get(timeout=90) for _ in waiters]
+    finally:
+        stop_all(*waiters)
+    assert all(r["error"] is None for r in reports), reports
+    assert all("token" in r for r in reports), reports
+    assert sum(r["kinds"].count("broken") for r in reports) == 1
+    assert check_log(emu, rid) == {"grants": 3, "removes": 3}
+
+
+def test_a_waiter_whose_wall_clock_is_hours_off_does_not_break_a_living_holder(emu):
+    rid = emu.create_reservation()
+    process, _token, go, results = spawn_holder(emu, rid)
+    ctx = multiprocessing.get_context("spawn")
+    barrier, waiter_results = ctx.Barrier(1), ctx.Queue()
+    try:
+        for shift in (5 * 3600.0, -7 * 3600.0):
+            waiter = start(waiter_worker, address(emu), rid, LEASE, 4 * LEASE, barrier, waiter_results, shift)
+            report = waiter_results.get(timeout=60)
+            waiter.join(10)
+            assert report["error"] is None, report["error"]
+            assert "timeout" in report and "broken" not in report["kinds"]
+        go.set()
+        assert results.get(timeout=60)["release"] == "released"
+    finally:
+        stop_all(process)
+    assert check_log(emu, rid) == {"grants": 1, "removes": 1}
+
+
+def test_a_waiter_whose_wall_clock_is_hours_off_breaks_a_dead_holder_only_after_lease_plus_margin(emu):
+    rid = emu.create_reservation()
+    process, _, _, _ = spawn_holder(emu, rid)
+    process.kill()
+    process.join(10)
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(1), ctx.Queue()
+    waiter = start(waiter_worker, address(emu), rid, LEASE, 30.0, barrier, results, 10 * 3600.0)
+    report = results.get(timeout=60)
+    waiter.join(10)
+    assert report["error"] is None, report["error"]
+    assert report["kinds"].count("broken") == 1
+    assert report["waited"] >= LEASE + stale_margin(LEASE)
+    assert check_log(emu, rid) == {"grants": 2, "removes": 2}
+
+
+def test_a_site_with_only_the_original_package_never_auto_breaks_and_says_why(
+    cloudshell_emulator_factory, original_package_zip
+):
+    emu = cloudshell_emulator_factory(packages=[original_package_zip])
+    rid = emu.create_reservation()
+    process, token, _, _ = spawn_holder(emu, rid)
+    process.kill()
+    process.join(10)
+    waiter = ReservationMutex(emu.session(), rid, owner="waiter", lease=LEASE, timeout=3 * LEASE, **FAST)
+    with pytest.raises(MutexTimeout, match=r"no lease.*never broken automatically.*release --force"):
+        waiter.acquire()
+    (service,) = emu.control.reservation(rid)["services"]
+    assert service["attributes"] == {protocol.ATTR_OWNER: token}  # no lease attributes were ever written
+    assert check_log(emu, rid) == {"grants": 1, "removes": 0}
+
+
+def test_heartbeat_cost_in_calls_per_second_per_held_lock(emu):
+    rid = emu.create_reservation()
+    api = emu.session()
+    mutex = ReservationMutex(api, rid, owner="holder", lease=LEASE, **FAST)
+    mutex.acquire()
+    emu.control.reset_counts()
+    hold = 5 * LEASE
+    time.sleep(hold)
+    counts = emu.control.call_counts()
+    mutex.release()
+    beats = counts.get("SetServiceAttributesValues", 0)
+    calls = sum(counts.values())
+    rate = calls / hold
+    print(
+        f"\nheartbeat of one held lock, lease {LEASE:g} s: {calls} calls in {hold:g} s = {rate:.2f} calls/s "
+        f"({beats} heartbeats); scales as 6/lease: {6 / 60:.2f} calls/s with the default 60 s lease"
+    )
+    assert set(counts) <= {"GetReservationDetails", "SetServiceAttributesValues"}
+    # About 3 rounds (a read and a write) per lease: 6/lease calls/s, with jitter.
+    assert 0.5 * 6 / LEASE <= rate <= 1.5 * 6 / LEASE
+
+
+def test_an_orchestrator_exports_a_driver_adopts_and_keeps_the_lock_past_several_leases(emu):
+    rid = emu.create_reservation()
+    ctx = multiprocessing.get_context("spawn")
+    handles, adopted, results = ctx.Queue(), ctx.Queue(), ctx.Queue()
+    orchestrator = start(orchestrator_worker, address(emu), rid, LEASE, handles, adopted)
+    handle = handles.get(timeout=60)
+    hold = 4 * LEASE
+    driver = start(driver_worker, address(emu), handle, LEASE, hold, adopted, results)
+    try:
+        orchestrator.join(60)
+        assert orchestrator.exitcode == 0
+        seen = []
+        waiter = ReservationMutex(
+            emu.session(), rid, owner="waiter", lease=LEASE, timeout=60, on_event=seen.append, **FAST
+        )
+        waiter.acquire()  # only once the driver released: the orchestrator's exit broke nothing
+        report = results.get(timeout=60)
+        assert report["error"] is None, report["error"]
+        assert report["held_for"] >= hold
+        assert "broken" not in [e.kind for e in seen]
+        waiter_token = waiter.token
+        waiter.release()
+    finally:
+        stop_all(orchestrator, driver)
+    assert check_log(emu, rid) == {"grants": 2, "removes": 2}
+    beats = [
+        e["attributes"][protocol.ATTR_HEARTBEAT]
+        for e in emu.control.events(rid)
+        if e["alias"] == protocol.DEFAULT_ALIAS and e["attributes"][protocol.ATTR_OWNER] != waiter_token
+    ]
+    # The orchestrator's first beat came with its add; the driver's with each of its own writes.
+    assert len({b.split(":")[1] for b in beats}) == 2
+    assert len(beats) >= 1 + 3 * 4 // 2  # the driver beat about every lease/3 for 4 leases
