@@ -139,7 +139,7 @@ CHILD = textwrap.dedent(
         print("interrupted", flush=True)
     if stay == "stay":
         line = sys.stdin.readline()  # the parent lets the add land meanwhile
-        from cloudshell_mutex.lock.late_adds import LateAdds
+        from cloudshell_mutex.lock.late_adds import process_late_adds
         print("settled" if process_late_adds().settle(15) else "unsettled", flush=True)
     """
 )
