@@ -5,9 +5,12 @@
   under every lock.
 * :mod:`.mutex`: :class:`~.mutex.ReservationMutex`, the exclusive lock (the policy over the primitive).
 * :mod:`.options`, :mod:`.pacing`: tuning (one validated options type; pacing policies, call budget).
+* :mod:`.lease`, :mod:`.handle`, :mod:`.fencing`, :mod:`.late_adds`: heartbeats and stale-lock
+  breaking, the export/adopt handle, the advisory generation, the watcher of adds that may still land.
 * :mod:`.operation`, :mod:`.classify`, :mod:`.diagnosis`, :mod:`.holder`, :mod:`.catalog`,
   :mod:`.events`, :mod:`.errors`: the record of one operation, what a failure means, what to tell
-  the user, who holds a lock, which model the server has, what to report, and the exceptions.
+  the user, who holds a lock, which attributes the model takes, what to report, and the exceptions.
+* :mod:`.admin`, :mod:`.command`: status and force release, shared by the CLI and the service driver.
 """
 
 from __future__ import annotations

@@ -176,6 +176,26 @@ class LockAlias:
             catalog.forget(self.api, self.model)  # learn it again next time
         return result
 
+    def probe_model(self) -> Optional[str]:
+        """After an add with ``Mutex Owner`` was refused: one add *without* attributes tells, whatever the
+        server's wording, 'no_owner' (accepted or busy: the model exists but lacks ``Mutex Owner``),
+        'missing' (refused too), or None (no answer). An accepted probe holds the alias for a moment: it
+        is removed at once (it is ours: the add succeeded)."""
+        probe = self.try_add([])
+        if probe.ok:
+            removed = self.remove_once()
+            if not (removed.ok or removed.status is Status.MISSING) and self.logger is not None:
+                self.logger.warning(
+                    "cloudshell-mutex: could not remove the attribute-less %s added to test the model (%s): "
+                    "remove it",
+                    self.alias,
+                    removed.failure.message,
+                )
+            return "no_owner"
+        if probe.status is Status.BUSY:
+            return "no_owner"
+        return "missing" if probe.status is Status.FATAL and probe.failure.code is not None else None
+
     def _owner_attributes(
         self, names: FrozenSet[str], token: str, label: str, lease: float, heartbeat: str
     ) -> List[AttributeNameValue]:

@@ -25,9 +25,7 @@ import random
 import time
 from typing import Any, Callable, Optional
 
-from cloudshell.api.cloudshell_api import AttributeNameValue
-
-from . import diagnosis, events, lease, protocol
+from . import diagnosis, events, fencing, lease, protocol
 from .alias import CallResult, LockAlias, Status
 from .classify import Classification, ErrorKind
 from .errors import MutexError, MutexLostError, MutexUsageError
@@ -237,49 +235,15 @@ class ReservationMutex:
         """
         if self._generation is None:
             self.ensure_held()
-            self._generation = self._bump_generation()
+            try:
+                self._generation = fencing.bump_generation(self._counter, self.name)
+            except fencing.CounterRefused as refused:
+                error = MutexUsageError(str(refused), reservation_id=self.reservation_id, alias=self.name)
+                raise self._news.error(error, self._operation(self._token or "")) from None
+            except fencing.CounterFailed as failed:
+                raise self._diagnose(failed.failure, failed.doing) from None
             self.ensure_held()  # the number is worth something only if we still held the lock meanwhile
         return self._generation
-
-    def _bump_generation(self) -> int:
-        counter = self._counter
-        op = self._operation(self._token or "")
-        read = counter.read()
-        if not read.ok:
-            raise self._diagnose(read.failure, "reading the generation counter")
-        if read.holder is None:
-            attributes = [
-                AttributeNameValue(protocol.ATTR_OWNER, f"generation counter of {self.name}"),
-                AttributeNameValue(protocol.ATTR_GENERATION, "1"),
-            ]
-            created = counter.try_add(attributes)
-            if created.ok:
-                return 1
-            if created.status is Status.FATAL and created.failure.code is not None:
-                raise self._news.error(
-                    MutexUsageError(
-                        f"mutex.generation needs the Mutex Service model with {protocol.ATTR_GENERATION!r} "
-                        "(the server refused it): import this project's Mutex_Package.zip "
-                        "(cloudshell-mutex install)",
-                        reservation_id=self.reservation_id,
-                        alias=self.name,
-                    ),
-                    op,
-                )
-            read = counter.read()  # created meanwhile (or our add landed after all): read it
-            if not read.ok or read.holder is None:
-                failure = read.failure or created.failure
-                raise self._diagnose(failure, "creating the generation counter")
-        raw = read.holder.attributes.get(protocol.ATTR_GENERATION, "0")
-        try:
-            current = int(float(raw))
-        except ValueError:
-            current = 0
-        value = current + 1
-        written = counter.set_attributes([(protocol.ATTR_GENERATION, str(value))])
-        if not written.ok:
-            raise self._diagnose(written.failure, "writing the generation counter")
-        return value
 
     def export(self) -> str:
         """A short string that lets another process join this acquisition (:meth:`adopt`).
@@ -912,27 +876,9 @@ class ReservationMutex:
         about_model = failure.kind is ErrorKind.NOT_INSTALLED or (
             failure.kind is ErrorKind.FATAL and failure.code == protocol.CONTENTION_ERROR_CODE
         )
-        probed = self._probe_model() if probe and state in ("active", None) and about_model else None
+        probed = self._alias.probe_model() if probe and state in ("active", None) and about_model else None
         model = self.options.model
         return diagnosis.fatal_error(failure, doing, self.reservation_id, self.name, model, probed, state)
-
-    def _probe_model(self) -> Optional[str]:
-        """'no_owner' (an add without attributes is accepted: the model lacks Mutex Owner), 'missing'
-        (refused too), or None (no answer). An accepted probe holds the lock for a moment: it is removed."""
-        probe = self._alias.try_add([])
-        if probe.ok:
-            removed = self._alias.remove_once()
-            if not (removed.ok or removed.status is Status.MISSING):
-                self._news.log(
-                    logging.WARNING,
-                    "could not remove the attribute-less %s added to test the model (%s): remove it",
-                    self.name,
-                    removed.failure.message,
-                )
-            return "no_owner"
-        if probe.status is Status.BUSY:
-            return "no_owner"
-        return "missing" if probe.status is Status.FATAL and probe.failure.code is not None else None
 
 
 #: ``_poll_read``'s answer when the read failed transiently (None means "read: the alias is free").
