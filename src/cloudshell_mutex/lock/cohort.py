@@ -1,0 +1,587 @@
+"""Cohort mode: processes on one execution server pass the server lock among themselves, with no server call.
+
+CloudShell starts the driver commands of one sandbox setup as separate processes on the same execution
+server. In cohort mode (Dice, Marathe and Shavit, "Lock Cohorting", PPoPP 2012) they first take a *local*
+lock, one per (server, reservation, alias) on this machine (an OS file lock through ``filelock``: freed by
+the OS when its process dies, on Windows too), and only the local holder deals with the CloudShell server.
+A releaser that sees local waiters *passes* the server lock (its ``MUTEX`` stays in place, its heartbeat
+goes on in the next holder) instead of removing it, at most ``max_passes`` times in a row and for at most
+``max_pass_seconds``; then it removes it, and the local waiters hold back ``yield_seconds`` so that other
+execution servers get their turn. docs/protocol.md ("Cohort mode") gives the steps and the guarantees.
+
+The cohort's files, in the cohort directory (local disk; default: a per-user folder in the temp dir):
+
+* ``<key>.lock``: the local lock; its holder is the only process of this machine that may hold the alias.
+* ``<key>.json``: the cohort's state, read and written only under ``<key>.state.lock`` (held for a moment):
+  the token of the server lock the cohort holds, its lease and last confirmation (this machine's monotonic
+  clock: one clock for every process), the passes in a row and since when, the local holder (pid, start
+  time, label) and the local waiters.
+* ``<key>.w.<id>.lock``: one per waiting process, held while it waits: a waiter whose process died is
+  found by its lock being free, without trusting pids (reused) or process tables (not OS-neutral).
+
+``key`` is a hash of the server, the reservation and the alias.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import hashlib
+import json
+import logging
+import math
+import os
+import secrets
+import socket
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, Optional, Union
+
+import filelock
+
+from . import catalog
+from .errors import MutexLostError, MutexTimeout, MutexUsageError
+from .mutex import ReservationMutex
+from .options import check_duration
+
+#: Passes in a row before the cohort gives the server lock back (one server acquisition serves at most
+#: 1 + DEFAULT_MAX_PASSES local holders).
+DEFAULT_MAX_PASSES = 8
+#: Seconds from the cohort's server acquisition after which it stops passing.
+DEFAULT_MAX_PASS_SECONDS = 10.0
+#: After giving the lock back because of a bound, local waiters wait this long before their add: the
+#: default pacing's cap (1 s), so a waiter on another execution server has polled in the meantime.
+DEFAULT_YIELD_SECONDS = 1.0
+#: How often a local waiter tries the local lock (filelock polls); the local hand-off gap is about this
+#: divided by the number of waiters plus one.
+DEFAULT_LOCAL_POLL = 0.005
+#: How often the state lock is tried (it is held for a file read and write only).
+STATE_POLL = 0.001
+#: Without a lease, a passed lock is taken without a read only while its last confirmation is this recent;
+#: older, one read checks it (a party that breaks the protocol may have removed it meanwhile).
+TRUST_WITHOUT_LEASE = 5.0
+STATE_VERSION = 1
+
+_UNSET: Any = object()
+
+
+def default_cohort_dir() -> Path:
+    """A per-user folder in the system's temp dir (local disk on an execution server)."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # no user name in the environment (a service account on Windows): one shared folder
+        user = "user"
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in user) or "user"
+    return Path(tempfile.gettempdir()) / f"cloudshell-mutex-{safe}"
+
+
+def cohort_key(server: str, reservation_id: str, alias: str) -> str:
+    """The file name stem of the cohort of one lock on one server."""
+    raw = json.dumps([server, reservation_id, alias]).encode("utf-8")
+    return hashlib.sha256(raw).hexdigest()[:24]
+
+
+def trust_window(lease: float) -> float:
+    """How recent a passed lock's last confirmation must be for the next holder to take it without a read.
+
+    With a lease: half of it. A waiter on another machine breaks the lock only after seeing no heartbeat for
+    lease + margin on its own clock, which cannot start before the confirmation was sent, so a holder that
+    takes it within lease/2 and heartbeats from there cannot have been broken."""
+    return lease / 2 if lease > 0 else TRUST_WITHOUT_LEASE
+
+
+@dataclass
+class CohortState:
+    """The cohort's shared state (``<key>.json``). Times: ``*_at``/``since`` are on this machine's monotonic
+    clock (comparable between its processes); ``holder["started"]`` is wall time, for people."""
+
+    server: str = ""
+    reservation_id: str = ""
+    alias: str = ""
+    token: Optional[str] = None  # the server lock the cohort holds (None: it holds none)
+    lease: float = 0.0
+    confirmed_at: Optional[float] = None  # when its last confirmation was sent (add, read or heartbeat)
+    since: Optional[float] = None  # when the cohort took it from the server
+    passes: int = 0  # hand-offs within the cohort since then
+    holder: Optional[Dict[str, Any]] = None  # the local holder: pid, started, owner
+    waiters: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # waiter id -> pid, since
+    yielded_at: Optional[float] = None  # when the cohort last gave the lock back because of a bound
+    version: int = STATE_VERSION
+
+    @classmethod
+    def from_text(cls, text: str) -> CohortState:
+        """Parse the file; a damaged or foreign one gives a fresh state (see :class:`CohortFiles`)."""
+        try:
+            data = json.loads(text)
+            if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
+                return cls()
+            known = {f for f in cls.__dataclass_fields__}
+            return cls(**{k: v for k, v in data.items() if k in known})
+        except (ValueError, TypeError):
+            return cls()
+
+    def to_text(self) -> str:
+        """The file's text."""
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+class CohortFiles:
+    """The files of one cohort: the local lock, the state (under its own short lock), the waiters' locks."""
+
+    def __init__(self, directory: Union[str, Path], key: str) -> None:
+        self.directory = Path(directory)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise MutexUsageError(
+                f"cannot create the cohort directory {self.directory} ({error.strerror or error}): pass "
+                "cohort_dir= a folder on a local disk that this user can write, or cohort=False"
+            ) from None
+        self.key = key
+        self.lock_path = self.directory / f"{key}.lock"
+        self.state_path = self.directory / f"{key}.json"
+        self._state_lock = new_file_lock(self.directory / f"{key}.state.lock")
+
+    def local_lock(self) -> filelock.BaseFileLock:
+        """A new handle on the local lock (one per lock object: OS file locks exclude handles)."""
+        return new_file_lock(self.lock_path)
+
+    def waiter_path(self, waiter: str) -> Path:
+        """The lock file a waiter holds while it waits."""
+        return self.directory / f"{self.key}.w.{waiter}.lock"
+
+    @contextlib.contextmanager
+    def state(self) -> Iterator[CohortState]:
+        """The state, under the state lock; written back (atomically) when the block ends without error."""
+        with self._state_lock.acquire(timeout=-1, poll_interval=STATE_POLL):
+            try:
+                state = CohortState.from_text(self.state_path.read_text(encoding="utf-8"))
+            except FileNotFoundError:
+                state = CohortState()
+            yield state
+            temporary = self.state_path.with_name(f"{self.state_path.name}.{os.getpid()}.tmp")
+            temporary.write_text(state.to_text(), encoding="utf-8")
+            os.replace(temporary, self.state_path)
+
+    def live_waiters(self, state: CohortState) -> int:
+        """How many registered waiters are alive (their lock is held); drops dead ones from ``state``."""
+        alive = 0
+        for waiter in list(state.waiters):
+            probe = new_file_lock(self.waiter_path(waiter))
+            try:
+                probe.acquire(timeout=0)
+            except filelock.Timeout:
+                alive += 1
+                continue
+            # Free: its process died while waiting (a live waiter unregisters before it lets go).
+            probe.release()
+            state.waiters.pop(waiter, None)
+            with contextlib.suppress(OSError):
+                self.waiter_path(waiter).unlink()
+        return alive
+
+
+def new_file_lock(path: Path) -> filelock.BaseFileLock:
+    """An OS file lock (fcntl.flock, or msvcrt.locking on Windows) on ``path``, usable from any thread."""
+    return filelock.FileLock(str(path), thread_local=False)
+
+
+def _os_locks_available() -> bool:
+    # filelock falls back to a lock file that the OS does not free on death where it has no OS lock.
+    return not issubclass(filelock.FileLock, filelock.SoftFileLock)
+
+
+class CohortMutex:
+    """A :class:`~.mutex.ReservationMutex` in cohort mode: processes on this machine that lock the same alias
+    in the same reservation on the same server pass the server lock among themselves.
+
+    Use it like a ``ReservationMutex`` (``with``, ``acquire``/``release``, ``ensure_held``, ``holder``,
+    ``generation``); ``ReservationMutex(..., cohort=True)`` is not a thing: make this class, or let the
+    driver mixin make it. Options beyond the ``ReservationMutex`` ones:
+
+    * ``cohort_dir``: the folder of the cohort's files; local disk only (default: a per-user folder in the
+      temp dir). Processes that should form one cohort must use the same folder.
+    * ``max_passes`` (K, default 8) and ``max_pass_seconds`` (T, default 10): a releaser passes the server
+      lock to a local waiter only while the cohort has passed it fewer than K times in a row and took it
+      from the server less than T seconds ago; otherwise it releases it to the server.
+    * ``yield_seconds`` (default 1): after such a bounded release, local waiters wait this long before
+      adding, so that waiters on other execution servers get the lock.
+    * ``local_poll``: seconds between a local waiter's tries of the local lock (default 5 ms).
+
+    After an acquire, :attr:`passed` tells whether the lock came from a local pass (no server call) and
+    :attr:`predecessor` names a local holder that died holding it (its work may be half done: see
+    docs/protocol.md). :meth:`export` is refused: a lock that the cohort passes on cannot also be handed to
+    another machine.
+    """
+
+    def __init__(
+        self,
+        api: Any,
+        reservation_id: str,
+        owner: Optional[str] = "cloudshell-mutex",
+        name: str = "MUTEX",
+        timeout: Optional[float] = _UNSET,
+        logger: Optional[logging.Logger] = None,
+        *,
+        cohort_dir: Optional[Union[str, Path]] = None,
+        max_passes: int = DEFAULT_MAX_PASSES,
+        max_pass_seconds: float = DEFAULT_MAX_PASS_SECONDS,
+        yield_seconds: float = DEFAULT_YIELD_SECONDS,
+        local_poll: float = DEFAULT_LOCAL_POLL,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        **options: Any,
+    ) -> None:
+        if not _os_locks_available():
+            raise MutexUsageError(
+                "cohort mode needs an OS file lock (fcntl or msvcrt), which this platform lacks: "
+                "use cohort=False"
+            )
+        if isinstance(max_passes, bool) or not isinstance(max_passes, int) or max_passes < 0:
+            raise ValueError(f"max_passes must be a whole number >= 0 (0: never pass), got {max_passes!r}")
+        self.max_passes = max_passes
+        self.max_pass_seconds = check_duration("max_pass_seconds", max_pass_seconds)
+        self.yield_seconds = check_duration("yield_seconds", yield_seconds)
+        self.local_poll = check_duration("local_poll", local_poll, minimum=0.0005)
+        if timeout is not _UNSET:
+            options["timeout"] = timeout
+        self._mutex = ReservationMutex(
+            api, reservation_id, owner=owner, name=name, logger=logger, clock=clock, sleep=sleep, **options
+        )
+        self.logger = self._mutex.logger
+        self._clock = clock
+        self._sleep = sleep
+        server = catalog.server_key(api)
+        self.cohort_dir = Path(cohort_dir) if cohort_dir is not None else default_cohort_dir()
+        self._files = CohortFiles(self.cohort_dir, cohort_key(server, self._mutex.reservation_id, name))
+        self._where = (server, self._mutex.reservation_id, name)
+        self._local = self._files.local_lock()
+        self._held = False
+        self.passed = False
+        self.predecessor: Optional[Dict[str, Any]] = None
+
+    # ------------------------------------------------------------------ what ReservationMutex has
+
+    @property
+    def mutex(self) -> ReservationMutex:
+        """The underlying server lock object of this process."""
+        return self._mutex
+
+    @property
+    def name(self) -> str:
+        """The lock's service alias."""
+        return self._mutex.name
+
+    @property
+    def reservation_id(self) -> str:
+        """The reservation this lock is in."""
+        return self._mutex.reservation_id
+
+    @property
+    def options(self) -> Any:
+        """The :class:`~.options.MutexOptions` of the server lock."""
+        return self._mutex.options
+
+    @property
+    def calls(self) -> int:
+        """API calls made by this object in total."""
+        return self._mutex.calls
+
+    @property
+    def token(self) -> Optional[str]:
+        """The owner token of the server lock while this object holds it (the cohort's acquisition)."""
+        return self._mutex.token if self._held else None
+
+    def locked(self) -> bool:
+        """True while this object holds the lock."""
+        return self._held
+
+    def ensure_held(self, read: bool = False) -> None:
+        """As :meth:`ReservationMutex.ensure_held`."""
+        self._mutex.ensure_held(read)
+
+    def holder(self) -> Any:
+        """Who holds the server lock now (one fresh read)."""
+        return self._mutex.holder()
+
+    def renew(self) -> bool:
+        """One heartbeat now (as :meth:`ReservationMutex.renew`)."""
+        return self._mutex.renew()
+
+    @property
+    def generation(self) -> int:
+        """As :attr:`ReservationMutex.generation`: every local holder that asks gets a larger number."""
+        return self._mutex.generation
+
+    def export(self) -> str:
+        """Refused: the cohort passes its lock to local processes, so a handle given to another machine
+        would let two holders overlap. Use a ``ReservationMutex`` (cohort off) for export/adopt."""
+        raise MutexUsageError(
+            "a lock in cohort mode cannot be exported: the cohort passes it to other processes on this "
+            "machine. Use ReservationMutex (cohort=False) for a lock you export",
+            reservation_id=self.reservation_id,
+            alias=self.name,
+        )
+
+    def local_state(self) -> CohortState:
+        """The cohort's state as this machine's files show it now."""
+        with self._files.state() as state:
+            return state
+
+    # ------------------------------------------------------------------ acquire
+
+    def acquire(self, blocking: bool = True, timeout: Optional[float] = _UNSET) -> bool:
+        """Take the local lock, then the server lock: from the cohort (no call) when it holds it, else from
+        the server as :meth:`ReservationMutex.acquire` does. Same contract: True, False (non-blocking, busy)
+        or :class:`~.errors.MutexTimeout`."""
+        if timeout is _UNSET:
+            timeout = self._mutex.timeout
+        elif not blocking:
+            raise ValueError("a non-blocking acquire cannot have a timeout; leave timeout out")
+        check_duration("timeout", timeout, allow_none=True)
+        if self._held:
+            if self.options.reentrant:
+                return self._mutex.acquire()  # counted, no call
+            raise MutexUsageError(
+                f"this CohortMutex already holds {self.name!r} in reservation {self.reservation_id}; "
+                "release it first, pass reentrant=True to allow nesting, or use one object per task",
+                reservation_id=self.reservation_id,
+                alias=self.name,
+            )
+        start = self._clock()
+        deadline = start if not blocking else (None if timeout is None else start + timeout)
+        if not self._take_local(deadline):
+            self._tidy_orphan()
+            if not blocking:
+                return False
+            raise self._local_timeout(start)
+        try:
+            acquired = self._take_server(blocking, deadline)
+        except BaseException:
+            self._leave(clear_holder=True)
+            raise
+        if not acquired:
+            self._leave(clear_holder=True)
+        return acquired
+
+    def _take_local(self, deadline: Optional[float]) -> bool:
+        try:  # the common, uncontended case: no registration
+            self._local.acquire(timeout=0)
+            return True
+        except filelock.Timeout:
+            if deadline is not None and self._clock() >= deadline:
+                return False
+        waiter = f"{os.getpid()}-{secrets.token_hex(4)}"
+        mark = new_file_lock(self._files.waiter_path(waiter))
+        mark.acquire(timeout=-1)  # its own file: free at once
+        try:
+            with self._files.state() as state:
+                state.waiters[waiter] = {"pid": os.getpid(), "since": self._clock()}
+            try:
+                remaining = -1.0 if deadline is None else max(0.0, deadline - self._clock())
+                self._local.acquire(timeout=remaining, poll_interval=self.local_poll)
+                return True
+            except filelock.Timeout:
+                return False
+        finally:
+            with self._files.state() as state:
+                state.waiters.pop(waiter, None)
+            mark.release()
+            with contextlib.suppress(OSError):
+                self._files.waiter_path(waiter).unlink()
+
+    def _take_server(self, blocking: bool, deadline: Optional[float]) -> bool:
+        with self._files.state() as state:
+            state.server, state.reservation_id, state.alias = self._where
+            dead = state.holder  # a live holder clears it before it lets go of the local lock
+            token, lease_seconds, confirmed_at = state.token, state.lease, state.confirmed_at
+            yielded_at = state.yielded_at
+            state.holder = {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "owner": self._mutex.owner,
+                "started": time.time(),
+            }
+        self.passed = False
+        self.predecessor = dead
+        if dead is not None:
+            self.logger.warning(
+                "cloudshell-mutex: the local holder of %s in reservation %s (pid %s, %s) died holding it; "
+                "the OS freed its local lock. %s",
+                self.name,
+                self.reservation_id,
+                dead.get("pid"),
+                dead.get("owner"),
+                "Carrying on under the cohort's server lock after checking it"
+                if token
+                else "The cohort held no server lock",
+            )
+        if token is not None and self._join(token, lease_seconds, confirmed_at, verify=dead is not None):
+            return True
+        if yielded_at is not None and blocking:
+            # The cohort gave the lock back because of a bound: let other execution servers' waiters in.
+            now = self._clock()
+            pause = yielded_at + self.yield_seconds - now
+            if pause > 0:
+                self._sleep(pause if deadline is None else max(0.0, min(pause, deadline - now)))
+        if blocking:
+            remaining = None if deadline is None else max(0.0, deadline - self._clock())
+            acquired = self._mutex.acquire(True, remaining)
+        else:
+            acquired = self._mutex.acquire(False)
+        if acquired:
+            beat = self._mutex._heartbeat
+            with self._files.state() as state:
+                state.token = self._mutex.token
+                state.lease = beat.lease if beat is not None else 0.0
+                state.confirmed_at = self._mutex._confirmed_at
+                state.since = self._clock()
+                state.passes = 0
+                state.yielded_at = None
+            self._held = True
+        return acquired
+
+    def _join(self, token: str, lease_seconds: float, confirmed_at: Optional[float], verify: bool) -> bool:
+        """Take the cohort's server lock: without a call when its last confirmation is recent, else after
+        one read (and, with a lease, a heartbeat). False when it turns out not to be the cohort's any more."""
+        fresh = confirmed_at is not None and self._clock() - confirmed_at < trust_window(lease_seconds)
+        try:
+            if fresh and not verify:
+                self._mutex._cohort_join(token, confirmed_at, lease_seconds)
+            else:
+                self._mutex._adopt(token)  # one read; raises MutexLostError when it is not ours
+        except MutexLostError:
+            with self._files.state() as state:
+                state.token = state.confirmed_at = state.since = None
+                state.passes = 0
+            self.logger.warning(
+                "cloudshell-mutex: the cohort's server lock %s in reservation %s was not held any more; "
+                "acquiring it from the server",
+                self.name,
+                self.reservation_id,
+            )
+            return False
+        if not fresh or verify:
+            with self._files.state() as state:
+                state.confirmed_at = self._mutex._confirmed_at
+        self.passed = True
+        self._held = True
+        return True
+
+    def _tidy_orphan(self) -> None:
+        """After a local wait that ended without the lock: if the lock was passed to a waiter that then gave
+        up (timed out, or died) and nobody holds it locally, take it and release it properly, so that the
+        server lock does not stay in place with nobody to heartbeat or remove it."""
+        try:
+            self._local.acquire(timeout=0)
+        except filelock.Timeout:
+            return  # someone holds it: they release it
+        with self._files.state() as state:
+            orphan = state.token is not None and state.holder is None
+        if not orphan:
+            self._let_go()
+            return
+        try:
+            if self._take_server(False, self._clock()):
+                self.release()
+            else:
+                self._leave(clear_holder=True)
+        except Exception:  # tidying is a courtesy; the lease (if any) recovers the lock otherwise
+            self.logger.warning("cloudshell-mutex: could not release an orphaned cohort lock", exc_info=True)
+            if self._held:
+                self._leave(clear_holder=True)
+
+    def _local_timeout(self, start: float) -> MutexTimeout:
+        with self._files.state() as state:
+            holder = state.holder
+        waited = self._clock() - start
+        who = f"pid {holder.get('pid')} ({holder.get('owner')})" if holder else "another process"
+        return MutexTimeout(
+            f"timed out after {waited:.1f} s waiting for {self.name!r} in reservation {self.reservation_id}: "
+            f"{who} on this machine holds it in cohort mode (local lock {self._files.lock_path}). "
+            "Wait longer (timeout=...), or find out why that process holds it so long",
+            holder=who,
+            waited=waited,
+            reservation_id=self.reservation_id,
+            alias=self.name,
+        )
+
+    # ------------------------------------------------------------------ release
+
+    def release(self) -> None:
+        """Pass the server lock to a local waiter (within the bounds) or release it to the server; then let
+        go of the local lock. Raises what :meth:`ReservationMutex.release` raises; a release that failed
+        with the lock still held (:class:`~.errors.MutexReleaseError`) keeps the local lock too, so that
+        release() can be called again."""
+        if not self._held:
+            return
+        if self._mutex._depth > 1:
+            self._mutex.release()  # nested: counted down, no call
+            return
+        with self._files.state() as state:
+            waiting = self._files.live_waiters(state)
+            now = self._clock()
+            within = state.passes < self.max_passes and (
+                state.since is None or now - state.since < self.max_pass_seconds
+            )
+        passed = self._mutex._cohort_pass() if waiting and within else None
+        if passed is not None:
+            token, confirmed_at, lease_seconds = passed
+            with self._files.state() as state:
+                state.token, state.lease = token, lease_seconds
+                state.confirmed_at = confirmed_at if math.isfinite(confirmed_at) else None
+                state.passes += 1
+                state.holder = None
+            self._let_go()
+            return
+        try:
+            self._mutex.release()
+        except BaseException:
+            if self._mutex.locked():  # a failed release: still held, call release() again
+                raise
+            self._leave(clear_holder=True, clear_token=True)
+            raise
+        self._leave(clear_holder=True, clear_token=True, yielded=bool(waiting) and not within)
+
+    def _leave(self, clear_holder: bool, clear_token: bool = False, yielded: bool = False) -> None:
+        with self._files.state() as state:
+            if clear_holder:
+                state.holder = None
+            if clear_token:
+                state.token = state.confirmed_at = state.since = None
+                state.passes = 0
+                state.yielded_at = self._clock() if yielded else None
+        self._let_go()
+
+    def _let_go(self) -> None:
+        self._held = False
+        if self._local.is_locked:
+            self._local.release()
+
+    def __enter__(self) -> CohortMutex:
+        self.acquire()
+        return self
+
+    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        state = f"held as {self._mutex.token!r}" if self._held else "not held"
+        return f"<CohortMutex {self.name!r} reservation={self.reservation_id} {state}>"
+
+
+def local_status(
+    api: Any, reservation_id: str, alias: str, cohort_dir: Optional[Union[str, Path]] = None
+) -> Optional[CohortState]:
+    """The cohort state of a lock on *this* machine, or None when no cohort here has used it. Another
+    execution server's local holder is only visible there."""
+    directory = Path(cohort_dir) if cohort_dir is not None else default_cohort_dir()
+    key = cohort_key(catalog.server_key(api), reservation_id, alias)
+    if not (directory / f"{key}.json").exists():
+        return None
+    files = CohortFiles(directory, key)
+    with files.state() as state:
+        files.live_waiters(state)
+        return state
