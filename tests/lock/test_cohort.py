@@ -100,9 +100,29 @@ def test_at_most_k_passes_in_a_row_then_the_lock_goes_back_to_the_server_and_loc
     assert api.calls == ["GetReservationDetails", "RemoveServicesFromReservation"]
     assert locks[2].local_state().yielded_at is not None
     clock.sleeps.clear()
+    api.calls.clear()
     locks[3].acquire()
-    assert not locks[3].passed and clock.sleeps == [1.5]  # held back so other servers' waiters get in
+    # Held back for yield_seconds (reading now and then) so that other servers' waiters get in; nobody did.
+    assert not locks[3].passed and sum(clock.sleeps) == pytest.approx(1.5)
+    assert api.calls == ["GetReservationDetails"] * 4 + ["AddServiceToReservation"]
     locks[3].release()
+
+
+def test_a_yielding_cohort_that_sees_another_server_take_the_lock_waits_for_it_like_any_waiter(
+    clock, tmp_path
+):
+    api = FakeApi(clock=clock)
+    a, b = cohort(api, clock, tmp_path, "A", max_passes=0), cohort(api, clock, tmp_path, "B")
+    a.acquire()
+    with local_waiter(a):
+        a.release()  # K = 0: straight back to the server, and the cohort yields
+    other_holds(api)  # another execution server's waiter took it at once
+    api.late_remove(clock.now + 5)  # ... and releases it 5 s later
+    api.calls.clear()
+    b.acquire()
+    assert api.calls[0] == "GetReservationDetails" and api.calls.count("AddServiceToReservation") > 1
+    assert clock.now >= 1000 + 5  # it waited for the other server's turn, not just the yield
+    b.release()
 
 
 def test_no_passes_after_max_pass_seconds(clock, tmp_path):

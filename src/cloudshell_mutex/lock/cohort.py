@@ -42,18 +42,27 @@ from typing import Any, Callable, Dict, Iterator, Optional, Union
 import filelock
 
 from . import catalog
-from .errors import MutexLostError, MutexTimeout, MutexUsageError
+from .errors import MutexError, MutexLostError, MutexTimeout, MutexUsageError
 from .mutex import ReservationMutex
 from .options import check_duration
+from .pacing import FixedPacing
 
 #: Passes in a row before the cohort gives the server lock back (one server acquisition serves at most
 #: 1 + DEFAULT_MAX_PASSES local holders).
-DEFAULT_MAX_PASSES = 8
+DEFAULT_MAX_PASSES = 32
 #: Seconds from the cohort's server acquisition after which it stops passing.
 DEFAULT_MAX_PASS_SECONDS = 10.0
-#: After giving the lock back because of a bound, local waiters wait this long before their add: the
-#: default pacing's cap (1 s), so a waiter on another execution server has polled in the meantime.
-DEFAULT_YIELD_SECONDS = 1.0
+#: How the one process per machine that waits on the server polls: it waits for another *cohort*, which
+#: keeps the lock for up to K holds or T seconds, so polling faster than every two seconds only costs
+#: server calls (the server's load grows with the number of execution servers, not processes). A fixed
+#: rate, not a growing backoff: every waiting execution server then has the same chance at each release
+#: (with a backoff the one that waited longest polls least often and starves).
+COHORT_PACING = FixedPacing(2.0, jitter=0.25)
+#: While waiting, a cohort's poller reads the holder (for the lease judgement) this often.
+COHORT_HOLDER_CHECK_INTERVAL = 15.0
+#: After giving the lock back because of a bound, local waiters wait up to this long before their add:
+#: the cohort pacing's longest interval, so every waiting execution server has polled in the meantime.
+DEFAULT_YIELD_SECONDS = 2.5
 #: How often a local waiter tries the local lock (filelock polls); the local hand-off gap is about this
 #: divided by the number of waiters plus one.
 DEFAULT_LOCAL_POLL = 0.005
@@ -203,11 +212,15 @@ class CohortMutex:
 
     * ``cohort_dir``: the folder of the cohort's files; local disk only (default: a per-user folder in the
       temp dir). Processes that should form one cohort must use the same folder.
-    * ``max_passes`` (K, default 8) and ``max_pass_seconds`` (T, default 10): a releaser passes the server
+    * ``pacing`` and ``holder_check_interval``: as for ``ReservationMutex``, but by default
+      :data:`COHORT_PACING` (a poll every 1.5 to 2.5 s: only one process per machine polls, and it waits for
+      a whole cohort's turn) and a holder read every 15 s.
+    * ``max_passes`` (K, default 32) and ``max_pass_seconds`` (T, default 10): a releaser passes the server
       lock to a local waiter only while the cohort has passed it fewer than K times in a row and took it
       from the server less than T seconds ago; otherwise it releases it to the server.
-    * ``yield_seconds`` (default 1): after such a bounded release, local waiters wait this long before
-      adding, so that waiters on other execution servers get the lock.
+    * ``yield_seconds`` (default 2.5, the cohort pacing's longest interval): after such a bounded release,
+      local waiters hold back until a read shows that another execution server took the lock, or for this
+      long, so that waiters on other execution servers get their turn.
     * ``local_poll``: seconds between a local waiter's tries of the local lock (default 5 ms).
 
     After an acquire, :attr:`passed` tells whether the lock came from a local pass (no server call) and
@@ -247,6 +260,9 @@ class CohortMutex:
         self.local_poll = check_duration("local_poll", local_poll, minimum=0.0005)
         if timeout is not _UNSET:
             options["timeout"] = timeout
+        if options.get("options") is None:
+            options.setdefault("pacing", COHORT_PACING)
+            options.setdefault("holder_check_interval", COHORT_HOLDER_CHECK_INTERVAL)
         self._mutex = ReservationMutex(
             api, reservation_id, owner=owner, name=name, logger=logger, clock=clock, sleep=sleep, **options
         )
@@ -421,11 +437,7 @@ class CohortMutex:
         if token is not None and self._join(token, lease_seconds, confirmed_at, verify=dead is not None):
             return True
         if yielded_at is not None and blocking:
-            # The cohort gave the lock back because of a bound: let other execution servers' waiters in.
-            now = self._clock()
-            pause = yielded_at + self.yield_seconds - now
-            if pause > 0:
-                self._sleep(pause if deadline is None else max(0.0, min(pause, deadline - now)))
+            self._yield_turn(yielded_at, deadline)
         if blocking:
             remaining = None if deadline is None else max(0.0, deadline - self._clock())
             acquired = self._mutex.acquire(True, remaining)
@@ -442,6 +454,23 @@ class CohortMutex:
                 state.yielded_at = None
             self._held = True
         return acquired
+
+    def _yield_turn(self, yielded_at: float, deadline: Optional[float]) -> None:
+        """The cohort gave the lock back because of a bound: let other execution servers' waiters in. Wait
+        until a read shows that someone else took it (then wait for it like any waiter, at a random phase
+        of the pacing, as the others do), or until ``yield_seconds`` passed with nobody taking it (every
+        waiter polls within the cohort pacing's cap, so nobody else wants it)."""
+        end = yielded_at + self.yield_seconds
+        if deadline is not None:
+            end = min(end, deadline)
+        step = max(self.yield_seconds / 4, 0.05)
+        while self._clock() < end:
+            self._sleep(max(0.0, min(step, end - self._clock())))
+            try:
+                if self._mutex.holder() is not None:
+                    return
+            except MutexError:  # the acquire that follows reports what is wrong
+                return
 
     def _join(self, token: str, lease_seconds: float, confirmed_at: Optional[float], verify: bool) -> bool:
         """Take the cohort's server lock: without a call when its last confirmation is recent, else after
