@@ -197,8 +197,9 @@ def new_file_lock(path: Path) -> filelock.BaseFileLock:
     return filelock.FileLock(str(path), thread_local=False)
 
 
-def _os_locks_available() -> bool:
-    # filelock falls back to a lock file that the OS does not free on death where it has no OS lock.
+def cohort_available() -> bool:
+    """True where cohort mode can work: filelock has an OS file lock here (fcntl or msvcrt). Elsewhere it
+    falls back to lock files that the OS does not free when their process dies."""
     return not issubclass(filelock.FileLock, filelock.SoftFileLock)
 
 
@@ -247,7 +248,7 @@ class CohortMutex:
         sleep: Callable[[float], None] = time.sleep,
         **options: Any,
     ) -> None:
-        if not _os_locks_available():
+        if not cohort_available():
             raise MutexUsageError(
                 "cohort mode needs an OS file lock (fcntl or msvcrt), which this platform lacks: "
                 "use cohort=False"
@@ -284,6 +285,26 @@ class CohortMutex:
     def mutex(self) -> ReservationMutex:
         """The underlying server lock object of this process."""
         return self._mutex
+
+    @property
+    def api(self) -> Any:
+        """The API session the lock makes its calls with."""
+        return self._mutex.api
+
+    @property
+    def owner(self) -> str:
+        """The label of this process's acquisitions."""
+        return self._mutex.owner
+
+    @property
+    def timeout(self) -> Optional[float]:
+        """Seconds a blocking acquire waits by default (None: forever)."""
+        return self._mutex.timeout
+
+    @property
+    def leased(self) -> bool:
+        """True while this object holds the lock with a lease (it heartbeats)."""
+        return self._held and self._mutex.leased
 
     @property
     def name(self) -> str:
