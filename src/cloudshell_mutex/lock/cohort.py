@@ -635,3 +635,23 @@ def local_status(
     with files.state() as state:
         files.live_waiters(state)
         return state
+
+
+def describe_local(state: CohortState, token: Optional[str], now: Optional[float] = None) -> str:
+    """One line for ``cloudshell-mutex status`` on this machine: whether this machine's cohort holds the lock
+    (the server holder's token is the cohort's), its local holder, waiters and passes."""
+    if state.token is None or state.token != token:
+        return "cohort on this machine: does not hold it"
+    now = time.monotonic() if now is None else now
+    parts = [f"cohort on this machine: holds it ({state.passes} passes in a row"]
+    if state.since is not None:
+        parts[0] += f", for {max(0.0, now - state.since):.1f} s"
+    parts[0] += ")"
+    holder = state.holder
+    if holder:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(holder.get("started", 0))))
+        parts.append(f"local holder pid {holder.get('pid')} ({holder.get('owner')}) since {started}")
+    else:
+        parts.append("passed, not yet taken by a local waiter")
+    parts.append(f"{len(state.waiters)} local waiters")
+    return "; ".join(parts)
