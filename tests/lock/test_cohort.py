@@ -12,7 +12,7 @@ from fakes import RES, FakeApi, other_holds
 
 from cloudshell_mutex import MutexTimeout, MutexUsageError, protocol
 from cloudshell_mutex.lock import catalog
-from cloudshell_mutex.lock.cohort import CohortMutex, new_file_lock, trust_window
+from cloudshell_mutex.lock.cohort import CohortMutex, CohortPacing, new_file_lock, trust_window
 from cloudshell_mutex.lock.pacing import CallBudget, FixedPacing
 
 LEASED_MODEL = (protocol.ATTR_OWNER, *protocol.LEASE_ATTRIBUTES)
@@ -104,7 +104,7 @@ def test_at_most_k_passes_in_a_row_then_the_lock_goes_back_to_the_server_and_loc
     locks[3].acquire()
     # Held back for yield_seconds (reading now and then) so that other servers' waiters get in; nobody did.
     assert not locks[3].passed and sum(clock.sleeps) == pytest.approx(1.5)
-    assert api.calls == ["GetReservationDetails"] * 4 + ["AddServiceToReservation"]
+    assert api.calls == ["GetReservationDetails"] * 3 + ["AddServiceToReservation"]
     locks[3].release()
 
 
@@ -259,3 +259,14 @@ def test_a_cohort_dir_that_cannot_be_made_says_what_to_do(clock, tmp_path):
     blocker.write_text("x")
     with pytest.raises(MutexUsageError, match="cohort_dir="):
         cohort(FakeApi(clock=clock), clock, blocker / "sub")
+
+
+def test_the_cohort_pacing_polls_more_often_the_longer_it_waits():
+    pacing = CohortPacing(start=2.5, end=1.0, steps=6, jitter=0)
+    delays = [pacing.next_delay(attempt, 0.0, random.Random(1)) for attempt in range(1, 10)]
+    assert delays[0] == 2.5 and delays[6:] == [1.0, 1.0, 1.0]
+    assert all(a > b for a, b in zip(delays[:6], delays[1:7]))  # the longest waiter polls most
+    jittered = CohortPacing(jitter=0.25)
+    assert all(0.75 <= jittered.next_delay(50, 0.0, random.Random(seed)) <= 1.25 for seed in range(50))
+    with pytest.raises(ValueError):
+        CohortPacing(start=1.0, end=2.0)

@@ -31,6 +31,7 @@ import json
 import logging
 import math
 import os
+import random
 import secrets
 import socket
 import tempfile
@@ -45,23 +46,45 @@ from . import catalog
 from .errors import MutexError, MutexLostError, MutexTimeout, MutexUsageError
 from .mutex import ReservationMutex
 from .options import check_duration
-from .pacing import FixedPacing
 
 #: Passes in a row before the cohort gives the server lock back (one server acquisition serves at most
 #: 1 + DEFAULT_MAX_PASSES local holders).
 DEFAULT_MAX_PASSES = 32
 #: Seconds from the cohort's server acquisition after which it stops passing.
 DEFAULT_MAX_PASS_SECONDS = 10.0
-#: How the one process per machine that waits on the server polls: it waits for another *cohort*, which
-#: keeps the lock for up to K holds or T seconds, so polling faster than every two seconds only costs
-#: server calls (the server's load grows with the number of execution servers, not processes). A fixed
-#: rate, not a growing backoff: every waiting execution server then has the same chance at each release
-#: (with a backoff the one that waited longest polls least often and starves).
-COHORT_PACING = FixedPacing(2.0, jitter=0.25)
+
+
+class CohortPacing:
+    """How the one process per machine that waits on the server polls: it waits for another *cohort*, which
+    keeps the lock for up to K holds or T seconds, so polling faster than every second or two only costs
+    server calls (the server's load grows with the number of execution servers, not processes).
+
+    The delay *shrinks* as the wait grows, from ``start`` to ``end`` over ``steps`` polls (+/- ``jitter``):
+    at each release the execution server that has waited longest polls most often, so it is the likeliest
+    to get the lock. A growing backoff does the opposite (the longest waiter polls least often and starves);
+    a fixed rate leaves it to chance, which starved a server for whole windows in the benchmark.
+    """
+
+    def __init__(self, start: float = 2.5, end: float = 1.0, steps: int = 6, jitter: float = 0.25) -> None:
+        if not (0 < end <= start and steps >= 1 and 0 <= jitter < 1):
+            raise ValueError("CohortPacing needs 0 < end <= start, steps >= 1 and 0 <= jitter < 1")
+        self.start, self.end, self.steps, self.jitter = start, end, steps, jitter
+
+    def next_delay(self, attempt: int, previous: float, rng: random.Random) -> float:
+        """``start`` at the first retry, ``end`` from the ``steps``-th on, linearly between; jittered."""
+        share = min(1.0, max(0, attempt - 1) / self.steps)
+        return (self.start + (self.end - self.start) * share) * (1 + self.jitter * rng.uniform(-1, 1))
+
+    def __repr__(self) -> str:
+        return f"CohortPacing(start={self.start}, end={self.end}, steps={self.steps}, jitter={self.jitter})"
+
+
+#: The cohort's default pacing (see :class:`CohortPacing`).
+COHORT_PACING = CohortPacing()
 #: While waiting, a cohort's poller reads the holder (for the lease judgement) this often.
 COHORT_HOLDER_CHECK_INTERVAL = 15.0
 #: After giving the lock back because of a bound, local waiters wait up to this long before their add:
-#: the cohort pacing's longest interval, so every waiting execution server has polled in the meantime.
+#: about the cohort pacing's longest interval, so every waiting execution server has polled meanwhile.
 DEFAULT_YIELD_SECONDS = 2.5
 #: How often a local waiter tries the local lock (filelock polls); the local hand-off gap is about this
 #: divided by the number of waiters plus one.
@@ -214,8 +237,9 @@ class CohortMutex:
     * ``cohort_dir``: the folder of the cohort's files; local disk only (default: a per-user folder in the
       temp dir). Processes that should form one cohort must use the same folder.
     * ``pacing`` and ``holder_check_interval``: as for ``ReservationMutex``, but by default
-      :data:`COHORT_PACING` (a poll every 1.5 to 2.5 s: only one process per machine polls, and it waits for
-      a whole cohort's turn) and a holder read every 15 s.
+      :class:`CohortPacing` (a poll every 2.5 s at first, every second after a few: only one process per
+      machine polls, it waits for a whole cohort's turn, and the longest waiter polls most) and a holder
+      read every 15 s.
     * ``max_passes`` (K, default 32) and ``max_pass_seconds`` (T, default 10): a releaser passes the server
       lock to a local waiter only while the cohort has passed it fewer than K times in a row and took it
       from the server less than T seconds ago; otherwise it releases it to the server.
@@ -484,7 +508,7 @@ class CohortMutex:
         end = yielded_at + self.yield_seconds
         if deadline is not None:
             end = min(end, deadline)
-        step = max(self.yield_seconds / 4, 0.05)
+        step = max(self.yield_seconds / 3, 0.05)
         while self._clock() < end:
             self._sleep(max(0.0, min(step, end - self._clock())))
             try:
