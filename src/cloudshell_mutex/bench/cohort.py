@@ -233,6 +233,14 @@ def render_section(results: Sequence[CohortMetrics], plan_name: str, seconds: fl
         "Figures come from the clients' own hold records (passes leave nothing in the server's log) and the "
         "server's call counts; medians over the repeats.",
         "",
+    ]
+    if plan_name not in ("quick", "full"):
+        lines += [
+            f"**This run is the `{plan_name}` plan, not the targets' configuration** (4 servers x 8 "
+            "processes, hold 0.1 s and 1 s: `make bench`, or `--plan quick`): its verdicts are indications.",
+            "",
+        ]
+    lines += [
         "| configuration | contender | holds/min | passed | local gap p50 | local gap p99 | calls per passed "
         "acquisition | calls/acquisition | calls/s | holds per server (min/mean) |",
         "|---|---|---|---|---|---|---|---|---|---|",
