@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import getpass
 import hashlib
+import inspect
 import json
 import logging
 import math
@@ -216,8 +217,18 @@ class CohortFiles:
 
 
 def new_file_lock(path: Path) -> filelock.BaseFileLock:
-    """An OS file lock (fcntl.flock, or msvcrt.locking on Windows) on ``path``, usable from any thread."""
-    return filelock.FileLock(str(path), thread_local=False)
+    """An OS file lock (fcntl.flock, or msvcrt.locking on Windows) on ``path``, usable from any thread.
+
+    Never a lock file that only exists: the OS must free the lock when its process dies (filelock 4 falls
+    back to such files on a file system without flock unless told not to; it then raises instead)."""
+    return filelock.FileLock(str(path), thread_local=False, **_NO_SOFT_FALLBACK)
+
+
+_NO_SOFT_FALLBACK = (
+    {"fallback_to_soft": False}
+    if "fallback_to_soft" in inspect.signature(filelock.FileLock.__init__).parameters
+    else {}
+)
 
 
 def cohort_available() -> bool:
