@@ -90,9 +90,21 @@ def worker(
     host, port, user, password, domain = addr
     report: Dict[str, Any] = {"kind": kind, "index": index, "holds": [], "error": None, "pid": os.getpid()}
     try:
+        if kind == "no-local-lock":  # negative control: a cohort whose local lock excludes nobody
+            from cloudshell_mutex.lock import cohort
+
+            counter = iter(range(10**6))
+            cohort.CohortFiles.local_lock = lambda files: cohort.new_file_lock(  # type: ignore[method-assign]
+                files.directory / f"own-{os.getpid()}-{next(counter)}.lock"
+            )
+            kind, stagger = "cohort", True
+        else:
+            stagger = False
         api = CloudShellAPISession(host, user, password, domain, port=port)
         barrier.wait(timeout=120)
         for round_ in range(rounds):
+            if stagger:  # arrive while another process holds the lock, not all at once
+                time.sleep(0.02 * (index + 1))
             if kind in ("cohort", "victim"):
                 lock = CohortMutex(
                     api, rid, owner=f"w{index}", cohort_dir=cohort_dir, timeout=120, **FAST, **options
@@ -301,3 +313,16 @@ def test_cohorts_plain_locks_and_the_original_snippet_exclude_each_other(
     per_grant = check_history(emu.control.events(rid))
     assert sum(sum(c) for c in per_grant.values()) == len(plan) * 4 - 4  # v1 holds are not counted per token
     assert any(h["passed"] for r in reports for h in r["holds"])
+
+
+def test_the_checks_catch_a_cohort_whose_local_lock_excludes_nobody(
+    cloudshell_emulator_factory, original_package_zip, tmp_path
+):
+    """Negative control: without the local lock, processes of one cohort take over the cohort's server lock
+    while another of them holds it; the checks must fail."""
+    emu = cloudshell_emulator_factory(packages=[original_package_zip])
+    rid, addr = prepare(emu)
+    plan = [("no-local-lock", str(tmp_path / "exec-1"))] * 4
+    with pytest.raises(AssertionError, match=r"at once|lost update|MUTEX"):
+        race(emu, rid, addr, plan, rounds=6)
+        check_history(emu.control.events(rid))
