@@ -242,8 +242,9 @@ class CohortMutex:
     in the same reservation on the same server pass the server lock among themselves.
 
     Use it like a ``ReservationMutex`` (``with``, ``acquire``/``release``, ``ensure_held``, ``holder``,
-    ``generation``); ``ReservationMutex(..., cohort=True)`` is not a thing: make this class, or let the
-    driver mixin make it. Options beyond the ``ReservationMutex`` ones:
+    ``generation``). It is a class of its own rather than a ``cohort=`` option of ``ReservationMutex``
+    because it behaves differently where it matters (a local lock first, passes, no ``export``); the driver
+    mixin makes one by default. Options beyond the ``ReservationMutex`` ones:
 
     * ``cohort_dir``: the folder of the cohort's files; local disk only (default: a per-user folder in the
       temp dir). Processes that should form one cohort must use the same folder.
