@@ -22,6 +22,8 @@ ORCH_CORE := cloudshell-orch-core==4.5.0.5000
 PYTEST_ARGS ?=
 # make bench: the quick plan (a few minutes) by default; BENCH=full for the whole matrix (hours).
 BENCH ?= quick
+# ... and the cohort benchmark's plan (bench/cohort.py: quick, full, slice, smoke).
+COHORT_BENCH ?= quick
 
 .PHONY: help venv venv39 test test-py39 test-oldest-client test-live stress lint clean emulator package demo bench
 
@@ -113,6 +115,7 @@ demo: venv
 # Not part of make test: benchmarks are not timed tests. Writes docs/benchmarks.md and docs/benchmarks/*.png.
 bench: venv
 	$(BIN)/python -m cloudshell_mutex.bench --plan $(BENCH)
+	$(BIN)/python -m cloudshell_mutex.bench.cohort --plan $(COHORT_BENCH)
 
 emulator: venv
 	$(BIN)/cloudshell-mutex emulator

@@ -1,6 +1,7 @@
 """cloudshell-mutex: a reservation lock for Quali CloudShell that never proceeds without the lock.
 
-The public surface: the lock, its options and events, and its errors. Tuning knobs (pacing policies,
+The public surface: the lock (and its cohort mode, :class:`CohortMutex`), its options and events, and its
+errors. Tuning knobs (pacing policies,
 the call budget) live in :mod:`cloudshell_mutex.lock.pacing`; the wire names of the protocol in
 :mod:`cloudshell_mutex.lock.protocol` (also importable as ``cloudshell_mutex.protocol``).
 """
@@ -8,6 +9,7 @@ the call budget) live in :mod:`cloudshell_mutex.lock.pacing`; the wire names of 
 from __future__ import annotations
 
 from .lock import protocol
+from .lock.cohort import CohortMutex
 from .lock.errors import (
     MutexError,
     MutexHandleError,
@@ -27,6 +29,7 @@ from .lock.options import MutexOptions
 __version__ = "0.1.0"
 
 __all__ = [
+    "CohortMutex",
     "Holder",
     "MutexError",
     "MutexEvent",

@@ -30,9 +30,10 @@ import inspect
 import logging
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Optional, Tuple, TypeVar, cast
+from typing import Any, Callable, Optional, Tuple, TypeVar, Union, cast
 
 from cloudshell_mutex import MutexUsageError, ReservationMutex
+from cloudshell_mutex.lock.cohort import CohortMutex, cohort_available
 
 __all__ = ["ReservationMutexMixin", "context_reservation", "with_reservation_mutex"]
 
@@ -146,15 +147,30 @@ class ReservationMutexMixin:
     """
 
     reservation_mutex_api_timeout: Optional[float] = 60.0
+    #: Cohort mode (docs/protocol.md, "Cohort mode"): the commands running on one execution server pass the
+    #: lock among themselves without server calls. On by default; set False to turn it off for a driver.
+    reservation_mutex_cohort: bool = True
 
     def reservation_mutex(
-        self, context: Any, name: str = "MUTEX", *, command: Optional[str] = None, **options: Any
-    ) -> ReservationMutex:
-        """A :class:`ReservationMutex` on the sandbox of this command's ``context`` (not acquired yet).
+        self,
+        context: Any,
+        name: str = "MUTEX",
+        *,
+        command: Optional[str] = None,
+        cohort: Optional[bool] = None,
+        **options: Any,
+    ) -> Union[ReservationMutex, CohortMutex]:
+        """The lock on the sandbox of this command's ``context`` (not acquired yet).
 
         ``name`` is the lock's service alias. ``command`` names the command in the owner label
         (default: the calling method's name); ``owner=`` replaces the whole label. Other keyword
-        options go to :class:`ReservationMutex` (``timeout``, ``pacing``, ``logger``, ...).
+        options go to :class:`ReservationMutex` (``timeout``, ``pacing``, ``logger``, ...), and in cohort
+        mode to :class:`~cloudshell_mutex.lock.cohort.CohortMutex` (``cohort_dir``, ``max_passes``, ...).
+
+        ``cohort`` (default: the class's ``reservation_mutex_cohort``, True) makes it a ``CohortMutex``:
+        every command runs in its own process on an execution server, the case cohort mode is for, and it
+        is safe there (a local folder; ``export()`` is refused with a clear error, so a command that
+        exports its lock passes ``cohort=False``). It stays off where the platform has no OS file lock.
         """
         reservation = context_reservation(context)
         reservation_id = str(reservation.reservation_id).strip()
@@ -168,6 +184,10 @@ class ReservationMutexMixin:
             options["owner"] = f"{resource} {label}".strip()
         if "logger" not in options:
             options["logger"] = _context_logger(context)
+        if cohort is None:
+            cohort = self.reservation_mutex_cohort and cohort_available()
+        if cohort:
+            return CohortMutex(api, reservation_id, name=name, **options)
         return ReservationMutex(api, reservation_id, name=name, **options)
 
     def cloudshell_api(self, context: Any, timeout: Optional[float] = None) -> Any:

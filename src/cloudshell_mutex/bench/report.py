@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from .cohort import existing_section
 from .contenders import BASELINE, CONTENDERS
 from .metrics import RunMetrics
 from .plans import LATENCY, REACQUIRE, THINK, WORKLOADS, Cell, Plan
@@ -632,5 +633,8 @@ def write_report(
     """Write the markdown document (and the plots, unless ``plots_folder`` is None); return the files."""
     plots = plot(summarise(results), plots_folder) if plots_folder is not None else []
     doc.parent.mkdir(parents=True, exist_ok=True)
-    doc.write_text(render(results, plans, seconds, plots, doc), encoding="utf-8")
+    # The cohort bench (bench/cohort.py) writes its own section: keep it.
+    kept = existing_section(doc.read_text(encoding="utf-8")) if doc.exists() else ""
+    text = render(results, plans, seconds, plots, doc)
+    doc.write_text(text + ("\n" + kept if kept else ""), encoding="utf-8")
     return [doc, *plots]

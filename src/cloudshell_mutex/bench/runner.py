@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..emulator import Emulator
 from ..lock import protocol
-from .contenders import contender
+from .contenders import Contender, contender
 from .metrics import Attempt, RunMetrics, Window, run_metrics
 from .plans import LATENCY, Cell, Plan
 from .worker import ClientReport, RunSpec, serve
@@ -42,6 +42,15 @@ class RunResult:
     repeat: int
     metrics: RunMetrics
     ran_without_lock: int  # acquisitions that carried on without the lock (the original's defect)
+
+
+@dataclass(frozen=True)
+class Execution:
+    """What one run left behind: its spec, each client's report, the server's call counts of the window."""
+
+    spec: RunSpec
+    reports: Dict[int, ClientReport]
+    counts: Dict[str, int]
 
 
 Progress = Callable[[str], None]
@@ -130,15 +139,34 @@ class Bench:
 
     def run(self, cell: Cell, contender_name: str, repeat: int, seed: int = 0) -> RunResult:
         """One run of ``contender_name`` in ``cell``, on a fresh reservation."""
+        run = self.execute(cell, contender(contender_name), repeat, seed)
+        emulator, spec, reports = self.emulator, run.spec, run.reports
+        assert emulator is not None
+        attempts = [Attempt(c, s) for c, r in reports.items() for s in r.starts]
+        metrics = run_metrics(
+            emulator.control.events(spec.reservation_id),
+            attempts,
+            {self.user(c): c for c in range(cell.clients)},
+            Window(spec.start, spec.end),
+            run.counts,
+        )
+        return RunResult(
+            cell, contender_name, repeat, metrics, sum(r.ran_without_lock for r in reports.values())
+        )
+
+    def execute(self, cell: Cell, lock: Contender, repeat: int, seed: int = 0) -> Execution:
+        """One run of ``lock`` in ``cell`` on a fresh reservation: what the clients reported, and the
+        server's call counts of the window (no figures: :meth:`run` and the cohort bench make those)."""
         if cell.clients > self.clients:
             raise ValueError(f"the cell needs {cell.clients} clients; this bench has {self.clients}")
         emulator = self.emulator
         assert emulator is not None, "use Bench as a context manager"
+        contender_name = lock.name
         reservation_id = emulator.create_reservation(f"bench {cell.title} {contender_name} #{repeat + 1}")
         start = time.monotonic() + LEAD_SECONDS
         spec = RunSpec(
             reservation_id=reservation_id,
-            contender=contender(contender_name),
+            contender=lock,
             workload=cell.workload,
             hold=cell.hold,
             start=start,
@@ -157,17 +185,7 @@ class Bench:
         errors = [f"client {c}: {r.error}" for c, r in sorted(reports.items()) if r.error]
         if errors:
             raise BenchError(f"{contender_name} in {cell.title}:\n" + "\n".join(errors))
-        attempts = [Attempt(c, s) for c, r in reports.items() for s in r.starts]
-        metrics = run_metrics(
-            emulator.control.events(reservation_id),
-            attempts,
-            {self.user(c): c for c in range(cell.clients)},
-            Window(spec.start, spec.end),
-            counts,
-        )
-        return RunResult(
-            cell, contender_name, repeat, metrics, sum(r.ran_without_lock for r in reports.values())
-        )
+        return Execution(spec, reports, counts)
 
     def close(self) -> None:
         """Stop the clients (politely, then by force) and the emulator."""

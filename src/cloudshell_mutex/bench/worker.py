@@ -44,6 +44,8 @@ class ClientReport:
     client: int
     starts: List[float] = field(default_factory=list)  # when each acquisition started waiting
     acquired: int = 0  # acquisitions the client believed it got
+    # Each hold as the client saw it: (held from, work done at, passed within a cohort, calls to acquire).
+    holds: List[Tuple[float, float, bool, int]] = field(default_factory=list)
     ran_without_lock: int = 0  # the original's "continuing without it" after 100 failed tries
     error: Optional[str] = None
 
@@ -66,11 +68,16 @@ def run_client(api: Any, client: int, spec: RunSpec) -> ClientReport:
             lock = spec.contender.make(seat)
             try:
                 with lock:
+                    held_from = time.monotonic()
                     report.acquired += 1
                     report.ran_without_lock += bool(getattr(lock, "gave_up", False))
+                    calls = int(getattr(lock, "calls", 0))
                     # The window's end cuts the hold short; the release still runs.
                     with contextlib.suppress(WindowClosed):
                         seat.sleep(spec.hold)
+                    done = time.monotonic()  # the work under the lock ends here; the release follows
+                passed = bool(getattr(lock, "passed", False))
+                report.holds.append((held_from, done, passed, calls))
             except MutexTimeout:
                 if not _window_closed(spec):  # a timeout before the window's end is a real failure
                     raise

@@ -7,6 +7,8 @@
 * :mod:`.options`, :mod:`.pacing`: tuning (one validated options type; pacing policies, call budget).
 * :mod:`.lease`, :mod:`.handle`, :mod:`.fencing`, :mod:`.late_adds`: heartbeats and stale-lock
   breaking, the export/adopt handle, the advisory generation, the watcher of adds that may still land.
+* :mod:`.cohort`: :class:`~.cohort.CohortMutex`, cohort mode: the processes of one execution server pass
+  the lock among themselves (a local file lock and a state file), bounded for other servers' sake.
 * :mod:`.operation`, :mod:`.classify`, :mod:`.diagnosis`, :mod:`.holder`, :mod:`.catalog`,
   :mod:`.events`, :mod:`.errors`: the record of one operation, what a failure means, what to tell
   the user, who holds a lock, which attributes the model takes, what to report, and the exceptions.
@@ -16,6 +18,7 @@
 from __future__ import annotations
 
 from .alias import CallResult, LockAlias, Status
+from .cohort import CohortMutex
 from .errors import (
     MutexError,
     MutexHandleError,
@@ -34,6 +37,7 @@ from .options import MutexOptions
 
 __all__ = [
     "CallResult",
+    "CohortMutex",
     "Holder",
     "LockAlias",
     "MutexError",

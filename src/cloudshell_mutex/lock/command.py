@@ -198,7 +198,24 @@ def run_status(args: argparse.Namespace) -> int:
         return _error(str(error), EXIT_USAGE, args.json)
     except ConnectError as error:
         return _error(str(error), error.exit_code, args.json)
-    return _show(lock_status(alias, args.watch), args.json)
+    report = lock_status(alias, args.watch)
+    code = _show(report, args.json)
+    if report.outcome is Outcome.HELD and report.holder is not None and not args.json:
+        _show_cohort(alias, report.holder.token, args.cohort_dir)
+    return code
+
+
+def _show_cohort(alias: LockAlias, token: str, cohort_dir: Optional[str]) -> None:
+    """A holder in cohort mode: what this machine's cohort files say (other machines' are not visible)."""
+    from .cohort import describe_local, local_status  # filelock is needed only here
+
+    try:
+        state = local_status(alias.api, alias.reservation_id, alias.alias, cohort_dir)
+    except Exception as error:  # the lock's status was shown; the local extra is a courtesy
+        print(f"  (cohort files unreadable: {type(error).__name__})")
+        return
+    if state is not None:
+        print(f"  {describe_local(state, token)}")
 
 
 def run_release(args: argparse.Namespace) -> int:
@@ -275,6 +292,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=0.0,
         metavar="SECONDS",
         help="keep reading for SECONDS (one read a second) and say how long the same holder was seen",
+    )
+    status.add_argument(
+        "--cohort-dir",
+        default=None,
+        help="the cohort folder of the drivers on THIS machine (default: theirs): shows its local holder",
     )
     status.set_defaults(func=run_status)
 

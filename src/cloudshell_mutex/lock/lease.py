@@ -274,11 +274,14 @@ class Heartbeat:
         """True when no heartbeat was confirmed for a whole lease: a waiter may be about to break it."""
         return now - self.confirmed_at >= self.lease
 
-    def start(self) -> None:
-        """Beat in a daemon thread until :meth:`stop` (real time)."""
+    def start(self, first_delay: Optional[float] = None) -> None:
+        """Beat in a daemon thread until :meth:`stop` (real time). ``first_delay``: seconds to the first
+        beat (default: one interval), so a holder that took over a running lease keeps its schedule."""
         if self._thread is not None:
             return
-        self._thread = threading.Thread(target=self._run, name="cloudshell-mutex-heartbeat", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(first_delay,), name="cloudshell-mutex-heartbeat", daemon=True
+        )
         self._thread.start()
 
     def stop(self, wait: float = 5.0) -> None:
@@ -291,8 +294,10 @@ class Heartbeat:
         if thread is not None and thread is not threading.current_thread():
             thread.join(wait)
 
-    def _run(self) -> None:
-        while not self._stop.wait(beat_interval(self.lease, self._rng)):
+    def _run(self, first_delay: Optional[float] = None) -> None:
+        delay = beat_interval(self.lease, self._rng) if first_delay is None else max(0.0, first_delay)
+        while not self._stop.wait(delay):
+            delay = beat_interval(self.lease, self._rng)
             try:
                 self.beat()
             except Exception:  # never let the heartbeat die silently

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Tuple
 
 from . import diagnosis, events, fencing, lease, protocol
 from .alias import CallResult, LockAlias, Status
@@ -307,6 +307,44 @@ class ReservationMutex:
         self._news.log(
             logging.INFO, "adopted %s in reservation %s (%s)", self.name, self.reservation_id, token
         )
+
+    # ------------------------------------------------------------------ cohort hand-off (lock/cohort.py)
+
+    def _cohort_join(self, token: str, confirmed_at: float, lease_seconds: float) -> None:
+        """Hold the acquisition ``token`` that another process on this machine passed on, without a call
+        (a trusted adopt). The cohort's state says its last confirmation (the add, a read or a heartbeat)
+        was sent at ``confirmed_at`` on this machine's monotonic clock, recently enough that no waiter can
+        have broken it; the heartbeat goes on from there, keeping the passer's schedule."""
+        self._token = token
+        self._depth = 1
+        self._confirmed_at = confirmed_at
+        if lease_seconds > 0:
+            due = confirmed_at + lease_seconds / 3 - self._clock()
+            self._start_heartbeat(token, confirmed_at, lease_seconds, first_delay=due)
+        op = self._operation(token)
+        self._news.event(events.ACQUIRED, op, error="passed within the cohort")
+
+    def _cohort_pass(self) -> Optional[Tuple[str, float, float]]:
+        """Stop holding without removing the service, so that another process on this machine can
+        :meth:`_cohort_join` it: stops the heartbeat and forgets the token. Returns (token, last
+        confirmation, lease seconds), or None when the lock must not be passed (not held, nested, lost,
+        the lease may have lapsed, or an add of it may still land): then release() it."""
+        beat = self._heartbeat
+        if self._token is None or self._depth != 1 or self._late_add_by is not None:
+            return None
+        if beat is not None and (beat.lost or beat.lapsed(self._clock())):
+            return None
+        if beat is not None:
+            beat.stop()
+            if beat.lost:  # the round that was running found it taken
+                return None
+        token = self._token
+        confirmed = max(self._confirmed_at, beat.confirmed_at if beat is not None else float("-inf"))
+        lease_seconds = beat.lease if beat is not None else 0.0
+        op = self._operation(token)
+        self._forget()
+        self._news.event(events.RELEASED, op, error="passed within the cohort")
+        return token, confirmed, lease_seconds
 
     def renew(self) -> bool:
         """One heartbeat now (a fresh read, and a write while the lock is ours); True when it was written.
@@ -738,7 +776,11 @@ class ReservationMutex:
         return lease.heartbeat_value(nonce, self._part, 0) if self.options.lease > 0 else ""
 
     def _start_heartbeat(
-        self, token: str, confirmed_at: float, lease_seconds: Optional[float] = None
+        self,
+        token: str,
+        confirmed_at: float,
+        lease_seconds: Optional[float] = None,
+        first_delay: Optional[float] = None,
     ) -> None:
         """With a lease on a model that takes it: heartbeat (a daemon thread on the real clock; with a
         virtual clock, tests call renew()). ``lease_seconds``: an adopted lock's lease, from its service."""
@@ -760,7 +802,7 @@ class ReservationMutex:
         )
         self._heartbeat.count = 0
         if self._clock is time.monotonic:
-            self._heartbeat.start()
+            self._heartbeat.start(first_delay)
 
     def _lost_notice(self, holder: Optional[Holder], report: bool = False) -> MutexLostError:
         op = self._operation(self._token or "")

@@ -1,0 +1,693 @@
+"""Cohort mode: processes on one execution server pass the server lock among themselves, with no server call.
+
+CloudShell starts the driver commands of one sandbox setup as separate processes on the same execution
+server. In cohort mode (Dice, Marathe and Shavit, "Lock Cohorting", PPoPP 2012) they first take a *local*
+lock, one per (server, reservation, alias) on this machine (an OS file lock through ``filelock``: freed by
+the OS when its process dies, on Windows too), and only the local holder deals with the CloudShell server.
+A releaser that sees local waiters *passes* the server lock (its ``MUTEX`` stays in place, its heartbeat
+goes on in the next holder) instead of removing it, at most ``max_passes`` times in a row and for at most
+``max_pass_seconds``; then it removes it, and the local waiters hold back ``yield_seconds`` so that other
+execution servers get their turn. docs/protocol.md ("Cohort mode") gives the steps and the guarantees.
+
+The cohort's files, in the cohort directory (local disk; default: a per-user folder in the temp dir):
+
+* ``<key>.lock``: the local lock; its holder is the only process of this machine that may hold the alias.
+* ``<key>.json``: the cohort's state, read and written only under ``<key>.state.lock`` (held for a moment):
+  the token of the server lock the cohort holds, its lease and last confirmation (this machine's monotonic
+  clock: one clock for every process), the passes in a row and since when, the local holder (pid, start
+  time, label) and the local waiters.
+* ``<key>.w.<id>.lock``: one per waiting process, held while it waits: a waiter whose process died is
+  found by its lock being free, without trusting pids (reused) or process tables (not OS-neutral).
+
+``key`` is a hash of the server, the reservation and the alias.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import hashlib
+import inspect
+import json
+import logging
+import math
+import os
+import random
+import secrets
+import socket
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, Optional, Union
+
+import filelock
+
+from . import catalog
+from .errors import MutexError, MutexLostError, MutexTimeout, MutexUsageError
+from .mutex import ReservationMutex
+from .options import check_duration
+
+#: Passes in a row before the cohort gives the server lock back (one server acquisition serves at most
+#: 1 + DEFAULT_MAX_PASSES local holders).
+DEFAULT_MAX_PASSES = 32
+#: Seconds from the cohort's server acquisition after which it stops passing.
+DEFAULT_MAX_PASS_SECONDS = 10.0
+
+
+class CohortPacing:
+    """How the one process per machine that waits on the server polls: it waits for another *cohort*, which
+    keeps the lock for up to K holds or T seconds, so polling faster than every second or two only costs
+    server calls (the server's load grows with the number of execution servers, not processes).
+
+    The delay *shrinks* as the wait grows, from ``start`` to ``end`` over ``steps`` polls (+/- ``jitter``):
+    at each release the execution server that has waited longest polls most often, so it is the likeliest
+    to get the lock. A growing backoff does the opposite (the longest waiter polls least often and starves);
+    a fixed rate leaves it to chance, which starved a server for whole windows in the benchmark.
+    """
+
+    def __init__(self, start: float = 2.5, end: float = 1.0, steps: int = 6, jitter: float = 0.25) -> None:
+        if not (0 < end <= start and steps >= 1 and 0 <= jitter < 1):
+            raise ValueError("CohortPacing needs 0 < end <= start, steps >= 1 and 0 <= jitter < 1")
+        self.start, self.end, self.steps, self.jitter = start, end, steps, jitter
+
+    def next_delay(self, attempt: int, previous: float, rng: random.Random) -> float:
+        """``start`` at the first retry, ``end`` from the ``steps``-th on, linearly between; jittered."""
+        share = min(1.0, max(0, attempt - 1) / self.steps)
+        return (self.start + (self.end - self.start) * share) * (1 + self.jitter * rng.uniform(-1, 1))
+
+    def __repr__(self) -> str:
+        return f"CohortPacing(start={self.start}, end={self.end}, steps={self.steps}, jitter={self.jitter})"
+
+
+#: The cohort's default pacing (see :class:`CohortPacing`).
+COHORT_PACING = CohortPacing()
+#: While waiting, a cohort's poller reads the holder (for the lease judgement) this often.
+COHORT_HOLDER_CHECK_INTERVAL = 15.0
+#: After giving the lock back because of a bound, local waiters wait up to this long before their add:
+#: about the cohort pacing's longest interval, so every waiting execution server has polled meanwhile.
+DEFAULT_YIELD_SECONDS = 2.5
+#: How often a local waiter tries the local lock (filelock polls); the local hand-off gap is about this
+#: divided by the number of waiters plus one.
+DEFAULT_LOCAL_POLL = 0.005
+#: How often the state lock is tried (it is held for a file read and write only).
+STATE_POLL = 0.001
+#: Without a lease, a passed lock is taken without a read only while its last confirmation is this recent;
+#: older, one read checks it (a party that breaks the protocol may have removed it meanwhile).
+TRUST_WITHOUT_LEASE = 5.0
+STATE_VERSION = 1
+
+_UNSET: Any = object()
+
+
+def default_cohort_dir() -> Path:
+    """A per-user folder in the system's temp dir (local disk on an execution server)."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # no user name in the environment (a service account on Windows): one shared folder
+        user = "user"
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in user) or "user"
+    return Path(tempfile.gettempdir()) / f"cloudshell-mutex-{safe}"
+
+
+def cohort_key(server: str, reservation_id: str, alias: str) -> str:
+    """The file name stem of the cohort of one lock on one server."""
+    raw = json.dumps([server, reservation_id, alias]).encode("utf-8")
+    return hashlib.sha256(raw).hexdigest()[:24]
+
+
+def trust_window(lease: float) -> float:
+    """How recent a passed lock's last confirmation must be for the next holder to take it without a read.
+
+    With a lease: half of it. A waiter on another machine breaks the lock only after seeing no heartbeat for
+    lease + margin on its own clock, which cannot start before the confirmation was sent, so a holder that
+    takes it within lease/2 and heartbeats from there cannot have been broken."""
+    return lease / 2 if lease > 0 else TRUST_WITHOUT_LEASE
+
+
+@dataclass
+class CohortState:
+    """The cohort's shared state (``<key>.json``). Times: ``*_at``/``since`` are on this machine's monotonic
+    clock (comparable between its processes); ``holder["started"]`` is wall time, for people."""
+
+    server: str = ""
+    reservation_id: str = ""
+    alias: str = ""
+    token: Optional[str] = None  # the server lock the cohort holds (None: it holds none)
+    lease: float = 0.0
+    confirmed_at: Optional[float] = None  # when its last confirmation was sent (add, read or heartbeat)
+    since: Optional[float] = None  # when the cohort took it from the server
+    passes: int = 0  # hand-offs within the cohort since then
+    holder: Optional[Dict[str, Any]] = None  # the local holder: pid, started, owner
+    waiters: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # waiter id -> pid, since
+    yielded_at: Optional[float] = None  # when the cohort last gave the lock back because of a bound
+    version: int = STATE_VERSION
+
+    @classmethod
+    def from_text(cls, text: str) -> CohortState:
+        """Parse the file; a damaged or foreign one gives a fresh state (see :class:`CohortFiles`)."""
+        try:
+            data = json.loads(text)
+            if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
+                return cls()
+            known = {f for f in cls.__dataclass_fields__}
+            return cls(**{k: v for k, v in data.items() if k in known})
+        except (ValueError, TypeError):
+            return cls()
+
+    def to_text(self) -> str:
+        """The file's text."""
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+class CohortFiles:
+    """The files of one cohort: the local lock, the state (under its own short lock), the waiters' locks."""
+
+    def __init__(self, directory: Union[str, Path], key: str) -> None:
+        self.directory = Path(directory)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise MutexUsageError(
+                f"cannot create the cohort directory {self.directory} ({error.strerror or error}): pass "
+                "cohort_dir= a folder on a local disk that this user can write, or cohort=False"
+            ) from None
+        self.key = key
+        self.lock_path = self.directory / f"{key}.lock"
+        self.state_path = self.directory / f"{key}.json"
+        self._state_lock = new_file_lock(self.directory / f"{key}.state.lock")
+
+    def local_lock(self) -> filelock.BaseFileLock:
+        """A new handle on the local lock (one per lock object: OS file locks exclude handles)."""
+        return new_file_lock(self.lock_path)
+
+    def waiter_path(self, waiter: str) -> Path:
+        """The lock file a waiter holds while it waits."""
+        return self.directory / f"{self.key}.w.{waiter}.lock"
+
+    @contextlib.contextmanager
+    def state(self) -> Iterator[CohortState]:
+        """The state, under the state lock; written back (atomically) when the block ends without error."""
+        with self._state_lock.acquire(timeout=-1, poll_interval=STATE_POLL):
+            try:
+                state = CohortState.from_text(self.state_path.read_text(encoding="utf-8"))
+            except FileNotFoundError:
+                state = CohortState()
+            yield state
+            temporary = self.state_path.with_name(f"{self.state_path.name}.{os.getpid()}.tmp")
+            temporary.write_text(state.to_text(), encoding="utf-8")
+            os.replace(temporary, self.state_path)
+
+    def live_waiters(self, state: CohortState) -> int:
+        """How many registered waiters are alive (their lock is held); drops dead ones from ``state``."""
+        alive = 0
+        for waiter in list(state.waiters):
+            probe = new_file_lock(self.waiter_path(waiter))
+            try:
+                probe.acquire(timeout=0)
+            except filelock.Timeout:
+                alive += 1
+                continue
+            # Free: its process died while waiting (a live waiter unregisters before it lets go).
+            probe.release()
+            state.waiters.pop(waiter, None)
+            with contextlib.suppress(OSError):
+                self.waiter_path(waiter).unlink()
+        return alive
+
+
+def new_file_lock(path: Path) -> filelock.BaseFileLock:
+    """An OS file lock (fcntl.flock, or msvcrt.locking on Windows) on ``path``, usable from any thread.
+
+    Never a lock file that only exists: the OS must free the lock when its process dies (filelock 4 falls
+    back to such files on a file system without flock unless told not to; it then raises instead)."""
+    return filelock.FileLock(str(path), thread_local=False, **_NO_SOFT_FALLBACK)
+
+
+_NO_SOFT_FALLBACK = (
+    {"fallback_to_soft": False}
+    if "fallback_to_soft" in inspect.signature(filelock.FileLock.__init__).parameters
+    else {}
+)
+
+
+def cohort_available() -> bool:
+    """True where cohort mode can work: filelock has an OS file lock here (fcntl or msvcrt). Elsewhere it
+    falls back to lock files that the OS does not free when their process dies."""
+    return not issubclass(filelock.FileLock, filelock.SoftFileLock)
+
+
+class CohortMutex:
+    """A :class:`~.mutex.ReservationMutex` in cohort mode: processes on this machine that lock the same alias
+    in the same reservation on the same server pass the server lock among themselves.
+
+    Use it like a ``ReservationMutex`` (``with``, ``acquire``/``release``, ``ensure_held``, ``holder``,
+    ``generation``). It is a class of its own rather than a ``cohort=`` option of ``ReservationMutex``
+    because it behaves differently where it matters (a local lock first, passes, no ``export``); the driver
+    mixin makes one by default. Options beyond the ``ReservationMutex`` ones:
+
+    * ``cohort_dir``: the folder of the cohort's files; local disk only (default: a per-user folder in the
+      temp dir). Processes that should form one cohort must use the same folder.
+    * ``pacing`` and ``holder_check_interval``: as for ``ReservationMutex``, but by default
+      :class:`CohortPacing` (a poll every 2.5 s at first, every second after a few: only one process per
+      machine polls, it waits for a whole cohort's turn, and the longest waiter polls most) and a holder
+      read every 15 s.
+    * ``max_passes`` (K, default 32) and ``max_pass_seconds`` (T, default 10): a releaser passes the server
+      lock to a local waiter only while the cohort has passed it fewer than K times in a row and took it
+      from the server less than T seconds ago; otherwise it releases it to the server.
+    * ``yield_seconds`` (default 2.5, the cohort pacing's longest interval): after such a bounded release,
+      local waiters hold back until a read shows that another execution server took the lock, or for this
+      long, so that waiters on other execution servers get their turn.
+    * ``local_poll``: seconds between a local waiter's tries of the local lock (default 5 ms).
+
+    After an acquire, :attr:`passed` tells whether the lock came from a local pass (no server call) and
+    :attr:`predecessor` names a local holder that died holding it (its work may be half done: see
+    docs/protocol.md). :meth:`export` is refused: a lock that the cohort passes on cannot also be handed to
+    another machine.
+    """
+
+    def __init__(
+        self,
+        api: Any,
+        reservation_id: str,
+        owner: Optional[str] = "cloudshell-mutex",
+        name: str = "MUTEX",
+        timeout: Optional[float] = _UNSET,
+        logger: Optional[logging.Logger] = None,
+        *,
+        cohort_dir: Optional[Union[str, Path]] = None,
+        max_passes: int = DEFAULT_MAX_PASSES,
+        max_pass_seconds: float = DEFAULT_MAX_PASS_SECONDS,
+        yield_seconds: float = DEFAULT_YIELD_SECONDS,
+        local_poll: float = DEFAULT_LOCAL_POLL,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        **options: Any,
+    ) -> None:
+        if not cohort_available():
+            raise MutexUsageError(
+                "cohort mode needs an OS file lock (fcntl or msvcrt), which this platform lacks: "
+                "use cohort=False"
+            )
+        if isinstance(max_passes, bool) or not isinstance(max_passes, int) or max_passes < 0:
+            raise ValueError(f"max_passes must be a whole number >= 0 (0: never pass), got {max_passes!r}")
+        self.max_passes = max_passes
+        self.max_pass_seconds = check_duration("max_pass_seconds", max_pass_seconds)
+        self.yield_seconds = check_duration("yield_seconds", yield_seconds)
+        self.local_poll = check_duration("local_poll", local_poll, minimum=0.0005)
+        if timeout is not _UNSET:
+            options["timeout"] = timeout
+        if options.get("options") is None:
+            options.setdefault("pacing", COHORT_PACING)
+            options.setdefault("holder_check_interval", COHORT_HOLDER_CHECK_INTERVAL)
+        self._mutex = ReservationMutex(
+            api, reservation_id, owner=owner, name=name, logger=logger, clock=clock, sleep=sleep, **options
+        )
+        self.logger = self._mutex.logger
+        self._clock = clock
+        self._sleep = sleep
+        server = catalog.server_key(api)
+        self.cohort_dir = Path(cohort_dir) if cohort_dir is not None else default_cohort_dir()
+        self._files = CohortFiles(self.cohort_dir, cohort_key(server, self._mutex.reservation_id, name))
+        self._where = (server, self._mutex.reservation_id, name)
+        self._local = self._files.local_lock()
+        self._held = False
+        self.passed = False
+        self.predecessor: Optional[Dict[str, Any]] = None
+
+    # ------------------------------------------------------------------ what ReservationMutex has
+
+    @property
+    def mutex(self) -> ReservationMutex:
+        """The underlying server lock object of this process."""
+        return self._mutex
+
+    @property
+    def api(self) -> Any:
+        """The API session the lock makes its calls with."""
+        return self._mutex.api
+
+    @property
+    def owner(self) -> str:
+        """The label of this process's acquisitions."""
+        return self._mutex.owner
+
+    @property
+    def timeout(self) -> Optional[float]:
+        """Seconds a blocking acquire waits by default (None: forever)."""
+        return self._mutex.timeout
+
+    @property
+    def leased(self) -> bool:
+        """True while this object holds the lock with a lease (it heartbeats)."""
+        return self._held and self._mutex.leased
+
+    @property
+    def name(self) -> str:
+        """The lock's service alias."""
+        return self._mutex.name
+
+    @property
+    def reservation_id(self) -> str:
+        """The reservation this lock is in."""
+        return self._mutex.reservation_id
+
+    @property
+    def options(self) -> Any:
+        """The :class:`~.options.MutexOptions` of the server lock."""
+        return self._mutex.options
+
+    @property
+    def calls(self) -> int:
+        """API calls made by this object in total."""
+        return self._mutex.calls
+
+    @property
+    def token(self) -> Optional[str]:
+        """The owner token of the server lock while this object holds it (the cohort's acquisition)."""
+        return self._mutex.token if self._held else None
+
+    def locked(self) -> bool:
+        """True while this object holds the lock."""
+        return self._held
+
+    def ensure_held(self, read: bool = False) -> None:
+        """As :meth:`ReservationMutex.ensure_held`."""
+        self._mutex.ensure_held(read)
+
+    def holder(self) -> Any:
+        """Who holds the server lock now (one fresh read)."""
+        return self._mutex.holder()
+
+    def renew(self) -> bool:
+        """One heartbeat now (as :meth:`ReservationMutex.renew`)."""
+        return self._mutex.renew()
+
+    @property
+    def generation(self) -> int:
+        """As :attr:`ReservationMutex.generation`: every local holder that asks gets a larger number."""
+        return self._mutex.generation
+
+    def export(self) -> str:
+        """Refused: the cohort passes its lock to local processes, so a handle given to another machine
+        would let two holders overlap. Use a ``ReservationMutex`` (cohort off) for export/adopt."""
+        raise MutexUsageError(
+            "a lock in cohort mode cannot be exported: the cohort passes it to other processes on this "
+            "machine. Use ReservationMutex (cohort=False) for a lock you export",
+            reservation_id=self.reservation_id,
+            alias=self.name,
+        )
+
+    def local_state(self) -> CohortState:
+        """The cohort's state as this machine's files show it now."""
+        with self._files.state() as state:
+            return state
+
+    # ------------------------------------------------------------------ acquire
+
+    def acquire(self, blocking: bool = True, timeout: Optional[float] = _UNSET) -> bool:
+        """Take the local lock, then the server lock: from the cohort (no call) when it holds it, else from
+        the server as :meth:`ReservationMutex.acquire` does. Same contract: True, False (non-blocking, busy)
+        or :class:`~.errors.MutexTimeout`."""
+        if timeout is _UNSET:
+            timeout = self._mutex.timeout
+        elif not blocking:
+            raise ValueError("a non-blocking acquire cannot have a timeout; leave timeout out")
+        check_duration("timeout", timeout, allow_none=True)
+        if self._held:
+            if self.options.reentrant:
+                return self._mutex.acquire()  # counted, no call
+            raise MutexUsageError(
+                f"this CohortMutex already holds {self.name!r} in reservation {self.reservation_id}; "
+                "release it first, pass reentrant=True to allow nesting, or use one object per task",
+                reservation_id=self.reservation_id,
+                alias=self.name,
+            )
+        start = self._clock()
+        deadline = start if not blocking else (None if timeout is None else start + timeout)
+        if not self._take_local(deadline):
+            self._tidy_orphan()
+            if not blocking:
+                return False
+            raise self._local_timeout(start)
+        try:
+            acquired = self._take_server(blocking, deadline)
+        except BaseException:
+            self._leave(clear_holder=True)
+            raise
+        if not acquired:
+            self._leave(clear_holder=True)
+        return acquired
+
+    def _take_local(self, deadline: Optional[float]) -> bool:
+        try:  # the common, uncontended case: no registration
+            self._local.acquire(timeout=0)
+            return True
+        except filelock.Timeout:
+            if deadline is not None and self._clock() >= deadline:
+                return False
+        waiter = f"{os.getpid()}-{secrets.token_hex(4)}"
+        mark = new_file_lock(self._files.waiter_path(waiter))
+        mark.acquire(timeout=-1)  # its own file: free at once
+        try:
+            with self._files.state() as state:
+                state.waiters[waiter] = {"pid": os.getpid(), "since": self._clock()}
+            try:
+                remaining = -1.0 if deadline is None else max(0.0, deadline - self._clock())
+                self._local.acquire(timeout=remaining, poll_interval=self.local_poll)
+                return True
+            except filelock.Timeout:
+                return False
+        finally:
+            with self._files.state() as state:
+                state.waiters.pop(waiter, None)
+            mark.release()
+            with contextlib.suppress(OSError):
+                self._files.waiter_path(waiter).unlink()
+
+    def _take_server(self, blocking: bool, deadline: Optional[float]) -> bool:
+        with self._files.state() as state:
+            state.server, state.reservation_id, state.alias = self._where
+            dead = state.holder  # a live holder clears it before it lets go of the local lock
+            token, lease_seconds, confirmed_at = state.token, state.lease, state.confirmed_at
+            yielded_at = state.yielded_at
+            state.holder = {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "owner": self._mutex.owner,
+                "started": time.time(),
+            }
+        self.passed = False
+        self.predecessor = dead
+        if dead is not None:
+            self.logger.warning(
+                "cloudshell-mutex: the local holder of %s in reservation %s (pid %s, %s) died holding it; "
+                "the OS freed its local lock. %s",
+                self.name,
+                self.reservation_id,
+                dead.get("pid"),
+                dead.get("owner"),
+                "Carrying on under the cohort's server lock after checking it"
+                if token
+                else "The cohort held no server lock",
+            )
+        if token is not None and self._join(token, lease_seconds, confirmed_at, verify=dead is not None):
+            return True
+        if yielded_at is not None and blocking:
+            self._yield_turn(yielded_at, deadline)
+        if blocking:
+            remaining = None if deadline is None else max(0.0, deadline - self._clock())
+            acquired = self._mutex.acquire(True, remaining)
+        else:
+            acquired = self._mutex.acquire(False)
+        if acquired:
+            beat = self._mutex._heartbeat
+            with self._files.state() as state:
+                state.token = self._mutex.token
+                state.lease = beat.lease if beat is not None else 0.0
+                state.confirmed_at = self._mutex._confirmed_at
+                state.since = self._clock()
+                state.passes = 0
+                state.yielded_at = None
+            self._held = True
+        return acquired
+
+    def _yield_turn(self, yielded_at: float, deadline: Optional[float]) -> None:
+        """The cohort gave the lock back because of a bound: let other execution servers' waiters in. Wait
+        until a read shows that someone else took it (then wait for it like any waiter, at a random phase
+        of the pacing, as the others do), or until ``yield_seconds`` passed with nobody taking it (every
+        waiter polls within the cohort pacing's cap, so nobody else wants it)."""
+        end = yielded_at + self.yield_seconds
+        if deadline is not None:
+            end = min(end, deadline)
+        step = max(self.yield_seconds / 3, 0.05)
+        while self._clock() < end:
+            self._sleep(max(0.0, min(step, end - self._clock())))
+            try:
+                if self._mutex.holder() is not None:
+                    return
+            except MutexError:  # the acquire that follows reports what is wrong
+                return
+
+    def _join(self, token: str, lease_seconds: float, confirmed_at: Optional[float], verify: bool) -> bool:
+        """Take the cohort's server lock: without a call when its last confirmation is recent, else after
+        one read (and, with a lease, a heartbeat). False when it turns out not to be the cohort's any more."""
+        fresh = confirmed_at is not None and self._clock() - confirmed_at < trust_window(lease_seconds)
+        try:
+            if fresh and not verify:
+                self._mutex._cohort_join(token, confirmed_at, lease_seconds)
+            else:
+                self._mutex._adopt(token)  # one read; raises MutexLostError when it is not ours
+        except MutexLostError:
+            with self._files.state() as state:
+                state.token = state.confirmed_at = state.since = None
+                state.passes = 0
+            self.logger.warning(
+                "cloudshell-mutex: the cohort's server lock %s in reservation %s was not held any more; "
+                "acquiring it from the server",
+                self.name,
+                self.reservation_id,
+            )
+            return False
+        if not fresh or verify:
+            with self._files.state() as state:
+                state.confirmed_at = self._mutex._confirmed_at
+        self.passed = True
+        self._held = True
+        return True
+
+    def _tidy_orphan(self) -> None:
+        """After a local wait that ended without the lock: if the lock was passed to a waiter that then gave
+        up (timed out, or died) and nobody holds it locally, take it and release it properly, so that the
+        server lock does not stay in place with nobody to heartbeat or remove it."""
+        try:
+            self._local.acquire(timeout=0)
+        except filelock.Timeout:
+            return  # someone holds it: they release it
+        with self._files.state() as state:
+            orphan = state.token is not None and state.holder is None
+        if not orphan:
+            self._let_go()
+            return
+        try:
+            if self._take_server(False, self._clock()):
+                self.release()
+            else:
+                self._leave(clear_holder=True)
+        except Exception:  # tidying is a courtesy; the lease (if any) recovers the lock otherwise
+            self.logger.warning("cloudshell-mutex: could not release an orphaned cohort lock", exc_info=True)
+            if self._held:
+                self._leave(clear_holder=True)
+
+    def _local_timeout(self, start: float) -> MutexTimeout:
+        with self._files.state() as state:
+            holder = state.holder
+        waited = self._clock() - start
+        who = f"pid {holder.get('pid')} ({holder.get('owner')})" if holder else "another process"
+        return MutexTimeout(
+            f"timed out after {waited:.1f} s waiting for {self.name!r} in reservation {self.reservation_id}: "
+            f"{who} on this machine holds it in cohort mode (local lock {self._files.lock_path}). "
+            "Wait longer (timeout=...), or find out why that process holds it so long",
+            holder=who,
+            waited=waited,
+            reservation_id=self.reservation_id,
+            alias=self.name,
+        )
+
+    # ------------------------------------------------------------------ release
+
+    def release(self) -> None:
+        """Pass the server lock to a local waiter (within the bounds) or release it to the server; then let
+        go of the local lock. Raises what :meth:`ReservationMutex.release` raises; a release that failed
+        with the lock still held (:class:`~.errors.MutexReleaseError`) keeps the local lock too, so that
+        release() can be called again."""
+        if not self._held:
+            return
+        if self._mutex._depth > 1:
+            self._mutex.release()  # nested: counted down, no call
+            return
+        with self._files.state() as state:
+            waiting = self._files.live_waiters(state)
+            now = self._clock()
+            within = state.passes < self.max_passes and (
+                state.since is None or now - state.since < self.max_pass_seconds
+            )
+        passed = self._mutex._cohort_pass() if waiting and within else None
+        if passed is not None:
+            token, confirmed_at, lease_seconds = passed
+            with self._files.state() as state:
+                state.token, state.lease = token, lease_seconds
+                state.confirmed_at = confirmed_at if math.isfinite(confirmed_at) else None
+                state.passes += 1
+                state.holder = None
+            self._let_go()
+            return
+        try:
+            self._mutex.release()
+        except BaseException:
+            if self._mutex.locked():  # a failed release: still held, call release() again
+                raise
+            self._leave(clear_holder=True, clear_token=True)
+            raise
+        self._leave(clear_holder=True, clear_token=True, yielded=bool(waiting) and not within)
+
+    def _leave(self, clear_holder: bool, clear_token: bool = False, yielded: bool = False) -> None:
+        with self._files.state() as state:
+            if clear_holder:
+                state.holder = None
+            if clear_token:
+                state.token = state.confirmed_at = state.since = None
+                state.passes = 0
+                state.yielded_at = self._clock() if yielded else None
+        self._let_go()
+
+    def _let_go(self) -> None:
+        self._held = False
+        if self._local.is_locked:
+            self._local.release()
+
+    def __enter__(self) -> CohortMutex:
+        self.acquire()
+        return self
+
+    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        state = f"held as {self._mutex.token!r}" if self._held else "not held"
+        return f"<CohortMutex {self.name!r} reservation={self.reservation_id} {state}>"
+
+
+def local_status(
+    api: Any, reservation_id: str, alias: str, cohort_dir: Optional[Union[str, Path]] = None
+) -> Optional[CohortState]:
+    """The cohort state of a lock on *this* machine, or None when no cohort here has used it. Another
+    execution server's local holder is only visible there."""
+    directory = Path(cohort_dir) if cohort_dir is not None else default_cohort_dir()
+    key = cohort_key(catalog.server_key(api), reservation_id, alias)
+    if not (directory / f"{key}.json").exists():
+        return None
+    files = CohortFiles(directory, key)
+    with files.state() as state:
+        files.live_waiters(state)
+        return state
+
+
+def describe_local(state: CohortState, token: Optional[str], now: Optional[float] = None) -> str:
+    """One line for ``cloudshell-mutex status`` on this machine: whether this machine's cohort holds the lock
+    (the server holder's token is the cohort's), its local holder, waiters and passes."""
+    if state.token is None or state.token != token:
+        return "cohort on this machine: does not hold it"
+    now = time.monotonic() if now is None else now
+    parts = [f"cohort on this machine: holds it ({state.passes} passes in a row"]
+    if state.since is not None:
+        parts[0] += f", for {max(0.0, now - state.since):.1f} s"
+    parts[0] += ")"
+    holder = state.holder
+    if holder:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(holder.get("started", 0))))
+        parts.append(f"local holder pid {holder.get('pid')} ({holder.get('owner')}) since {started}")
+    else:
+        parts.append("passed, not yet taken by a local waiter")
+    parts.append(f"{len(state.waiters)} local waiters")
+    return "; ".join(parts)

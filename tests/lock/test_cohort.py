@@ -1,0 +1,272 @@
+"""Cohort mode on the virtual clock: passes without server calls, the K and T bounds, dead local holders and
+waiters, trusted and verified joins. The local lock is the real OS file lock (in a temp dir); processes are
+stood in for by separate lock objects (OS file locks exclude handles, not processes)."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+
+import pytest
+from fakes import RES, FakeApi, other_holds
+
+from cloudshell_mutex import MutexTimeout, MutexUsageError, protocol
+from cloudshell_mutex.lock import catalog
+from cloudshell_mutex.lock.cohort import CohortMutex, CohortPacing, new_file_lock, trust_window
+from cloudshell_mutex.lock.pacing import CallBudget, FixedPacing
+
+LEASED_MODEL = (protocol.ATTR_OWNER, *protocol.LEASE_ATTRIBUTES)
+
+
+def cohort(api, clock, directory, owner="driver", **kwargs) -> CohortMutex:
+    if api.clock is None:
+        api.clock = clock
+    kwargs.setdefault("pacing", FixedPacing(0.1))
+    kwargs.setdefault("budget", CallBudget(rate=1000, burst=1000, clock=clock))
+    kwargs.setdefault("lease", 0)
+    names = catalog.FULL if set(api.model_attributes) >= catalog.FULL else catalog.OWNER_ONLY
+    catalog.learn(api, protocol.SERVICE_MODEL, names)
+    return CohortMutex(
+        api,
+        RES,
+        owner=owner,
+        cohort_dir=directory,
+        clock=clock,
+        sleep=clock.sleep,
+        rng=random.Random(1),
+        **kwargs,
+    )
+
+
+@contextlib.contextmanager
+def local_waiter(mutex: CohortMutex, waiter: str = "test-waiter", alive: bool = True):
+    """A process of this machine waiting for the local lock: registered, holding its own waiter lock."""
+    mark = new_file_lock(mutex._files.waiter_path(waiter))
+    if alive:
+        mark.acquire()
+    with mutex._files.state() as state:
+        state.waiters[waiter] = {"pid": 1}
+    try:
+        yield
+    finally:
+        with mutex._files.state() as state:
+            state.waiters.pop(waiter, None)
+        if mark.is_locked:
+            mark.release()
+
+
+def test_an_uncontended_cohort_lock_costs_what_a_plain_one_costs(clock, tmp_path):
+    api = FakeApi(clock=clock)
+    a = cohort(api, clock, tmp_path)
+    a.acquire()
+    assert api.calls == ["AddServiceToReservation"] and not a.passed
+    a.release()
+    assert api.calls == ["AddServiceToReservation", "GetReservationDetails", "RemoveServicesFromReservation"]
+    assert not api.services and a.local_state().token is None
+
+
+def test_a_releaser_with_a_local_waiter_passes_the_server_lock_without_a_call(clock, tmp_path):
+    api = FakeApi(clock=clock)
+    a, b = cohort(api, clock, tmp_path, "A"), cohort(api, clock, tmp_path, "B")
+    a.acquire()
+    token = a.token
+    api.calls.clear()
+    with local_waiter(a):
+        a.release()
+    assert api.calls == []  # the pass: no server call
+    assert api.services[protocol.DEFAULT_ALIAS][protocol.ATTR_OWNER] == token  # MUTEX stays in place
+    state = a.local_state()
+    assert state.token == token and state.passes == 1 and state.holder is None
+    b.acquire()
+    assert api.calls == [] and b.passed and b.token == token and b.locked()
+    b.release()  # nobody waits: released to the server, read first
+    assert api.calls == ["GetReservationDetails", "RemoveServicesFromReservation"]
+    assert not api.services
+
+
+def test_at_most_k_passes_in_a_row_then_the_lock_goes_back_to_the_server_and_local_waiters_yield(
+    clock, tmp_path
+):
+    api = FakeApi(clock=clock)
+    locks = [cohort(api, clock, tmp_path, f"P{i}", max_passes=2, yield_seconds=1.5) for i in range(4)]
+    locks[0].acquire()
+    with local_waiter(locks[0]):
+        for current, following in zip(locks, locks[1:3]):
+            current.release()
+            following.acquire()
+            assert following.passed
+        api.calls.clear()
+        locks[2].release()  # the third holder: 2 passes already
+    assert api.calls == ["GetReservationDetails", "RemoveServicesFromReservation"]
+    assert locks[2].local_state().yielded_at is not None
+    clock.sleeps.clear()
+    api.calls.clear()
+    locks[3].acquire()
+    # Held back for yield_seconds (reading now and then) so that other servers' waiters get in; nobody did.
+    assert not locks[3].passed and sum(clock.sleeps) == pytest.approx(1.5)
+    assert api.calls == ["GetReservationDetails"] * 3 + ["AddServiceToReservation"]
+    locks[3].release()
+
+
+def test_a_yielding_cohort_that_sees_another_server_take_the_lock_waits_for_it_like_any_waiter(
+    clock, tmp_path
+):
+    api = FakeApi(clock=clock)
+    a, b = cohort(api, clock, tmp_path, "A", max_passes=0), cohort(api, clock, tmp_path, "B")
+    a.acquire()
+    with local_waiter(a):
+        a.release()  # K = 0: straight back to the server, and the cohort yields
+    other_holds(api)  # another execution server's waiter took it at once
+    api.late_remove(clock.now + 5)  # ... and releases it 5 s later
+    api.calls.clear()
+    b.acquire()
+    assert api.calls[0] == "GetReservationDetails" and api.calls.count("AddServiceToReservation") > 1
+    assert clock.now >= 1000 + 5  # it waited for the other server's turn, not just the yield
+    b.release()
+
+
+def test_no_passes_after_max_pass_seconds(clock, tmp_path):
+    api = FakeApi(clock=clock)
+    a, b = cohort(api, clock, tmp_path, "A", max_pass_seconds=5), cohort(api, clock, tmp_path, "B")
+    a.acquire()
+    clock.sleep(6)
+    api.calls.clear()
+    with local_waiter(a):
+        a.release()
+    assert api.calls == ["GetReservationDetails", "RemoveServicesFromReservation"]
+    b.acquire()
+    assert not b.passed
+    b.release()
+
+
+def test_a_dead_waiter_is_not_counted_and_is_dropped(clock, tmp_path):
+    api = FakeApi(clock=clock)
+    a = cohort(api, clock, tmp_path)
+    a.acquire()
+    with local_waiter(a, alive=False):  # registered, but its lock is free: its process died
+        a.release()
+        assert a.local_state().waiters == {}
+    assert not api.services  # released to the server: no one to pass it to
+
+
+def test_a_local_holder_that_died_is_detected_and_the_next_carries_on_after_one_read(clock, tmp_path):
+    api = FakeApi(clock=clock)
+    a, b = cohort(api, clock, tmp_path, "A"), cohort(api, clock, tmp_path, "B")
+    a.acquire()
+    token = a.token
+    a._local.release()  # what the OS does when A's process dies: the local lock is freed, nothing else
+    api.calls.clear()
+    b.acquire()
+    assert b.predecessor is not None and b.predecessor["owner"] == "A"
+    assert b.passed and b.token == token
+    assert api.calls == ["GetReservationDetails"]  # verified, never trusted after a death
+    b.release()
+    assert not api.services
+
+
+def test_a_passed_lock_that_was_taken_meanwhile_is_acquired_from_the_server_again(clock, tmp_path):
+    api = FakeApi(clock=clock)
+    a, b = cohort(api, clock, tmp_path, "A"), cohort(api, clock, tmp_path, "B")
+    a.acquire()
+    with local_waiter(a):
+        a.release()
+    del api.services[protocol.DEFAULT_ALIAS]  # a protocol violator removed it (the original snippet's exit)
+    other_holds(api)
+    clock.sleep(trust_window(0) + 1)  # too old to trust without a read
+    assert b.acquire(blocking=False) is False
+    assert b.local_state().token is None and b.local_state().holder is None
+    assert api.services[protocol.DEFAULT_ALIAS][protocol.ATTR_OWNER] == "Other@host:1:deadbeef"
+
+
+def test_with_a_lease_the_next_holder_trusts_a_fresh_pass_and_keeps_heartbeating(clock, tmp_path):
+    api = FakeApi(attributes=LEASED_MODEL, clock=clock)
+    a, b = cohort(api, clock, tmp_path, "A", lease=3), cohort(api, clock, tmp_path, "B", lease=3)
+    a.acquire()
+    token = a.token
+    assert a.mutex.renew()
+    api.calls.clear()
+    with local_waiter(a):
+        a.release()
+    b.acquire()
+    assert api.calls == [] and b.passed and b.mutex.leased
+    b.ensure_held()
+    assert b.renew()  # the new local holder writes the heartbeat of the same acquisition
+    assert api.services[protocol.DEFAULT_ALIAS][protocol.ATTR_OWNER] == b.token == token
+    b.release()
+    assert not api.services
+
+
+def test_with_a_lease_a_pass_older_than_half_the_lease_is_verified_and_beaten_at_once(clock, tmp_path):
+    api = FakeApi(attributes=LEASED_MODEL, clock=clock)
+    a, b = cohort(api, clock, tmp_path, "A", lease=3), cohort(api, clock, tmp_path, "B", lease=3)
+    a.acquire()
+    with local_waiter(a):
+        a.release()
+    clock.sleep(2)  # > lease / 2: a waiter elsewhere could be close to judging it stale
+    api.calls.clear()
+    b.acquire()
+    assert api.calls == ["GetReservationDetails", "GetReservationDetails", "SetServiceAttributesValues"]
+    b.release()
+
+
+def test_export_is_refused_in_cohort_mode(clock, tmp_path):
+    api = FakeApi(clock=clock)
+    a = cohort(api, clock, tmp_path)
+    with a, pytest.raises(MutexUsageError, match="cannot be exported"):
+        a.export()
+
+
+def test_a_busy_local_lock_makes_a_non_blocking_acquire_false_and_a_blocking_one_time_out(clock, tmp_path):
+    api = FakeApi(clock=clock)
+    a, b = cohort(api, clock, tmp_path, "A"), cohort(api, clock, tmp_path, "B")
+    a.acquire()
+    api.calls.clear()
+    assert b.acquire(blocking=False) is False
+    with pytest.raises(MutexTimeout, match=r"pid \d+ \(A\) on this machine holds it in cohort mode"):
+        b.acquire(timeout=0.05)  # the local wait is in real time; the virtual clock does not move
+    assert api.calls == []  # a local waiter never polls the server
+    assert b.local_state().waiters == {}
+    a.release()
+
+
+def test_a_lock_passed_to_a_waiter_that_gave_up_is_released_by_the_next_one_that_gives_up(clock, tmp_path):
+    api = FakeApi(clock=clock)
+    a, c = cohort(api, clock, tmp_path, "A"), cohort(api, clock, tmp_path, "C")
+    a.acquire()
+    with local_waiter(a):
+        a.release()  # passed; the waiter then timed out without taking it
+    c._tidy_orphan()
+    assert not api.services and c.local_state().token is None and not c.locked()
+
+
+@pytest.mark.parametrize(
+    "options, error",
+    [
+        ({"max_passes": -1}, ValueError),
+        ({"max_passes": 1.5}, ValueError),
+        ({"max_pass_seconds": float("nan")}, ValueError),
+        ({"yield_seconds": "1"}, TypeError),
+        ({"local_poll": 0}, ValueError),
+    ],
+)
+def test_bad_cohort_options_fail_when_the_lock_is_made(clock, tmp_path, options, error):
+    with pytest.raises(error):
+        cohort(FakeApi(clock=clock), clock, tmp_path, **options)
+
+
+def test_a_cohort_dir_that_cannot_be_made_says_what_to_do(clock, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(MutexUsageError, match="cohort_dir="):
+        cohort(FakeApi(clock=clock), clock, blocker / "sub")
+
+
+def test_the_cohort_pacing_polls_more_often_the_longer_it_waits():
+    pacing = CohortPacing(start=2.5, end=1.0, steps=6, jitter=0)
+    delays = [pacing.next_delay(attempt, 0.0, random.Random(1)) for attempt in range(1, 10)]
+    assert delays[0] == 2.5 and delays[6:] == [1.0, 1.0, 1.0]
+    assert all(a > b for a, b in zip(delays[:6], delays[1:7]))  # the longest waiter polls most
+    jittered = CohortPacing(jitter=0.25)
+    assert all(0.75 <= jittered.next_delay(50, 0.0, random.Random(seed)) <= 1.25 for seed in range(50))
+    with pytest.raises(ValueError):
+        CohortPacing(start=1.0, end=2.0)
