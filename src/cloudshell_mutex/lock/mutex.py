@@ -346,7 +346,7 @@ class ReservationMutex:
                 reservation_id=self.reservation_id,
                 alias=self.name,
             )
-        op = self._operation(make_token(self.owner))
+        op = self._operation(self._new_token())
         op.deadline = op.start if not blocking else (None if timeout is None else op.start + timeout)
         try:
             acquired = self._acquire(op, blocking)
@@ -439,6 +439,17 @@ class ReservationMutex:
             failures += 1
             if self._release_failure(op, result.failure, failures, "removing the lock service"):
                 return
+
+    def detach(self) -> None:
+        """Stop holding without removing the service (no call): for an acquisition shared with other
+        participants (:meth:`adopt`, a read group of :class:`~.rwlock.ReservationRWLock`) when another
+        participant removes it. The heartbeat stops; an add that may still land goes to the watcher."""
+        if self._token is not None:
+            self._forget()
+
+    def _new_token(self) -> str:
+        """The owner token of a new acquisition (a lock that marks its tokens overrides this)."""
+        return make_token(self.owner)
 
     def __enter__(self) -> ReservationMutex:
         self.acquire()
