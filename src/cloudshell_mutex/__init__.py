@@ -23,6 +23,7 @@ from .lock.events import MutexEvent
 from .lock.holder import Holder
 from .lock.mutex import ReservationMutex
 from .lock.options import MutexOptions
+from .lock.rwlock import ReservationRWLock
 
 __version__ = "0.1.0"
 
@@ -39,6 +40,7 @@ __all__ = [
     "MutexTimeout",
     "MutexUsageError",
     "ReservationMutex",
+    "ReservationRWLock",
     "ReservationNotActive",
     "__version__",
     "protocol",

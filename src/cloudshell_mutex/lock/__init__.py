@@ -31,6 +31,7 @@ from .events import MutexEvent
 from .holder import Holder
 from .mutex import ReservationMutex
 from .options import MutexOptions
+from .rwlock import ReservationRWLock
 
 __all__ = [
     "CallResult",
@@ -47,6 +48,7 @@ __all__ = [
     "MutexTimeout",
     "MutexUsageError",
     "ReservationMutex",
+    "ReservationRWLock",
     "ReservationNotActive",
     "Status",
 ]
