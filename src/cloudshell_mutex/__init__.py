@@ -40,8 +40,8 @@ __all__ = [
     "MutexTimeout",
     "MutexUsageError",
     "ReservationMutex",
-    "ReservationRWLock",
     "ReservationNotActive",
+    "ReservationRWLock",
     "__version__",
     "protocol",
 ]

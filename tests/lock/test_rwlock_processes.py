@@ -265,7 +265,8 @@ def test_a_waiting_writer_gets_in_while_readers_keep_arriving(emu):
     marker_adds = [e for e in events if e["alias"] == protocol.DEFAULT_ALIAS + WRITER_SUFFIX]
     assert marker_adds, "the writer waited, holding the writer-waiting marker"
     print(
-        f"\nthe writer got in after {waited:.2f} s while 4 readers kept reading ({sum(r['reads'] for r in reports)} reads)"
+        f"\nthe writer got in after {waited:.2f} s while 4 readers kept reading "
+        f"({sum(r['reads'] for r in reports)} reads)"
     )
 
 
@@ -274,7 +275,7 @@ def test_a_crashed_readers_slot_is_recovered_by_the_lease_rules(emu):
     ctx = multiprocessing.get_context("spawn")
     events = ctx.Queue()
     doomed = start(crashing_reader, address(emu), rid, events)
-    slot, group = events.get(timeout=60)
+    slot, _group = events.get(timeout=60)
     doomed.kill()  # SIGKILL inside the read: its slot and the group's MUTEX stay behind, without heartbeats
     doomed.join(10)
     killed_at = time.monotonic()

@@ -48,7 +48,7 @@ __all__ = [
     "MutexTimeout",
     "MutexUsageError",
     "ReservationMutex",
-    "ReservationRWLock",
     "ReservationNotActive",
+    "ReservationRWLock",
     "Status",
 ]
