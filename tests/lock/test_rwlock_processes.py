@@ -9,8 +9,8 @@ a writer (or a plain mutex, or the original snippet) must be inside alone, while
 
 from __future__ import annotations
 
+import json
 import multiprocessing
-import os
 import time
 from typing import Any, Dict, List, Tuple
 
@@ -21,7 +21,7 @@ from test_lease_processes import our_package
 from cloudshell_mutex import ReservationMutex, ReservationRWLock, protocol
 from cloudshell_mutex.lock.lease import stale_margin
 from cloudshell_mutex.lock.pacing import DefaultPacing
-from cloudshell_mutex.lock.rwlock import CLOSER_SUFFIX, WRITER_SUFFIX, is_read_group, slot_alias
+from cloudshell_mutex.lock.rwlock import WRITER_SUFFIX
 from original_protocol import OriginalMutex
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -303,8 +303,97 @@ def test_a_crashed_readers_slot_is_recovered_by_the_lease_rules(emu):
     assert any("broke the stale reader slot" in line for line in emu.control.output(rid))
 
 
-def test_list_locks_and_status_show_readers_writer_waiting_and_internal_services(emu):
-    pytest.skip("written with the listing")
+def holding_worker(kind: str, owner: str, addr: Address, rid: str, events, go) -> None:
+    """Take one side (a blocking acquire), say so, hold it until ``go``, release, say so."""
+    try:
+        rw = ReservationRWLock(session(addr), rid, owner=owner, timeout=120, **FAST)
+        side = rw.read() if kind == "reader" else rw.write()
+        with side:
+            events.put(("held", owner, side.token))
+            go.wait(120)
+        events.put(("released", owner, ""))
+    except BaseException as error:
+        events.put(("error", owner, f"{type(error).__name__}: {error}"))
 
 
-_ = (CLOSER_SUFFIX, is_read_group, slot_alias, os)
+def test_list_locks_and_status_show_readers_writer_waiting_and_internal_services(emu, monkeypatch, capsys):
+    from cloudshell_mutex import cli
+    from cloudshell_mutex.lock.listing import LockObserver, list_locks
+
+    rid = reservation(emu)
+    ctx = multiprocessing.get_context("spawn")
+    events, go = ctx.Queue(), ctx.Event()
+    processes = [
+        start(holding_worker, "reader", f"reader {i}", address(emu), rid, events, go) for i in range(2)
+    ]
+    try:
+        held = [events.get(timeout=60) for _ in processes]
+        assert [kind for kind, _, _ in held] == ["held", "held"], held
+        group = held[0][2]
+        processes.append(start(holding_worker, "writer", "the writer", address(emu), rid, events, go))
+        deadline = time.monotonic() + 60
+        while protocol.DEFAULT_ALIAS + WRITER_SUFFIX not in left_behind(emu, rid):
+            assert time.monotonic() < deadline, "the writer never waited"
+            time.sleep(0.05)
+        # A plain lock with its fencing counter, a breaker at work and another lock kind's service.
+        api = emu.session()
+        config = ReservationMutex(api, rid, owner="config job", name="CONFIG", lease=0)
+        config.acquire()
+        assert config.generation == 1
+        api.AddServiceToReservation(rid, protocol.SERVICE_MODEL, "CONFIG~break", [
+            AttributeNameValue(protocol.ATTR_OWNER, "breaker@host:1:0badf00d")])  # fmt: skip
+        api.AddServiceToReservation(rid, protocol.SERVICE_MODEL, "MUTEX~q7", [])
+
+        listing = list_locks(api, rid)
+        by_alias = {info.alias: info for info in listing.locks}
+        shared = by_alias["MUTEX"]
+        assert (shared.kind, shared.mode, shared.token) == ("lock", "shared", group)
+        assert {r.split(" (")[0] for r in shared.readers} == {"reader 0", "reader 1"}
+        assert by_alias["MUTEX~w"].kind == "writer waiting" and by_alias["MUTEX~w"].owner.startswith(
+            "the writer"
+        )
+        slots = [info for info in listing.locks if info.kind == "reader slot"]
+        assert len(slots) == 2 and all(info.lock == "MUTEX" for info in slots)
+        assert by_alias["CONFIG"].mode == "exclusive" and by_alias["CONFIG"].lease is None
+        assert by_alias["CONFIG"].lease_state == "none"
+        assert by_alias["CONFIG~generation"].kind == "generation"
+        assert by_alias["CONFIG~break"].kind == "breaker" and by_alias["CONFIG~break"].lock == "CONFIG"
+        assert by_alias["MUTEX~q7"].kind == "internal"
+        assert JOURNAL not in by_alias and shared.seen_for == 0 and shared.lease_state == "unjudged"
+        assert [info.alias for info in listing.locks][:4] == [
+            "CONFIG",
+            "CONFIG~break",
+            "CONFIG~generation",
+            "MUTEX",
+        ]
+
+        # Watching: the observer's own clock says for how long; the members' heartbeats keep the group alive.
+        observer = LockObserver(api, rid)
+        observer.observe()
+        time.sleep(LEASE)
+        watched = {info.alias: info for info in observer.observe().locks}
+        assert watched["MUTEX"].seen_for >= LEASE and watched["MUTEX"].lease_state == "alive"
+        assert watched["MUTEX~w"].lease_state == "alive"
+
+        # The CLI shows the same, secret-free.
+        monkeypatch.setenv("CLOUDSHELL_HOST", emu.host)
+        monkeypatch.setenv("CLOUDSHELL_API_PORT", str(emu.port))
+        monkeypatch.setenv("CLOUDSHELL_PASSWORD", emu.admin_password)
+        assert cli.main(["status", rid, "--all"]) == 0
+        out = capsys.readouterr().out
+        assert "MUTEX: shared by 2 reader(s) [reader " in out and "MUTEX~w: writer waiting of MUTEX" in out
+        assert "CONFIG: exclusive, held by config job" in out and "MUTEX~q7: internal of MUTEX" in out
+        assert emu.admin_password not in out
+        assert cli.main(["status", rid, "--all", "--json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert {lock["alias"] for lock in data["locks"]} == set(by_alias)
+        go.set()
+        done = [events.get(timeout=60) for _ in range(4)]  # 2 readers released; the writer held, released
+        assert not [d for d in done if d[0] == "error"], done
+    finally:
+        go.set()
+        for process in processes:
+            process.join(10)
+            if process.is_alive():
+                process.kill()
+    config.release()
