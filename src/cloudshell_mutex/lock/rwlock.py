@@ -434,9 +434,14 @@ class ReadLock:
         group, lost = self._group, None
         if group is not None:
             try:
-                group.ensure_held()
+                # One fresh read, as a mutex reads before its remove: a group lost while we read (broken, or
+                # removed by force) must not pass silently. Read while we still hold our slot, because
+                # after it is given back, the group may be closed legitimately by another reader.
+                group.ensure_held(read=True)
             except MutexLostError as error:
                 lost = error
+            except MutexError as error:  # the read failed: leave the doubt to the heartbeat
+                self._rw.logger.debug("cloudshell-mutex: could not check the read group: %s", error)
         self._saw_group = False  # the member closes below, with its share
         self._give_back()  # raises MutexReleaseError when the slot's remove kept failing: call again
         self._group = None
