@@ -221,3 +221,45 @@ def test_one_side_at_a_time_and_no_nesting(clock):
 def test_bad_max_readers_is_refused_when_the_lock_is_made(clock, bad):
     with pytest.raises((TypeError, ValueError), match="max_readers"):
         ReservationRWLock(FakeApi(clock=clock), RES, max_readers=bad)
+
+
+LEASED_MODEL = (
+    protocol.ATTR_OWNER,
+    protocol.ATTR_LABEL,
+    protocol.ATTR_LEASE_SECONDS,
+    protocol.ATTR_HEARTBEAT,
+    protocol.ATTR_GENERATION,
+)
+
+
+@pytest.mark.parametrize("alias", [MUTEX, MUTEX + "~r1"])
+def test_readers_break_a_crashed_writers_lock_or_a_crashed_readers_slot_after_lease_and_margin(clock, alias):
+    api = FakeApi(attributes=LEASED_MODEL, clock=clock)
+    dead = "dead party@host:9:0000eeee"
+    api.services[alias] = {
+        OWNER: dead,
+        protocol.ATTR_LEASE_SECONDS: "2",
+        protocol.ATTR_HEARTBEAT: "0000eeee:p:1",
+    }
+    if alias != MUTEX:  # a dead reader in a group: every slot taken, so the slot must be recovered
+        api.services[MUTEX] = {OWNER: GROUP}
+        for index in range(2, 5):
+            api.services[f"{MUTEX}~r{index}"] = {OWNER: f"dead party@host:9:0000eee{index}"}
+    rw = make_rw(api, clock, lease=2.0)
+    catalog.learn(api, protocol.SERVICE_MODEL, catalog.FULL)
+    start = clock.now
+    rw.read().acquire()
+    assert 3.0 <= clock.now - start < 6.0  # lease 2 s + margin 1 s on the reader's own clock, then the break
+    assert any(
+        f"broke the stale {'lock' if alias == MUTEX else 'reader slot'} {alias!r}" in m for m in api.output
+    )
+    assert "~break" not in "".join(api.services)  # the breaker gave its alias back
+
+
+def test_a_writers_lock_without_a_lease_is_never_broken_by_readers(clock):
+    api = FakeApi(clock=clock)
+    api.services[MUTEX] = {OWNER: "v1 or old code"}
+    rw = make_rw(api, clock, timeout=120.0)
+    with pytest.raises(MutexTimeout, match="MUTEX is held by"):
+        rw.read().acquire()
+    assert api.services[MUTEX] == {OWNER: "v1 or old code"}

@@ -316,8 +316,9 @@ class ReadLock:
         self._closer = rw._mutex(name + CLOSER_SUFFIX)
         # For breaking a crashed reader's slot: the slot's alias and its breaker, judged on this reader's
         # clock from every snapshot it reads (lease.StaleWatch), as a waiting mutex judges its holder.
-        self._slot_aliases = {alias: rw._alias(alias) for alias in self._slot_names}
-        self._breakers = {alias: rw._alias(lease.breaker_alias(alias)) for alias in self._slot_names}
+        breakable = [*self._slot_names, name]
+        self._slot_aliases = {alias: rw._alias(alias) for alias in breakable}
+        self._breakers = {alias: rw._alias(lease.breaker_alias(alias)) for alias in breakable}
         self._watches: Dict[str, StaleWatch] = {}
         self._breaker_watches: Dict[str, StaleWatch] = {}
         self._slot: Optional[ReservationMutex] = None
@@ -474,7 +475,7 @@ class ReadLock:
                 return None
             raise rw._fatal(result.failure, "reading the reservation's lock services")
         services = result.services or {}
-        for alias in [*self._slot_names, rw.name + WRITER_SUFFIX]:
+        for alias in [*self._slot_names, rw.name, rw.name + WRITER_SUFFIX]:
             self._watch(alias).observe(services.get(alias), result.sent_at)
         return services
 
@@ -493,12 +494,14 @@ class ReadLock:
         rw = self._rw
         holder = snap.get(rw.name)
         if holder is not None and not is_read_group(holder):
+            if self._break_stale(snap, [rw.name]):  # a crashed writer's, judged as a waiting mutex would
+                return None
             return f"{rw.name} is held by {holder.label}"
         waiting = self._writer_waiting(snap)
         if waiting is not None:
             return f"a writer is waiting ({waiting.label})"
         if all(alias in snap for alias in self._slot_names):
-            if self._break_stale_slots(snap):
+            if self._break_stale(snap, self._slot_names):
                 return None
             return f"all {rw.max_readers} reader slots are taken"
         return None
@@ -630,7 +633,7 @@ class ReadLock:
                 continue
             holder = snap.get(rw.name)
             readers = [alias for alias in self._slot_names if alias in snap]
-            if readers and self._break_stale_slots(snap):
+            if readers and self._break_stale(snap, readers):
                 continue  # a crashed reader's slot was removed: look again
             if readers or not is_read_group(holder):
                 return group
@@ -646,6 +649,11 @@ class ReadLock:
                 joined = None
             try:
                 group.release()  # reads, and removes MUTEX only while it is the group's (sent once)
+            except MutexLostError as error:
+                # Taken meanwhile (broken or removed by force): nothing of the group's is left to remove.
+                # Our own reading ended earlier, checked by release()'s read.
+                rw.logger.warning("cloudshell-mutex: closing the read group of %s: %s", rw.name, error)
+                return None
             finally:
                 if joined is not None:
                     self._extra_calls += joined.calls
@@ -661,12 +669,13 @@ class ReadLock:
 
     # ------------------------------------------------------------------ crashed readers
 
-    def _break_stale_slots(self, snap: Dict[str, Holder]) -> bool:
-        """Break every slot this reader has seen unchanged (token and heartbeat) for its lease + margin, as a
-        waiting mutex breaks a stale holder (one breaker at a time, on the record). True when one was."""
+    def _break_stale(self, snap: Dict[str, Holder], aliases: List[str]) -> bool:
+        """Break each of ``aliases`` (reader slots, or a writer's ``MUTEX``) that this reader has seen
+        unchanged (token and heartbeat) for its lease + margin, as a waiting mutex breaks a stale holder (one
+        breaker at a time, on the record). True when one was. A holder without a lease is never broken."""
         rw = self._rw
         broken = False
-        for alias in self._slot_names:
+        for alias in aliases:
             watch = self._watch(alias)
             holder = snap.get(alias)
             if holder is None or not watch.stale(rw._clock()):
@@ -689,7 +698,8 @@ class ReadLock:
             watch.observe(None, rw._clock())
             broken = True
             message = (
-                f"{sanitize_label(rw.owner)} broke the stale reader slot {alias!r} held by {holder.label} "
+                f"{sanitize_label(rw.owner)} broke the stale {'lock' if alias == rw.name else 'reader slot'} "
+                f"{alias!r} held by {holder.label} "
                 f"(Mutex Owner {holder.token!r}, lease {lease.lease_of(holder):g} s): no heartbeat seen for "
                 f"{seen:.1f} s on this reader's own clock"
             )
