@@ -63,6 +63,10 @@ DEFAULT_MAX_READERS = 8
 MAX_READERS_LIMIT = 64
 #: Rounds of "take a slot, read, decide" in one attempt to enter before waiting again.
 ENTER_ROUNDS = 4
+#: Seconds between two looks at a closer's work (it holds ``MUTEX~c`` for a few calls only), and the pacing
+#: of a closer waiting for ``MUTEX~c``.
+CLOSER_POLL = 0.05
+CLOSER_PACING = DefaultPacing(first=0.02, base=0.05, cap=0.25)
 #: Reads a closer makes under ``MUTEX~c`` before it gives up (each after a stale slot broken or a lag).
 CLOSE_ROUNDS = 6
 
@@ -313,7 +317,11 @@ class ReadLock:
         name = rw.name
         self._slot_names = [slot_alias(name, index + 1) for index in range(rw.max_readers)]
         self._slots = [rw._mutex(alias) for alias in self._slot_names]
-        self._closer = rw._mutex(name + CLOSER_SUFFIX)
+        # Closers hold MUTEX~c for a few calls and never wait inside: poll it quickly.
+        self._closer = ReservationMutex(
+            rw.api, rw.reservation_id, owner=rw.owner, name=name + CLOSER_SUFFIX,
+            **{**rw._common, "options": rw.options.replace(pacing=CLOSER_PACING)},
+        )  # fmt: skip
         # For breaking a crashed reader's slot: the slot's alias and its breaker, judged on this reader's
         # clock from every snapshot it reads (lease.StaleWatch), as a waiting mutex judges its holder.
         breakable = [*self._slot_names, name]
@@ -446,6 +454,10 @@ class ReadLock:
         self._saw_group = False  # the member closes below, with its share
         self._give_back()  # raises MutexReleaseError when the slot's remove kept failing: call again
         self._group = None
+        if group is not None and self._others_read():
+            group.detach()  # another reader reads: it closes the group when it leaves
+            self._extra_calls += group.calls
+            group = None
         if group is not None:
             try:
                 self._close(group)
@@ -455,6 +467,22 @@ class ReadLock:
                 self._extra_calls += group.calls
         if lost is not None:
             raise lost
+
+    def _others_read(self) -> bool:
+        """After our slot was given back: does one read show another reader's slot? Then that reader will
+        close the group (it gives its slot back after us, and its closer's read shows ours gone), and we
+        skip the close (4 calls). This rests on a plain read: one that lags behind both slot removals could
+        make both readers skip it; the group then waits, without heartbeats, for the next reader to join and
+        close it, or for a writer to break it after its lease + margin."""
+        for _ in range(CLOSE_ROUNDS):
+            snap = self._snapshot(paced=False)
+            if snap is None:
+                return False  # cannot tell: close
+            readers = [alias for alias in self._slot_names if alias in snap]
+            # A crashed reader's slot would make every reader leave the group to it: break it first.
+            if not readers or not self._break_stale(snap, readers):
+                return bool(readers)
+        return False
 
     def __enter__(self) -> ReadLock:
         self.acquire()
@@ -533,7 +561,9 @@ class ReadLock:
 
     def _open_or_join(self, slot: ReservationMutex, mutex_holder: Any) -> Optional[ReservationMutex]:
         rw = self._rw
-        for _ in range(ENTER_ROUNDS):
+        rounds = 0
+        while rounds < ENTER_ROUNDS:
+            rounds += 1
             if mutex_holder is None:  # MUTEX looked free: open a group
                 group = rw._mutex(rw.name, _GroupMutex)
                 try:
@@ -560,7 +590,14 @@ class ReadLock:
             if not is_read_group(holder) or self._writer_waiting(snap) is not None:
                 return None
             if rw.name + CLOSER_SUFFIX in snap:
-                return None  # a closer is at work: it may have counted the slots before ours
+                # A closer is at work: it may have counted the slots before ours. Keep the slot (the closer
+                # then leaves the group to us) and look again when it is done: it never waits for anything.
+                if self._deadline is not None and rw._clock() >= self._deadline:
+                    return None
+                rounds -= 1
+                rw._sleep(clip(CLOSER_POLL * rw._rng.uniform(0.5, 1.5), rw._clock(), self._deadline))
+                mutex_holder = _UNKNOWN
+                continue
             try:
                 return self._join(holder)
             except MutexLostError:
