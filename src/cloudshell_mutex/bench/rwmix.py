@@ -210,7 +210,7 @@ def write_section(doc: Path, results: Sequence[MixResult], window: float) -> Non
         "`python -m cloudshell_mutex.bench.rwmix`: each client process runs sections back to back for",
         f"{window:g} s (reads with the given probability, else writes, each held `hold`); `mutex` takes the",
         "plain mutex for every section, `rwlock` the shared or the exclusive side. Emulator latency:",
-        f"{latency}.",
+        f"{latency}. One run per lock; writes wait behind readers, and readers behind a waiting writer.",
         "",
         *table(results),
         MARK_END,
