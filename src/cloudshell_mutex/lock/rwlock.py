@@ -416,7 +416,11 @@ class ReadLock:
                 return False
             if deadline is not None and now >= deadline:
                 waited = now - start
-                what = blocker or "the reservation could not be read"
+                what = blocker or (
+                    "the reservation could not be read"
+                    if snap is None
+                    else "other readers kept taking the free slots first, or a closer was at work"
+                )
                 raise MutexTimeout(
                     f"could not read-lock {rw.name!r} in reservation {rw.reservation_id} within "
                     f"{waited:.1f} s: "
@@ -747,12 +751,3 @@ class ReadLock:
 
 def _remaining(deadline: Optional[float], now: float) -> Optional[float]:
     return None if deadline is None else max(0.0, deadline - now)
-
-
-def members(services: Dict[str, Holder], name: str) -> List[Holder]:
-    """The reader slots of lock ``name`` held in a snapshot, in slot order."""
-    found = [(alias, holder) for alias, holder in services.items() if alias.startswith(name + SLOT_SUFFIX)]
-    found = [(alias, holder) for alias, holder in found if alias[len(name) + len(SLOT_SUFFIX) :].isdigit()]
-    return [
-        holder for _, holder in sorted(found, key=lambda item: int(item[0][len(name) + len(SLOT_SUFFIX) :]))
-    ]
