@@ -447,6 +447,13 @@ class ReservationMutex:
         if self._token is not None:
             self._forget()
 
+    def stop_heartbeat(self) -> None:
+        """Stop heartbeating (no call) while the lock stays held by this object: for a participant of a
+        shared acquisition whose share ends before the lock is removed (a reader leaving its read group), so
+        that its heartbeat does not report the lock lost when another participant removes it."""
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+
     def _new_token(self) -> str:
         """The owner token of a new acquisition (a lock that marks its tokens overrides this)."""
         return make_token(self.owner)

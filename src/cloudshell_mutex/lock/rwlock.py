@@ -455,6 +455,9 @@ class ReadLock:
                 lost = error
             except MutexError as error:  # the read failed: leave the doubt to the heartbeat
                 self._rw.logger.debug("cloudshell-mutex: could not check the read group: %s", error)
+            # Our share ends here: once our slot is given back, another reader may close the group, and our
+            # heartbeat must not take that for a loss.
+            group.stop_heartbeat()
         self._saw_group = False  # the member closes below, with its share
         self._give_back()  # raises MutexReleaseError when the slot's remove kept failing: call again
         self._group = None
@@ -604,8 +607,8 @@ class ReadLock:
                 continue
             try:
                 return self._join(holder)
-            except MutexLostError:
-                mutex_holder = _UNKNOWN  # the group went away meanwhile: look again
+            except MutexError:  # gone meanwhile, or adopt's read failed: look again
+                mutex_holder = _UNKNOWN
         return None
 
     def _join(self, holder: Holder) -> ReservationMutex:
@@ -685,6 +688,11 @@ class ReadLock:
                     group = self._join(holder)
                 except MutexLostError:
                     return None  # gone meanwhile
+                except MutexError as error:  # adopt's read failed: look again
+                    rw.logger.debug("cloudshell-mutex: joining the read group to close it: %s", error)
+                    group = None
+                    rw._sleep(FRESH_READ_LAG / 4)
+                    continue
                 joined = group
             else:
                 joined = None
