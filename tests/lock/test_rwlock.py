@@ -265,3 +265,32 @@ def test_a_writers_lock_without_a_lease_is_never_broken_by_readers(clock):
     with pytest.raises(MutexTimeout, match="MUTEX is held by"):
         rw.read().acquire()
     assert api.services[MUTEX] == {OWNER: "v1 or old code"}
+
+
+def test_a_group_add_that_lands_after_its_opener_gave_it_up_is_never_removed_blindly(clock):
+    """The opener's add of MUTEX gets no answer and lands 3 s later, after the opener gave it up. A plain
+    mutex's watcher removes such an add when it sees its token; for a group that would pull MUTEX from under
+    the readers who joined it meanwhile. Here the opener itself joins it, and the watcher must leave it."""
+    api = FakeApi(clock=clock)
+    late_adds = LateAdds(clock)
+    rw = make_rw(api, clock)
+    rw._common["late_adds"] = late_adds  # what a plain mutex of this process would hand its late adds to
+    lands_at = clock.now + 3.0
+
+    def unanswered(reservation_id, model, alias, attributes):
+        if alias != MUTEX or clock.now >= lands_at:
+            return False
+        if not api.scheduled:
+            api.later(lands_at, lambda: api.commit_add(reservation_id, model, alias, list(attributes)))
+        raise reset()
+
+    api.faults["AddServiceToReservation"] = [unanswered] * 200
+    rw.read().acquire()
+    phantom = api.services[MUTEX][OWNER]
+    assert rw.read().token == phantom  # it joined the group its own lost add opened
+    late_adds.sweep()
+    clock.now += 200
+    late_adds.sweep()
+    assert api.services[MUTEX][OWNER] == phantom  # still there: no watcher removed it under the reader
+    rw.read().release()
+    assert api.services == {}

@@ -89,8 +89,33 @@ def is_read_group(holder: Optional[Holder]) -> bool:
     )
 
 
+class _GroupAdds:
+    """What a read group does with an add of ``MUTEX`` that may land after its opener gave it up: nothing
+    blind. A plain mutex's watcher removes such an add when it lands, but a group's ``MUTEX`` may have been
+    joined meanwhile, and only a closer (who sees no reader slot) may remove it. A group that lands with no
+    reader is an open group like any other: the next reader joins and closes it, and a waiting writer breaks
+    it once it has seen no heartbeat for its lease + margin."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+
+    def watch(self, alias: LockAlias, token: str, lands_by: float, lifetime: float, copies: int = 1) -> None:
+        """Log the add that may still land; it is left to the readers' protocol and the lease."""
+        self.logger.info(
+            "cloudshell-mutex: a read group's add of %s (%s) may still land; if it does, readers close it "
+            "and a waiting writer breaks it after its lease",
+            alias.alias,
+            token,
+        )
+
+
 class _GroupMutex(ReservationMutex):
-    """The read group's hold on ``MUTEX``: a ReservationMutex whose tokens carry :data:`READ_GROUP_MARK`."""
+    """The read group's hold on ``MUTEX``: a ReservationMutex whose tokens carry :data:`READ_GROUP_MARK`,
+    and whose adds that may land late are never removed blindly (:class:`_GroupAdds`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["late_adds"] = _GroupAdds(kwargs.get("logger") or logging.getLogger(LOGGER_NAME))
+        super().__init__(*args, **kwargs)
 
     def _new_token(self) -> str:
         return READ_GROUP_MARK + make_token(self.owner)
