@@ -294,3 +294,11 @@ def test_a_group_add_that_lands_after_its_opener_gave_it_up_is_never_removed_bli
     assert api.services[MUTEX][OWNER] == phantom  # still there: no watcher removed it under the reader
     rw.read().release()
     assert api.services == {}
+
+
+def test_a_waiting_reader_closes_a_group_left_without_readers_so_a_waiting_writer_gets_in(clock):
+    api = FakeApi(clock=clock)  # the original model: no lease, so no writer could ever break the group
+    api.services = {MUTEX: {OWNER: GROUP}, MUTEX + "~w": {OWNER: "writer W@host:3:0000cccc"}}
+    reader = make_rw(api, clock, "reader B")
+    assert not reader.read().acquire(blocking=False)
+    assert sorted(api.services) == [MUTEX + "~w"]  # the empty group was closed; the writer's turn

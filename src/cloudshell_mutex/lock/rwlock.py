@@ -426,6 +426,10 @@ class ReadLock:
                     blocker, blocker_since = why, rw._clock()
                     if why is not None:
                         rw.logger.info("cloudshell-mutex: read of %s waits: %s", rw.name, why)
+                if why is not None and self._abandoned_group(snap):
+                    # A group with no reader left (its readers' last close was skipped on a lagging read, or
+                    # an add of it landed late) would keep a waiting writer out until its lease ends.
+                    self._close(None)
                 if why is None and self._enter(snap):
                     rw.logger.info(
                         "cloudshell-mutex: reading %s in reservation %s (slot %s, group %s) after %.2f s",
@@ -565,6 +569,15 @@ class ReadLock:
                 return None
             return f"all {rw.max_readers} reader slots are taken"
         return None
+
+    def _abandoned_group(self, snap: Dict[str, Holder]) -> bool:
+        """A writer waits, and this read shows a read group with no reader slot held."""
+        holder = snap.get(self._rw.name)
+        return (
+            is_read_group(holder)
+            and self._writer_waiting(snap) is not None
+            and not any(alias in snap for alias in self._slot_names)
+        )
 
     def _enter(self, snap: Dict[str, Holder]) -> bool:
         """Take a slot the snapshot shows free; then open the group or join it. True when reading."""
