@@ -113,7 +113,7 @@ demo: venv
 # Not part of make test: benchmarks are not timed tests. Writes docs/benchmarks.md and docs/benchmarks/*.png.
 bench: venv
 	$(BIN)/python -m cloudshell_mutex.bench --plan $(BENCH)
-	$(BIN)/python -m cloudshell_mutex.bench.rwmix --doc docs/benchmarks.md
+	$(BIN)/python -m cloudshell_mutex.bench.rwmix --reads 0.9,0.5 --doc docs/benchmarks.md
 
 emulator: venv
 	$(BIN)/cloudshell-mutex emulator

@@ -1,6 +1,7 @@
 """A readers-and-writers mix: :class:`ReservationRWLock` against the plain :class:`ReservationMutex`.
 
-``python -m cloudshell_mutex.bench.rwmix [--clients 8] [--reads 0.9] [--hold 0.5] [--window 30] [--doc FILE]``
+``python -m cloudshell_mutex.bench.rwmix [--clients 8] [--reads 0.9,0.5] [--hold 0.5] [--window 30]``
+``[--doc FILE]``
 
 Every client is a spawned process with its own ``CloudShellAPISession`` on one embedded emulator (the same
 latency as the main benchmark). In the window, each client takes a section after another: a read with
@@ -230,22 +231,35 @@ def main(argv: Optional[List[str]] = None) -> int:
         prog="python -m cloudshell_mutex.bench.rwmix", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--clients", type=int, default=8, help="client processes (default 8)")
-    parser.add_argument("--reads", type=float, default=0.9, help="the share of reads, 0..1 (default 0.9)")
+    parser.add_argument(
+        "--reads", default="0.9", help="the share of reads, 0..1; several separated by commas (default 0.9)"
+    )
     parser.add_argument("--hold", type=float, default=0.5, help="seconds each section is held (default 0.5)")
     parser.add_argument("--window", type=float, default=30.0, help="seconds measured per lock (default 30)")
     parser.add_argument("--doc", type=Path, default=None, help="write the table into this markdown file")
     parser.add_argument("--seed", type=int, default=0, help="seed of the read/write choices")
     args = parser.parse_args(argv)
-    if args.clients < 1 or not 0 <= args.reads <= 1 or args.hold <= 0 or args.window <= 0:
-        parser.error("--clients >= 1, 0 <= --reads <= 1, --hold > 0 and --window > 0")
-    results = []
-    for name in CONTENDERS:
-        print(
-            f"{name}: {args.clients} clients, {args.reads:.0%} reads, hold {args.hold:g} s, "
-            f"{args.window:g} s",
-            flush=True,
+    try:
+        shares = [float(value) for value in args.reads.split(",") if value.strip()]
+    except ValueError:
+        shares = []
+    if (
+        args.clients < 1
+        or not shares
+        or not all(0 <= r <= 1 for r in shares)
+        or args.hold <= 0
+        or args.window <= 0
+    ):
+        parser.error(
+            "--clients >= 1, --reads numbers from 0 to 1 (e.g. 0.9,0.5), --hold > 0 and --window > 0"
         )
-        results.append(run_mix(name, args.clients, args.reads, args.hold, args.window, seed=args.seed))
+    results = []
+    for reads in shares:
+        for name in CONTENDERS:
+            print(
+                f"{name}: {args.clients} clients, {reads:.0%} reads, hold {args.hold:g} s, {args.window:g} s"
+            )
+            results.append(run_mix(name, args.clients, reads, args.hold, args.window, seed=args.seed))
     print("\n".join(table(results)))
     if args.doc is not None:
         write_section(args.doc, results, args.window)
