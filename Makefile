@@ -116,6 +116,7 @@ demo: venv
 bench: venv
 	$(BIN)/python -m cloudshell_mutex.bench --plan $(BENCH)
 	$(BIN)/python -m cloudshell_mutex.bench.cohort --plan $(COHORT_BENCH)
+	$(BIN)/python -m cloudshell_mutex.bench.rwmix --reads 0.9,0.5 --doc docs/benchmarks.md
 
 emulator: venv
 	$(BIN)/cloudshell-mutex emulator

@@ -20,6 +20,7 @@ from cloudshell_mutex.driver import ReservationMutexMixin, context_reservation
 from cloudshell_mutex.lock.admin import AdminReport, Outcome, force_release, lock_status
 from cloudshell_mutex.lock.alias import LockAlias
 from cloudshell_mutex.lock.errors import MutexError, MutexUsageError
+from cloudshell_mutex.lock.listing import list_locks
 
 #: Outcomes a command reports as its answer; the others fail the command (CloudShell shows it as an error).
 _ANSWERS = {Outcome.HELD, Outcome.FREE, Outcome.RELEASED, Outcome.NO_LOCK, Outcome.GONE_MEANWHILE}
@@ -39,10 +40,17 @@ class MutexServiceDriver(ResourceDriverInterface, ReservationMutexMixin):
 
     def LockStatus(self, context: Any) -> str:  # CloudShell calls commands by name
         """Who holds this service's lock: the holder's label, its owner token and what this read can tell."""
-        report = lock_status(self._lock_alias(context))
+        alias = self._lock_alias(context)
+        report = lock_status(alias)
         lines = [report.message]
         if report.holder is not None:
             lines += [f"  {name}: {value}" for name, value in sorted(report.holder.attributes.items())]
+        if report.outcome in _ANSWERS:
+            # Every lock in the sandbox (read groups and their readers, writers waiting, ...): one more read.
+            try:
+                lines += ["", *list_locks(alias.api, alias.reservation_id, alias.model).lines()]
+            except MutexError as error:
+                lines += ["", f"could not list the other lock services: {error}"]
         return self._answer(report, "\n".join(lines))
 
     def ForceRelease(self, context: Any, reason: str) -> str:  # CloudShell calls commands by name

@@ -25,6 +25,7 @@ from .lock.events import MutexEvent
 from .lock.holder import Holder
 from .lock.mutex import ReservationMutex
 from .lock.options import MutexOptions
+from .lock.rwlock import ReservationRWLock
 
 __version__ = "0.1.0"
 
@@ -43,6 +44,7 @@ __all__ = [
     "MutexUsageError",
     "ReservationMutex",
     "ReservationNotActive",
+    "ReservationRWLock",
     "__version__",
     "protocol",
 ]

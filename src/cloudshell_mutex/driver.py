@@ -30,9 +30,9 @@ import inspect
 import logging
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Optional, Tuple, TypeVar, Union, cast
+from typing import Any, Callable, Dict, Optional, Tuple, TypeVar, Union, cast
 
-from cloudshell_mutex import MutexUsageError, ReservationMutex
+from cloudshell_mutex import MutexUsageError, ReservationMutex, ReservationRWLock
 from cloudshell_mutex.lock.cohort import CohortMutex, cohort_available
 
 __all__ = ["ReservationMutexMixin", "context_reservation", "with_reservation_mutex"]
@@ -172,6 +172,26 @@ class ReservationMutexMixin:
         is safe there (a local folder; ``export()`` is refused with a clear error, so a command that
         exports its lock passes ``cohort=False``). It stays off where the platform has no OS file lock.
         """
+        api, reservation_id = self._lock_arguments(context, command, options)
+        if cohort is None:
+            cohort = self.reservation_mutex_cohort and cohort_available()
+        if cohort:
+            return CohortMutex(api, reservation_id, name=name, **options)
+        return ReservationMutex(api, reservation_id, name=name, **options)
+
+    def reservation_rwlock(
+        self, context: Any, name: str = "MUTEX", *, command: Optional[str] = None, **options: Any
+    ) -> ReservationRWLock:
+        """A :class:`ReservationRWLock` on the sandbox of this command's ``context``: ``with
+        self.reservation_rwlock(context).read(): ...`` for commands that only look, ``.write()`` for those
+        that change the sandbox. Arguments as :meth:`reservation_mutex` (plus ``max_readers``)."""
+        api, reservation_id = self._lock_arguments(context, command, options)
+        return ReservationRWLock(api, reservation_id, name=name, **options)
+
+    def _lock_arguments(
+        self, context: Any, command: Optional[str], options: Dict[str, Any]
+    ) -> Tuple[Any, str]:
+        """The session and reservation id of ``context``; fills in ``owner`` and ``logger`` in ``options``."""
         reservation = context_reservation(context)
         reservation_id = str(reservation.reservation_id).strip()
         domain = str(getattr(reservation, "domain", "") or "Global")
@@ -180,15 +200,11 @@ class ReservationMutexMixin:
         )
         if "owner" not in options:
             resource = str(getattr(getattr(context, "resource", None), "name", "") or "driver")
-            label = command if command is not None else _calling_command(1)
+            label = command if command is not None else _calling_command(2)
             options["owner"] = f"{resource} {label}".strip()
         if "logger" not in options:
             options["logger"] = _context_logger(context)
-        if cohort is None:
-            cohort = self.reservation_mutex_cohort and cohort_available()
-        if cohort:
-            return CohortMutex(api, reservation_id, name=name, **options)
-        return ReservationMutex(api, reservation_id, name=name, **options)
+        return api, reservation_id
 
     def cloudshell_api(self, context: Any, timeout: Optional[float] = None) -> Any:
         """A ``CloudShellAPISession`` for the command's own calls: what shell-core's

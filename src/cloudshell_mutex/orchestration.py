@@ -20,9 +20,9 @@ import contextlib
 import functools
 from typing import Any, Callable, Iterator, Optional, Tuple, TypeVar, cast
 
-from cloudshell_mutex import Holder, MutexError, ReservationMutex
+from cloudshell_mutex import Holder, MutexError, ReservationMutex, ReservationRWLock
 
-__all__ = ["report_left_behind_lock", "sandbox_lock", "sandbox_mutex", "with_sandbox_mutex"]
+__all__ = ["report_left_behind_lock", "sandbox_lock", "sandbox_mutex", "sandbox_rwlock", "with_sandbox_mutex"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -55,6 +55,20 @@ def sandbox_lock(
     if "logger" not in options and getattr(sandbox, "logger", None) is not None:
         options["logger"] = sandbox.logger
     return ReservationMutex(api, reservation_id, owner=owner, name=name, **options)
+
+
+def sandbox_rwlock(
+    sandbox: Any, owner: str = "orchestration", name: str = "MUTEX", **options: Any
+) -> ReservationRWLock:
+    """A :class:`ReservationRWLock` on the sandbox's reservation: ``with sandbox_rwlock(sandbox).read():``
+    for steps that only look at the sandbox, ``.write()`` for steps that change it. Same defaults and
+    options as :func:`sandbox_lock` (plus ``max_readers``)."""
+    api, reservation_id = _sandbox_parts(sandbox)
+    for key, value in SCRIPT_DEFAULTS.items():
+        options.setdefault(key, value)
+    if "logger" not in options and getattr(sandbox, "logger", None) is not None:
+        options["logger"] = sandbox.logger
+    return ReservationRWLock(api, reservation_id, owner=owner, name=name, **options)
 
 
 @contextlib.contextmanager

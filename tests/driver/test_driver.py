@@ -219,3 +219,31 @@ def test_concurrent_commands_on_one_driver_object_take_turns(emu, rid):
     assert len(spans) == 3
     assert all(earlier[1] <= later[0] for earlier, later in zip(spans, spans[1:]))
     assert len(vars(driver)["_reservation_mutex_sessions"]) == 1  # one session for the token, however raced
+
+
+class RWDriver(Driver):
+    def look(self, context):
+        with self.reservation_rwlock(context, pacing=FAST).read() as side:
+            return side.token
+
+    def change(self, context):
+        with self.reservation_rwlock(context, pacing=FAST).write() as side:
+            return side.token
+
+
+def test_reservation_rwlock_reads_together_and_writes_alone(emu, rid):
+    driver = RWDriver()
+    context = context_for(emu, rid)
+    first = driver.reservation_rwlock(context, pacing=FAST)
+    second = driver.reservation_rwlock(context, pacing=FAST)
+    with first.read(), second.read():
+        assert first.read().token == second.read().token  # one read group
+        assert first.read().token.startswith("read-group#Router A test_reservation_rwlock")
+        assert sorted(a for a in services(emu, rid) if "~r" in a) == sorted(
+            [first.read()._slot.name, second.read()._slot.name]
+        )
+        assert not driver.reservation_rwlock(context, pacing=FAST).write().acquire(blocking=False)
+    assert driver.look(context).startswith("read-group#Router A look@")
+    assert driver.change(context).startswith("Router A change@")
+    assert services(emu, rid) == []
+    driver.cleanup()

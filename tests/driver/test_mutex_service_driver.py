@@ -165,6 +165,9 @@ def test_lock_status_then_force_release_from_the_zip_on_python39(venv, driver_zi
     )["results"]
     assert status["ok"] and "held by Router A driver" in status["text"] and lock.token in status["text"]
     assert f"Mutex Owner: {lock.token}" in status["text"]
+    # Every lock service in the sandbox follows (list_locks): here the one lock, exclusive.
+    assert "1 lock service(s) in reservation" in status["text"]
+    assert "MUTEX: exclusive, held by Router A driver" in status["text"]
     assert not refused["ok"] and "needs a reason" in refused["text"]
     assert released["ok"]
     record = "ops-alice (Mutex Service command Force Release) force-released 'MUTEX'"
@@ -173,7 +176,7 @@ def test_lock_status_then_force_release_from_the_zip_on_python39(venv, driver_zi
     assert emu.control.reservation(reservation_id)["services"] == []
     output = emu.control.output(reservation_id)
     assert any(record in line and "Reason: driver crashed on exec-02" in line for line in output)
-    assert after["ok"] and "is free" in after["text"]
+    assert after["ok"] and "is free" in after["text"] and "no lock services in reservation" in after["text"]
     assert again["ok"] and "nobody held it" in again["text"]
     assert any("nobody held it" in line for line in emu.control.output(reservation_id))
 

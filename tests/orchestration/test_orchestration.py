@@ -151,3 +151,17 @@ def test_teardown_report_is_silent_when_the_lock_is_free(emu, rid, sandbox):
 def test_teardown_report_survives_an_unreadable_sandbox(emu, rid, sandbox):
     emu.session().EndReservation(rid, False)
     assert report_left_behind_lock(sandbox, None) is None  # reported to the log, not raised
+
+
+def test_sandbox_rwlock_reads_together_and_writes_alone(emu, rid, sandbox):
+    from cloudshell_mutex.orchestration import sandbox_rwlock
+
+    first = sandbox_rwlock(sandbox, owner="Setup", pacing=FAST)
+    second = sandbox_rwlock(SimpleNamespace(automation_api=emu.session(), id=rid), owner="Check", pacing=FAST)
+    with first.read(), second.read():
+        assert first.read().token == second.read().token
+        assert "MUTEX" in aliases(emu, rid)
+    with first.write() as side:
+        assert side.token.startswith("Setup@")
+        assert not second.read().acquire(blocking=False)
+    assert aliases(emu, rid) == []

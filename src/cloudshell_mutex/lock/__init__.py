@@ -12,6 +12,9 @@
 * :mod:`.operation`, :mod:`.classify`, :mod:`.diagnosis`, :mod:`.holder`, :mod:`.catalog`,
   :mod:`.events`, :mod:`.errors`: the record of one operation, what a failure means, what to tell
   the user, who holds a lock, which attributes the model takes, what to report, and the exceptions.
+* :mod:`.rwlock`: :class:`~.rwlock.ReservationRWLock`, shared (read) and exclusive (write) locks built from
+  mutexes on reader slots, the read group's ``MUTEX``, a closer and a writer-waiting marker.
+* :mod:`.listing`: :func:`~.listing.list_locks`, every lock service in a reservation and what it is.
 * :mod:`.admin`, :mod:`.command`: status and force release, shared by the CLI and the service driver.
 """
 
@@ -34,6 +37,7 @@ from .events import MutexEvent
 from .holder import Holder
 from .mutex import ReservationMutex
 from .options import MutexOptions
+from .rwlock import ReservationRWLock
 
 __all__ = [
     "CallResult",
@@ -52,5 +56,6 @@ __all__ = [
     "MutexUsageError",
     "ReservationMutex",
     "ReservationNotActive",
+    "ReservationRWLock",
     "Status",
 ]

@@ -16,13 +16,13 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, FrozenSet, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 from cloudshell.api.cloudshell_api import AttributeNameValue
 
 from . import catalog, protocol
 from .classify import CLIENT_RETRY_DELAY, Classification, ErrorKind, classify, may_have_resent, sent_once
-from .holder import Holder, holder_in, sanitize_label
+from .holder import Holder, holder_in, holders_in, sanitize_label
 from .pacing import CallBudget, budget_for, clip
 
 #: Longest reservation id or alias taken (ids are GUIDs; aliases are short names on the sandbox diagram).
@@ -61,6 +61,8 @@ class CallResult:
     failure: Optional[Classification] = None
     resent: bool = False
     holder: Optional[Holder] = None
+    #: What :meth:`LockAlias.read_all` found: every service in the reservation, by alias.
+    services: Optional[Dict[str, Holder]] = None
 
     @property
     def ok(self) -> bool:
@@ -240,6 +242,14 @@ class LockAlias:
             "GetReservationDetails", (self.reservation_id,), paced, deadline, read=True, disableCache=True
         )
 
+    def read_all(self, *, paced: bool = False, deadline: Optional[float] = None) -> CallResult:
+        """Like :meth:`read`, and ``services`` holds every service of the reservation by alias, as one
+        fresh read showed them together (a snapshot of several lock aliases)."""
+        return self._send(
+            "GetReservationDetails", (self.reservation_id,), paced, deadline, read=True, every=True,
+            disableCache=True,
+        )  # fmt: skip
+
     def remove_once(self, *, paced: bool = False, deadline: Optional[float] = None) -> CallResult:
         """``RemoveServicesFromReservation`` of the alias, sent exactly once.
 
@@ -315,6 +325,7 @@ class LockAlias:
         busy: Optional[ErrorKind] = None,
         missing: Optional[ErrorKind] = None,
         read: bool = False,
+        every: bool = False,
         **kwargs: Any,
     ) -> CallResult:
         if paced:
@@ -339,8 +350,11 @@ class LockAlias:
             return CallResult(status, sent_at, elapsed, failure, may_have_resent(elapsed))
         elapsed = self._clock() - sent_at
         holder = holder_in(answer, self.alias) if read else None
+        services = holders_in(answer) if every else None
         # A success may come from the client's re-send: then an earlier copy got no answer.
-        return CallResult(Status.DONE, sent_at, elapsed, resent=may_have_resent(elapsed), holder=holder)
+        return CallResult(
+            Status.DONE, sent_at, elapsed, resent=may_have_resent(elapsed), holder=holder, services=services
+        )
 
     def __repr__(self) -> str:
         return f"<LockAlias {self.alias!r} reservation={self.reservation_id}>"

@@ -14,13 +14,16 @@ import json
 import math
 import socket
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Tuple
 
-from .admin import AdminReport, Outcome, clean_reason, force_release, lock_status
+from .admin import WATCH_INTERVAL, AdminReport, Outcome, clean_reason, force_release, lock_status
 from .alias import LockAlias
 from .classify import ErrorKind, classify
+from .errors import MutexError
+from .listing import LockObserver
 from .protocol import DEFAULT_ALIAS
 
 #: Exit codes (docs/admin.md). argparse itself exits with 2 on a malformed command line.
@@ -198,6 +201,8 @@ def run_status(args: argparse.Namespace) -> int:
         return _error(str(error), EXIT_USAGE, args.json)
     except ConnectError as error:
         return _error(str(error), error.exit_code, args.json)
+    if getattr(args, "all", False):
+        return _show_all(alias, args.watch, args.json)
     report = lock_status(alias, args.watch)
     code = _show(report, args.json)
     if report.outcome is Outcome.HELD and report.holder is not None and not args.json:
@@ -216,6 +221,28 @@ def _show_cohort(alias: LockAlias, token: str, cohort_dir: Optional[str]) -> Non
         return
     if state is not None:
         print(f"  {describe_local(state, token)}")
+
+
+def _show_all(alias: LockAlias, watch: float, as_json: bool) -> int:
+    """``status --all``: every lock service in the reservation (list_locks), read once a second while
+    watching. Exit 0 when something is locked, 3 when nothing is."""
+    observer = LockObserver(alias.api, alias.reservation_id, alias.model)
+    start = time.monotonic()
+    try:
+        while True:
+            listing = observer.observe()
+            left = start + watch - time.monotonic()
+            if left <= 0:
+                break
+            time.sleep(min(WATCH_INTERVAL, left))
+    except MutexError as error:
+        return _error(str(error), EXIT_FAILED, as_json)
+    code = EXIT_OK if listing.locks else EXIT_NO_LOCK
+    if as_json:
+        print(json.dumps({**listing.as_dict(), "exit_code": code}, indent=2, sort_keys=True))
+    else:
+        print("\n".join(listing.lines()))
+    return code
 
 
 def run_release(args: argparse.Namespace) -> int:
@@ -281,6 +308,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "  CLOUDSHELL_PASSWORD=... cloudshell-mutex status 0b9c3d1e-... --host cs.example.com\n"
             "  cloudshell-mutex status 0b9c3d1e-... --name CONFIG_LOCK --json\n"
             "  cloudshell-mutex status 0b9c3d1e-... --watch 30   # how long this observer sees it held\n"
+            "  cloudshell-mutex status 0b9c3d1e-... --all        # every lock: readers, writers waiting\n"
             + _CONNECTION_HELP
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -297,6 +325,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--cohort-dir",
         default=None,
         help="the cohort folder of the drivers on THIS machine (default: theirs): shows its local holder",
+    )
+    status.add_argument(
+        "--all",
+        action="store_true",
+        help="list every lock service in the reservation (locks, read groups and their readers, writers "
+        "waiting, breakers, counters), with owners, how long this observer saw them held, and leases",
     )
     status.set_defaults(func=run_status)
 

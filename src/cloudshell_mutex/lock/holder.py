@@ -92,18 +92,25 @@ class Holder:
 def holder_in(details: Any, alias: str) -> Optional[Holder]:
     """The holder of ``alias`` in a ``GetReservationDetails`` answer, or None when the alias is free."""
     for service in details.ReservationDescription.Services or []:
-        if service.Alias != alias:
-            continue
-        values = {
-            _short_name(a.Name): "" if a.Value is None else str(a.Value) for a in service.Attributes or []
-        }
-        token = values.get(protocol.ATTR_OWNER, "")
-        # Prefer the token (it names host and pid); a foreign token may come with our Label attribute.
-        label = describe_owner(token)
-        if parse_token(token) is None and values.get(protocol.ATTR_LABEL):
-            label = values[protocol.ATTR_LABEL]
-        return Holder(alias, token, label, service.ServiceName or "", values)
+        if service.Alias == alias:
+            return _holder_of(service)
     return None
+
+
+def holders_in(details: Any) -> Dict[str, Holder]:
+    """Every service of a ``GetReservationDetails`` answer as a :class:`Holder`, by alias: one read that
+    shows several lock aliases at the same moment (a snapshot)."""
+    return {service.Alias: _holder_of(service) for service in details.ReservationDescription.Services or []}
+
+
+def _holder_of(service: Any) -> Holder:
+    values = {_short_name(a.Name): "" if a.Value is None else str(a.Value) for a in service.Attributes or []}
+    token = values.get(protocol.ATTR_OWNER, "")
+    # Prefer the token (it names host and pid); a foreign token may come with our Label attribute.
+    label = describe_owner(token)
+    if parse_token(token) is None and values.get(protocol.ATTR_LABEL):
+        label = values[protocol.ATTR_LABEL]
+    return Holder(service.Alias, token, label, service.ServiceName or "", values)
 
 
 def _short_name(name: str) -> str:

@@ -384,7 +384,7 @@ class ReservationMutex:
                 reservation_id=self.reservation_id,
                 alias=self.name,
             )
-        op = self._operation(make_token(self.owner))
+        op = self._operation(self._new_token())
         op.deadline = op.start if not blocking else (None if timeout is None else op.start + timeout)
         try:
             acquired = self._acquire(op, blocking)
@@ -477,6 +477,24 @@ class ReservationMutex:
             failures += 1
             if self._release_failure(op, result.failure, failures, "removing the lock service"):
                 return
+
+    def detach(self) -> None:
+        """Stop holding without removing the service (no call): for an acquisition shared with other
+        participants (:meth:`adopt`, a read group of :class:`~.rwlock.ReservationRWLock`) when another
+        participant removes it. The heartbeat stops; an add that may still land goes to the watcher."""
+        if self._token is not None:
+            self._forget()
+
+    def stop_heartbeat(self) -> None:
+        """Stop heartbeating (no call) while the lock stays held by this object: for a participant of a
+        shared acquisition whose share ends before the lock is removed (a reader leaving its read group), so
+        that its heartbeat does not report the lock lost when another participant removes it."""
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+
+    def _new_token(self) -> str:
+        """The owner token of a new acquisition (a lock that marks its tokens overrides this)."""
+        return make_token(self.owner)
 
     def __enter__(self) -> ReservationMutex:
         self.acquire()

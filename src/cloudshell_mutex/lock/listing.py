@@ -1,0 +1,245 @@
+"""Every lock service in a reservation: what it is, who holds it, how long this observer saw it, its lease.
+
+:func:`list_locks` makes one fresh read (``GetReservationDetails`` with the cache off) and sorts every
+service of the lock model by what its alias says:
+
+* ``MUTEX`` (any alias without ``~``): a lock, **exclusive** (a writer, a plain mutex, the original
+  snippet) or **shared** (a read group of :class:`~.rwlock.ReservationRWLock`, with its readers);
+* ``MUTEX~r<n>``: a reader's slot; ``MUTEX~w``: a writer waiting; ``MUTEX~c``: a reader closing the read
+  group; ``<alias>~break``: a waiter breaking a stale holder; ``MUTEX~generation``: the fencing counter;
+  any other ``MUTEX~...``: an internal service of another lock kind (e.g. queue tickets), shown as is.
+
+How long a service was held, and whether its holder is alive, can only be *observed*: no time of day is
+stored on it. A :class:`LockObserver` that reads again (``status --all --watch``) reports how long it saw the
+same holder, and judges leases the way a waiter does (:class:`~.lease.StaleWatch`, its own monotonic clock).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from . import diagnosis, lease, protocol
+from .alias import LockAlias
+from .holder import Holder
+from .rwlock import CLOSER_SUFFIX, SLOT_SUFFIX, WRITER_SUFFIX, is_read_group
+
+__all__ = ["LockInfo", "LockListing", "LockObserver", "list_locks"]
+
+GENERATION_SUFFIX = "~generation"  # mutex.GENERATION_SUFFIX; not imported, to keep this module light
+
+#: Kinds of lock service, in the order a listing shows them for one lock.
+KINDS = ("lock", "writer waiting", "reader slot", "closing", "breaker", "generation", "internal")
+
+
+@dataclass(frozen=True)
+class LockInfo:
+    """One lock service as seen by an observer.
+
+    ``lock`` is the lock it belongs to (``MUTEX`` for ``MUTEX~r3``); ``kind`` one of :data:`KINDS`; ``mode``
+    "exclusive" or "shared" for a lock ("" for the others); ``readers`` the labels of a shared lock's reader
+    slots; ``seen_for`` how long this observer has seen the same owner token (0 after one read);
+    ``lease`` the lease in seconds (None: none, never broken automatically); ``lease_state`` one of "none",
+    "unjudged" (seen once), "alive" (a heartbeat was seen), "silent" (no heartbeat seen yet, not stale),
+    "stale" (no heartbeat for lease + margin: a waiter may break it).
+    """
+
+    alias: str
+    lock: str
+    kind: str
+    mode: str
+    owner: str
+    token: str
+    seen_for: float
+    lease: Optional[float]
+    lease_state: str
+    silent_for: float = 0.0
+    readers: Tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        """One line for people (stable: scripts may parse it)."""
+        if self.kind == "lock" and self.mode == "shared":
+            who = f"shared by {len(self.readers)} reader(s) [{', '.join(self.readers)}]"
+        elif self.kind == "lock":
+            who = f"exclusive, held by {self.owner}"
+        else:
+            who = f"{self.kind} of {self.lock}, held by {self.owner}"
+        lease_text = "no lease" if self.lease is None else f"lease {self.lease:g} s {self.lease_state}"
+        if self.lease_state == "silent":
+            lease_text += f" ({self.silent_for:.1f} s)"
+        token = f"Mutex Owner {self.token!r}" if self.token else "no Mutex Owner (original protocol v1?)"
+        return f"{self.alias}: {who}; {token}; seen held {self.seen_for:.1f} s; {lease_text}"
+
+    def as_dict(self) -> Dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            "alias": self.alias,
+            "lock": self.lock,
+            "kind": self.kind,
+            "mode": self.mode,
+            "owner": self.owner,
+            "token": self.token,
+            "readers": list(self.readers),
+            "seen_for": round(self.seen_for, 3),
+            "lease": self.lease,
+            "lease_state": self.lease_state,
+            "silent_for": round(self.silent_for, 3),
+        }
+
+
+@dataclass(frozen=True)
+class LockListing:
+    """Every lock service of one reservation at one read, with what the observer knows of them."""
+
+    reservation_id: str
+    locks: Tuple[LockInfo, ...]
+    watched_for: float = 0.0
+    calls: int = 0
+    other_services: int = field(default=0)
+
+    def lines(self) -> List[str]:
+        """The listing for people: a header, then one line per lock service."""
+        if not self.locks:
+            return [f"no lock services in reservation {self.reservation_id} (nothing is locked)"]
+        watched = f", watched {self.watched_for:.1f} s" if self.watched_for > 0 else " (one read)"
+        header = f"{len(self.locks)} lock service(s) in reservation {self.reservation_id}{watched}:"
+        return [header] + [f"  {info.describe()}" for info in self.locks]
+
+    def as_dict(self) -> Dict[str, Any]:
+        """A JSON-ready dict (``status --all --json``)."""
+        return {
+            "reservation_id": self.reservation_id,
+            "watched_for": round(self.watched_for, 3),
+            "calls": self.calls,
+            "locks": [info.as_dict() for info in self.locks],
+        }
+
+
+def classify_alias(alias: str) -> Tuple[str, str]:
+    """``(lock, kind)`` of a lock service's alias (see the module docstring)."""
+    if alias.endswith(lease.BREAKER_SUFFIX) and len(alias) > len(lease.BREAKER_SUFFIX):
+        return alias[: -len(lease.BREAKER_SUFFIX)], "breaker"
+    if alias.endswith(GENERATION_SUFFIX) and len(alias) > len(GENERATION_SUFFIX):
+        return alias[: -len(GENERATION_SUFFIX)], "generation"
+    if "~" not in alias:
+        return alias, "lock"
+    lock, suffix = alias.rsplit("~", 1)
+    suffix = "~" + suffix
+    if suffix == WRITER_SUFFIX:
+        return lock, "writer waiting"
+    if suffix == CLOSER_SUFFIX:
+        return lock, "closing"
+    if suffix.startswith(SLOT_SUFFIX) and suffix[len(SLOT_SUFFIX) :].isdigit():
+        return lock, "reader slot"
+    return lock, "internal"
+
+
+class LockObserver:
+    """Reads a reservation's lock services again and again, remembering what it saw on its own clock."""
+
+    def __init__(
+        self,
+        api: Any,
+        reservation_id: str,
+        model: str = protocol.SERVICE_MODEL,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._alias = LockAlias(api, reservation_id, protocol.DEFAULT_ALIAS, model, clock=clock)
+        self.model = model
+        self._clock = clock
+        self._started: Optional[float] = None
+        self._first_seen: Dict[str, Tuple[str, float]] = {}
+        self._watches: Dict[str, lease.StaleWatch] = {}
+        self._beat_seen: Dict[str, bool] = {}
+
+    def observe(self) -> LockListing:
+        """One fresh read; raises :class:`~.errors.MutexError` (saying what to do) when it fails."""
+        result = self._alias.read_all()
+        if not result.ok:
+            state = self._alias.reservation_state() if diagnosis.needs_state(result.failure) else None
+            raise diagnosis.fatal_error(
+                result.failure,
+                "reading the reservation's lock services",
+                self._alias.reservation_id,
+                self._alias.alias,
+                self.model,
+                None,
+                state,
+            )
+        now = result.sent_at
+        if self._started is None:
+            self._started = now
+        services = {alias: h for alias, h in (result.services or {}).items() if h.model == self.model}
+        for alias in list(self._first_seen):
+            if alias not in services:
+                del self._first_seen[alias]
+                self._watches.pop(alias, None)
+                self._beat_seen.pop(alias, None)
+        infos = [self._info(alias, holder, services, now) for alias, holder in services.items()]
+        infos.sort(key=_order)
+        return LockListing(
+            self._alias.reservation_id,
+            tuple(infos),
+            watched_for=now - self._started,
+            calls=self._alias.calls,
+            other_services=len(result.services or {}) - len(services),
+        )
+
+    def _info(self, alias: str, holder: Holder, services: Dict[str, Holder], now: float) -> LockInfo:
+        lock, kind = classify_alias(alias)
+        first = self._first_seen.get(alias)
+        if first is None or first[0] != holder.token:
+            first = self._first_seen[alias] = (holder.token, now)
+            self._beat_seen[alias] = False
+        watch = self._watches.setdefault(alias, lease.StaleWatch())
+        before = watch.key
+        watch.observe(holder, now)
+        if before is not None and before[0] == holder.token and before != watch.key:
+            self._beat_seen[alias] = True  # the same holder with a new heartbeat of its own: alive
+        lease_seconds = lease.lease_of(holder)
+        silent = watch.unchanged_for(now)
+        if lease_seconds is None:
+            state = "none"
+        elif watch.stale(now):
+            state = "stale"
+        elif self._beat_seen.get(alias):
+            state = "alive"
+        elif now - first[1] <= 0:
+            state = "unjudged"
+        else:
+            state = "silent"
+        mode, readers = "", ()
+        if kind == "lock":
+            mode = "shared" if is_read_group(holder) else "exclusive"
+            if mode == "shared":
+                readers = tuple(
+                    h.label
+                    for a, h in sorted(services.items())
+                    if classify_alias(a) == (alias, "reader slot")
+                )
+        return LockInfo(
+            alias,
+            lock,
+            kind,
+            mode,
+            holder.label,
+            holder.token,
+            now - first[1],
+            lease_seconds,
+            state,
+            silent,
+            readers,
+        )
+
+
+def _order(info: LockInfo) -> Tuple[str, int, int, str]:
+    digits = "".join(ch for ch in info.alias.rsplit("~", 1)[-1] if ch.isdigit())
+    return info.lock, KINDS.index(info.kind), int(digits) if digits else 0, info.alias
+
+
+def list_locks(api: Any, reservation_id: str, model: str = protocol.SERVICE_MODEL) -> LockListing:
+    """Every lock service in the reservation, from one fresh read (``seen_for`` is 0: one read tells "held
+    now", not since when; use a :class:`LockObserver` to watch). Raises :class:`~.errors.MutexError`."""
+    return LockObserver(api, reservation_id, model).observe()

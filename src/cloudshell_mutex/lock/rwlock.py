@@ -1,0 +1,799 @@
+"""ReservationRWLock: many readers, or one writer, on one reservation; writers are preferred.
+
+Built only from atomic adds of aliases, each one a :class:`~.mutex.ReservationMutex` (so every add gets
+its owner token, lease, heartbeat, unknown-outcome and late-add handling), and fresh reads
+(docs/protocol.md, "Shared and exclusive locks", has the argument step by step):
+
+* ``MUTEX`` is held by the writer, or by the **read group**: a service whose owner token is marked
+  ``read-group#...``. Code that knows only ``MUTEX`` (a plain ReservationMutex, the original snippet) is
+  therefore excluded by readers and writers alike.
+* ``MUTEX~r1..MUTEX~rK`` are reader slots: a reader holds one for as long as it reads. The first reader
+  (holding its slot) adds ``MUTEX`` for the group; later ones **join** when one fresh read shows their own
+  slot (so the read is not older than their slot's add), the group's ``MUTEX`` and no closer at work. Each
+  member heartbeats the group's ``MUTEX`` (the lease is shared, as with ``adopt``).
+* A leaving reader releases its slot, then tries to **close** the group: it takes ``MUTEX~c`` (one closer
+  at a time), and when one fresh read shows its ``MUTEX~c`` and no reader slot, removes the group's
+  ``MUTEX``. A reader that gave its slot back after seeing a group runs the same close.
+* A writer first tries ``MUTEX`` once; if busy it takes ``MUTEX~w`` (writer waiting: readers neither open
+  nor join a group while it is there), waits for ``MUTEX``, and gives ``MUTEX~w`` back once it holds it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+from . import diagnosis, lease, protocol
+from .alias import LockAlias, Status
+from .errors import MutexError, MutexLostError, MutexTimeout, MutexUsageError
+from .handle import HandleInfo, make_handle
+from .holder import Holder, make_token, parse_token, sanitize_label
+from .late_adds import LateAdds
+from .lease import StaleWatch
+from .mutex import LOGGER_NAME, ReservationMutex
+from .options import FRESH_READ_LAG, MutexOptions, check_duration
+from .pacing import DefaultPacing, PacingPolicy, clip
+
+__all__ = [
+    "CLOSER_SUFFIX",
+    "DEFAULT_MAX_READERS",
+    "READ_GROUP_MARK",
+    "WRITER_SUFFIX",
+    "ReadLock",
+    "ReservationRWLock",
+    "WriteLock",
+    "is_read_group",
+    "slot_alias",
+]
+
+#: The mark in front of the owner token of a read group's ``MUTEX``. ``#`` never occurs in a token made
+#: from a label (labels are sanitized), so no writer's or plain mutex's token can look like a group's.
+READ_GROUP_MARK = "read-group#"
+#: Reader slot ``i`` of lock ``MUTEX`` is ``MUTEX~r<i>`` (1-based).
+SLOT_SUFFIX = "~r"
+#: A writer is waiting for the lock (readers neither open nor join a group meanwhile).
+WRITER_SUFFIX = "~w"
+#: A reader is closing the group (one at a time; joiners stay out meanwhile).
+CLOSER_SUFFIX = "~c"
+#: The default number of reader slots: the most readers that read at the same time.
+DEFAULT_MAX_READERS = 8
+MAX_READERS_LIMIT = 64
+#: Rounds of "take a slot, read, decide" in one attempt to enter before waiting again.
+ENTER_ROUNDS = 4
+#: Seconds between two looks at a closer's work (it holds ``MUTEX~c`` for a few calls only), and the pacing
+#: of a closer waiting for ``MUTEX~c``.
+CLOSER_POLL = 0.05
+CLOSER_PACING = DefaultPacing(first=0.02, base=0.05, cap=0.25)
+#: Reads a closer makes under ``MUTEX~c`` before it gives up (each after a stale slot broken or a lag).
+CLOSE_ROUNDS = 6
+
+_UNSET: Any = object()
+#: "The last read did not tell who holds MUTEX" (None means: nobody).
+_UNKNOWN: Any = object()
+
+
+def slot_alias(name: str, index: int) -> str:
+    """The alias of reader slot ``index`` (1-based) of the lock ``name``."""
+    return f"{name}{SLOT_SUFFIX}{index}"
+
+
+def is_read_group(holder: Optional[Holder]) -> bool:
+    """True when ``holder`` (of a lock alias) is a read group of :class:`ReservationRWLock`."""
+    return (
+        holder is not None
+        and holder.token.startswith(READ_GROUP_MARK)
+        and parse_token(holder.token) is not None
+    )
+
+
+class _GroupAdds:
+    """What a read group does with an add of ``MUTEX`` that may land after its opener gave it up: nothing
+    blind. A plain mutex's watcher removes such an add when it lands, but a group's ``MUTEX`` may have been
+    joined meanwhile, and only a closer (who sees no reader slot) may remove it. A group that lands with no
+    reader is an open group like any other: the next reader joins and closes it, and a waiting writer breaks
+    it once it has seen no heartbeat for its lease + margin."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+
+    def watch(self, alias: LockAlias, token: str, lands_by: float, lifetime: float, copies: int = 1) -> None:
+        """Log the add that may still land; it is left to the readers' protocol and the lease."""
+        self.logger.info(
+            "cloudshell-mutex: a read group's add of %s (%s) may still land; if it does, readers close it "
+            "and a waiting writer breaks it after its lease",
+            alias.alias,
+            token,
+        )
+
+
+class _GroupMutex(ReservationMutex):
+    """The read group's hold on ``MUTEX``: a ReservationMutex whose tokens carry :data:`READ_GROUP_MARK`,
+    and whose adds that may land late are never removed blindly (:class:`_GroupAdds`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["late_adds"] = _GroupAdds(kwargs.get("logger") or logging.getLogger(LOGGER_NAME))
+        super().__init__(*args, **kwargs)
+
+    def _new_token(self) -> str:
+        return READ_GROUP_MARK + make_token(self.owner)
+
+
+class ReservationRWLock:
+    """A shared (read) / exclusive (write) lock on one CloudShell reservation.
+
+    ``rw.read()`` and ``rw.write()`` return the two sides, each a context manager with ``acquire()``/
+    ``release()`` like :class:`~.mutex.ReservationMutex`. Many readers hold the read side together; a writer
+    holds ``name`` (default ``MUTEX``) alone, so plain mutexes and the original snippet exclude, and are
+    excluded by, both sides. ``max_readers`` reader slots bound how many read at once. Other keyword
+    arguments are :class:`~.options.MutexOptions` (``timeout``, ``lease``, ``pacing``, ...), used by every
+    alias the lock adds. One object is one handle: one thread, and one side held at a time.
+    """
+
+    def __init__(
+        self,
+        api: Any,
+        reservation_id: str,
+        owner: Optional[str] = "cloudshell-mutex",
+        name: str = protocol.DEFAULT_ALIAS,
+        timeout: Optional[float] = _UNSET,
+        logger: Optional[logging.Logger] = None,
+        *,
+        max_readers: int = DEFAULT_MAX_READERS,
+        options: Optional[MutexOptions] = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: Optional[random.Random] = None,
+        late_adds: Optional[LateAdds] = None,
+        **tuning: Any,
+    ) -> None:
+        if isinstance(max_readers, bool) or not isinstance(max_readers, int):
+            raise TypeError(f"max_readers must be a whole number of reader slots, got {max_readers!r}")
+        if not 1 <= max_readers <= MAX_READERS_LIMIT:
+            raise ValueError(f"max_readers must be from 1 to {MAX_READERS_LIMIT}, got {max_readers}")
+        if options is not None and not isinstance(options, MutexOptions):
+            raise TypeError(f"options must be a MutexOptions, got {type(options).__name__}")
+        if timeout is not _UNSET:
+            tuning["timeout"] = timeout
+        base = options if options is not None else MutexOptions()
+        self.options = base.replace(**tuning) if tuning else base
+        self.logger = logger if logger is not None else logging.getLogger(LOGGER_NAME)
+        self.owner = "cloudshell-mutex" if owner is None else str(owner)
+        self.max_readers = max_readers
+        self.pacing: PacingPolicy = self.options.pacing or DefaultPacing()
+        self._clock = clock
+        self._sleep = sleep
+        self._rng = rng if rng is not None else random.Random()
+        # The snapshot reader: checks the reservation id and the name (no call is made here).
+        self._lock_alias = LockAlias(
+            api,
+            reservation_id,
+            name,
+            self.options.model,
+            budget=self.options.budget,
+            logger=self.logger,
+            clock=clock,
+            sleep=sleep,
+        )
+        self._common: Dict[str, Any] = {
+            "options": self.options,
+            "logger": self.logger,
+            "clock": clock,
+            "sleep": sleep,
+            "rng": self._rng,
+            "late_adds": late_adds,
+        }
+        self._reader = ReadLock(self)
+        self._writer = WriteLock(self)
+
+    @property
+    def api(self) -> Any:
+        """The API session the lock makes its calls with."""
+        return self._lock_alias.api
+
+    @property
+    def reservation_id(self) -> str:
+        """The reservation this lock is in."""
+        return self._lock_alias.reservation_id
+
+    @property
+    def name(self) -> str:
+        """The lock's alias (``MUTEX`` unless given): the writer's, and the read group's."""
+        return self._lock_alias.alias
+
+    @property
+    def calls(self) -> int:
+        """API calls made by this object in total (both sides, every alias)."""
+        return self._lock_alias.calls + self._reader.calls + self._writer.calls
+
+    def read(self) -> ReadLock:
+        """The shared side: ``with rw.read(): ...`` reads alongside other readers, never with a writer."""
+        return self._reader
+
+    def write(self) -> WriteLock:
+        """The exclusive side: ``with rw.write(): ...`` excludes readers, writers and plain mutexes."""
+        return self._writer
+
+    def __repr__(self) -> str:
+        state = "reading" if self._reader.locked() else "writing" if self._writer.locked() else "not held"
+        return f"<ReservationRWLock {self.name!r} reservation={self.reservation_id} {state}>"
+
+    # ------------------------------------------------------------------ shared plumbing
+
+    def _alias(self, alias: str) -> LockAlias:
+        return LockAlias(
+            self.api,
+            self.reservation_id,
+            alias,
+            self.options.model,
+            budget=self.options.budget,
+            logger=self.logger,
+            clock=self._clock,
+            sleep=self._sleep,
+        )
+
+    def _mutex(self, alias: str, kind: type = ReservationMutex) -> ReservationMutex:
+        return kind(self.api, self.reservation_id, owner=self.owner, name=alias, **self._common)
+
+    def _deadline(self, blocking: bool, timeout: Any) -> Optional[float]:
+        if timeout is _UNSET:
+            timeout = self.options.timeout
+        elif not blocking:
+            raise ValueError("a non-blocking acquire cannot have a timeout; leave timeout out")
+        check_duration("timeout", timeout, allow_none=True)
+        now = self._clock()
+        if not blocking:
+            return now
+        return None if timeout is None else now + timeout
+
+    def _fatal(self, failure: Any, doing: str) -> MutexError:
+        state = self._lock_alias.reservation_state() if diagnosis.needs_state(failure) else None
+        return diagnosis.fatal_error(
+            failure, doing, self.reservation_id, self.name, self.options.model, None, state
+        )
+
+
+class WriteLock:
+    """The exclusive side of a :class:`ReservationRWLock`: holds ``MUTEX`` alone.
+
+    Uncontended it costs what a plain mutex costs (one add; read + remove at release). When ``MUTEX`` is
+    busy it holds ``MUTEX~w`` while it waits, so that no new read group opens and the current one drains.
+    """
+
+    def __init__(self, rw: ReservationRWLock) -> None:
+        self._rw = rw
+        self._mutex = rw._mutex(rw.name)
+        self._waiting = rw._mutex(rw.name + WRITER_SUFFIX)
+
+    @property
+    def calls(self) -> int:
+        """API calls made by this side."""
+        return self._mutex.calls + self._waiting.calls
+
+    @property
+    def token(self) -> Optional[str]:
+        """The owner token of the write hold, or None."""
+        return self._mutex.token
+
+    def locked(self) -> bool:
+        """True while this side holds the lock."""
+        return self._mutex.locked()
+
+    def ensure_held(self, read: bool = False) -> None:
+        """As :meth:`ReservationMutex.ensure_held`: raise :class:`MutexLostError` unless still held."""
+        self._mutex.ensure_held(read)
+
+    def acquire(self, blocking: bool = True, timeout: Optional[float] = _UNSET) -> bool:
+        """Take the lock alone. Blocking, returns True or raises :class:`MutexTimeout`; with
+        ``blocking=False`` one attempt, False when busy."""
+        deadline = self._rw._deadline(blocking, timeout)
+        if self._rw._reader.locked():
+            raise MutexUsageError(
+                f"this ReservationRWLock holds {self._rw.name!r} for reading: release the read side before "
+                "writing (a writer waits for every reader, itself included)",
+                reservation_id=self._rw.reservation_id,
+                alias=self._rw.name,
+            )
+        if self._mutex.acquire(blocking=False):
+            return True
+        if not blocking:
+            return False
+        self._waiting.acquire(timeout=_remaining(deadline, self._rw._clock()))
+        try:
+            return self._mutex.acquire(timeout=_remaining(deadline, self._rw._clock()))
+        finally:
+            self._stop_waiting()
+
+    def _stop_waiting(self) -> None:
+        try:
+            self._waiting.release()
+        except MutexError as error:
+            # Never raise here with MUTEX held. A marker left behind stops heartbeating: readers ignore it
+            # once they judge it stale, and the next writer breaks it.
+            self._rw.logger.warning(
+                "cloudshell-mutex: could not remove %s (%s); it is left to its lease",
+                self._waiting.name,
+                error,
+            )
+            self._waiting.detach()
+
+    def release(self) -> None:
+        """Release the write hold (as :meth:`ReservationMutex.release`)."""
+        self._mutex.release()
+
+    def __enter__(self) -> WriteLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        self.release()
+
+
+class ReadLock:
+    """The shared side of a :class:`ReservationRWLock`: one reader slot, and a share of the read group.
+
+    See the module docstring and docs/protocol.md for the protocol; :attr:`calls` counts its API calls.
+    """
+
+    def __init__(self, rw: ReservationRWLock) -> None:
+        self._rw = rw
+        name = rw.name
+        self._slot_names = [slot_alias(name, index + 1) for index in range(rw.max_readers)]
+        self._slots = [rw._mutex(alias) for alias in self._slot_names]
+        # Closers hold MUTEX~c for a few calls and never wait inside: poll it quickly.
+        self._closer = ReservationMutex(
+            rw.api, rw.reservation_id, owner=rw.owner, name=name + CLOSER_SUFFIX,
+            **{**rw._common, "options": rw.options.replace(pacing=CLOSER_PACING)},
+        )  # fmt: skip
+        # For breaking a crashed reader's slot: the slot's alias and its breaker, judged on this reader's
+        # clock from every snapshot it reads (lease.StaleWatch), as a waiting mutex judges its holder.
+        breakable = [*self._slot_names, name]
+        self._slot_aliases = {alias: rw._alias(alias) for alias in breakable}
+        self._breakers = {alias: rw._alias(lease.breaker_alias(alias)) for alias in breakable}
+        self._watches: Dict[str, StaleWatch] = {}
+        self._breaker_watches: Dict[str, StaleWatch] = {}
+        self._slot: Optional[ReservationMutex] = None
+        self._group: Optional[ReservationMutex] = None
+        self._extra_calls = 0  # calls of group objects that are gone (joined, then released)
+        self._deadline: Optional[float] = None
+        self._saw_group = False
+
+    # ------------------------------------------------------------------ public
+
+    @property
+    def calls(self) -> int:
+        """API calls made by this side (slots, closer, group, snapshots and breaks)."""
+        total = sum(slot.calls for slot in self._slots) + self._closer.calls + self._extra_calls
+        total += sum(a.calls for a in self._slot_aliases.values()) + sum(
+            b.calls for b in self._breakers.values()
+        )
+        return total + (self._group.calls if self._group is not None else 0)
+
+    def locked(self) -> bool:
+        """True while this side reads (holds a slot and a share of the group)."""
+        return self._group is not None
+
+    @property
+    def token(self) -> Optional[str]:
+        """The read group's owner token while reading, else None."""
+        return self._group.token if self._group is not None else None
+
+    def ensure_held(self, read: bool = False) -> None:
+        """Raise :class:`MutexLostError` unless the group's ``MUTEX`` and this reader's slot are still held,
+        as far as their heartbeats tell (``read=True``: one fresh read of the group too)."""
+        if self._group is None or self._slot is None:
+            raise MutexUsageError(
+                f"this ReservationRWLock does not read {self._rw.name!r}: acquire the read side first",
+                reservation_id=self._rw.reservation_id,
+                alias=self._rw.name,
+            )
+        self._slot.ensure_held()
+        self._group.ensure_held(read)
+
+    def acquire(self, blocking: bool = True, timeout: Optional[float] = _UNSET) -> bool:
+        """Read alongside other readers. Blocking, returns True or raises :class:`MutexTimeout` (nothing of
+        this reader is left behind); with ``blocking=False`` one attempt, False when a writer holds or
+        waits for the lock or every slot is taken."""
+        rw = self._rw
+        deadline = rw._deadline(blocking, timeout)
+        if self._group is not None:
+            raise MutexUsageError(
+                f"this ReservationRWLock already reads {rw.name!r}; release it first, or use one object "
+                "per task",
+                reservation_id=rw.reservation_id,
+                alias=rw.name,
+            )
+        if rw._writer.locked():
+            raise MutexUsageError(
+                f"this ReservationRWLock holds {rw.name!r} for writing: release it before reading",
+                reservation_id=rw.reservation_id,
+                alias=rw.name,
+            )
+        if self._slot is not None:  # a release that raised left a slot: finish giving it back first
+            self._give_back()
+        self._deadline = deadline
+        start = rw._clock()
+        attempt, delay = 0, 0.0
+        blocker: Optional[str] = None
+        blocker_since = start
+        while True:
+            snap = self._snapshot(paced=attempt > 0)
+            if snap is not None:
+                why = self._blocker(snap)
+                if why != blocker:
+                    blocker, blocker_since = why, rw._clock()
+                    if why is not None:
+                        rw.logger.info("cloudshell-mutex: read of %s waits: %s", rw.name, why)
+                if why is not None and self._abandoned_group(snap):
+                    # A group with no reader left (its readers' last close was skipped on a lagging read, or
+                    # an add of it landed late) would keep a waiting writer out until its lease ends.
+                    self._close(None)
+                if why is None and self._enter(snap):
+                    rw.logger.info(
+                        "cloudshell-mutex: reading %s in reservation %s (slot %s, group %s) after %.2f s",
+                        rw.name,
+                        rw.reservation_id,
+                        self._slot.name if self._slot else "?",
+                        self.token,
+                        rw._clock() - start,
+                    )
+                    return True
+            now = rw._clock()
+            if not blocking and snap is not None:
+                return False
+            if deadline is not None and now >= deadline:
+                waited = now - start
+                what = blocker or (
+                    "the reservation could not be read"
+                    if snap is None
+                    else "other readers kept taking the free slots first, or a closer was at work"
+                )
+                raise MutexTimeout(
+                    f"could not read-lock {rw.name!r} in reservation {rw.reservation_id} within "
+                    f"{waited:.1f} s: "
+                    f"{what} (for {now - blocker_since:.1f} s). Nothing of this reader was left behind; "
+                    "retry later, or see `cloudshell-mutex status --all` for who holds what",
+                    holder=blocker,
+                    held_for=now - blocker_since,
+                    waited=waited,
+                    reservation_id=rw.reservation_id,
+                    alias=rw.name,
+                )
+            attempt += 1
+            delay = rw.pacing.next_delay(attempt, delay, rw._rng)
+            rw._sleep(clip(delay, now, deadline))
+
+    def release(self) -> None:
+        """Stop reading: give the slot back, then close the group if no other reader is in it.
+
+        Raises :class:`MutexLostError` when the group's ``MUTEX`` was lost meanwhile (broken or removed by
+        force: the reading may not have been exclusive of writers), after cleaning up.
+        """
+        if self._group is None and self._slot is None:
+            return
+        group, lost = self._group, None
+        if group is not None:
+            try:
+                # One fresh read, as a mutex reads before its remove: a group lost while we read (broken, or
+                # removed by force) must not pass silently. Read while we still hold our slot, because
+                # after it is given back, the group may be closed legitimately by another reader.
+                group.ensure_held(read=True)
+            except MutexLostError as error:
+                lost = error
+            except MutexError as error:  # the read failed: leave the doubt to the heartbeat
+                self._rw.logger.debug("cloudshell-mutex: could not check the read group: %s", error)
+            # Our share ends here: once our slot is given back, another reader may close the group, and our
+            # heartbeat must not take that for a loss.
+            group.stop_heartbeat()
+        self._saw_group = False  # the member closes below, with its share
+        self._give_back()  # raises MutexReleaseError when the slot's remove kept failing: call again
+        self._group = None
+        if group is not None and self._others_read():
+            group.detach()  # another reader reads: it closes the group when it leaves
+            self._extra_calls += group.calls
+            group = None
+        if group is not None:
+            try:
+                self._close(group)
+            except MutexLostError as error:
+                lost = lost or error
+            finally:
+                self._extra_calls += group.calls
+        if lost is not None:
+            raise lost
+
+    def _others_read(self) -> bool:
+        """After our slot was given back: does one read show another reader's slot? Then that reader will
+        close the group (it gives its slot back after us, and its closer's read shows ours gone), and we
+        skip the close (4 calls). This rests on a plain read: one that lags behind both slot removals could
+        make both readers skip it; the group then waits, without heartbeats, for the next reader to join and
+        close it, or for a writer to break it after its lease + margin."""
+        for _ in range(CLOSE_ROUNDS):
+            snap = self._snapshot(paced=False)
+            if snap is None:
+                return False  # cannot tell: close
+            readers = [alias for alias in self._slot_names if alias in snap]
+            # A crashed reader's slot would make every reader leave the group to it: break it first.
+            if not readers or not self._break_stale(snap, readers):
+                return bool(readers)
+        return False
+
+    def __enter__(self) -> ReadLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        self.release()
+
+    # ------------------------------------------------------------------ entering
+
+    def _snapshot(self, paced: bool) -> Optional[Dict[str, Holder]]:
+        """One fresh read of every service (None after a transient failure); feeds the stale watches."""
+        rw = self._rw
+        result = rw._lock_alias.read_all(paced=paced, deadline=self._deadline)
+        if not result.ok:
+            if result.status is Status.TRANSIENT:
+                rw.logger.debug("cloudshell-mutex: reading %s failed (%s)", rw.name, result.failure.message)
+                return None
+            raise rw._fatal(result.failure, "reading the reservation's lock services")
+        services = result.services or {}
+        for alias in [*self._slot_names, rw.name, rw.name + WRITER_SUFFIX]:
+            self._watch(alias).observe(services.get(alias), result.sent_at)
+        return services
+
+    def _watch(self, alias: str) -> StaleWatch:
+        return self._watches.setdefault(alias, StaleWatch())
+
+    def _writer_waiting(self, snap: Dict[str, Holder]) -> Optional[Holder]:
+        """The writer-waiting marker, unless this reader has judged it stale (a crashed writer's)."""
+        marker = snap.get(self._rw.name + WRITER_SUFFIX)
+        if marker is None or self._watch(marker.alias).stale(self._rw._clock()):
+            return None
+        return marker
+
+    def _blocker(self, snap: Dict[str, Holder]) -> Optional[str]:
+        """Why this snapshot lets no reader in (None: a reader may try)."""
+        rw = self._rw
+        holder = snap.get(rw.name)
+        if holder is not None and not is_read_group(holder):
+            if self._break_stale(snap, [rw.name]):  # a crashed writer's, judged as a waiting mutex would
+                return None
+            return f"{rw.name} is held by {holder.label}"
+        waiting = self._writer_waiting(snap)
+        if waiting is not None:
+            return f"a writer is waiting ({waiting.label})"
+        if all(alias in snap for alias in self._slot_names):
+            if self._break_stale(snap, self._slot_names):
+                return None
+            return f"all {rw.max_readers} reader slots are taken"
+        return None
+
+    def _abandoned_group(self, snap: Dict[str, Holder]) -> bool:
+        """A writer waits, and this read shows a read group with no reader slot held."""
+        holder = snap.get(self._rw.name)
+        return (
+            is_read_group(holder)
+            and self._writer_waiting(snap) is not None
+            and not any(alias in snap for alias in self._slot_names)
+        )
+
+    def _enter(self, snap: Dict[str, Holder]) -> bool:
+        """Take a slot the snapshot shows free; then open the group or join it. True when reading."""
+        free = [index for index, alias in enumerate(self._slot_names) if alias not in snap]
+        if not free:
+            return False
+        slot = self._slots[self._rw._rng.choice(free)]
+        try:
+            if not slot.acquire(blocking=False):
+                return False  # taken since the read
+        except MutexTimeout:
+            return False  # the API failed; the slot object watches an add that may still land
+        self._slot = slot
+        self._saw_group = is_read_group(snap.get(self._rw.name))
+        try:
+            group = self._open_or_join(slot, snap.get(self._rw.name))
+        except BaseException:
+            self._saw_group = True  # unknown: close to be safe (a close removes only a group without readers)
+            self._give_back()
+            raise
+        if group is None:
+            self._give_back()
+            return False
+        self._group = group
+        return True
+
+    def _open_or_join(self, slot: ReservationMutex, mutex_holder: Any) -> Optional[ReservationMutex]:
+        rw = self._rw
+        rounds = 0
+        while rounds < ENTER_ROUNDS:
+            rounds += 1
+            if mutex_holder is None:  # MUTEX looked free: open a group
+                group = rw._mutex(rw.name, _GroupMutex)
+                try:
+                    if group.acquire(blocking=False):
+                        return group
+                except MutexTimeout:
+                    pass  # unknown; the next read tells
+            snap = self._snapshot(paced=True)
+            if snap is None:
+                mutex_holder = _UNKNOWN
+                continue
+            mine = snap.get(slot.name)
+            if mine is None or mine.token != slot.token:
+                # This read does not show our own slot: it lags behind our add, so it cannot show what
+                # happened after it either. Decide nothing on it.
+                mutex_holder = _UNKNOWN
+                rw._sleep(FRESH_READ_LAG / 4)
+                continue
+            holder = snap.get(rw.name)
+            self._saw_group = self._saw_group or is_read_group(holder)
+            if holder is None:
+                mutex_holder = None
+                continue
+            if not is_read_group(holder) or self._writer_waiting(snap) is not None:
+                return None
+            if rw.name + CLOSER_SUFFIX in snap:
+                # A closer is at work: it may have counted the slots before ours. Keep the slot (the closer
+                # then leaves the group to us) and look again when it is done: it never waits for anything.
+                if self._deadline is not None and rw._clock() >= self._deadline:
+                    return None
+                rounds -= 1
+                rw._sleep(clip(CLOSER_POLL * rw._rng.uniform(0.5, 1.5), rw._clock(), self._deadline))
+                mutex_holder = _UNKNOWN
+                continue
+            try:
+                return self._join(holder)
+            except MutexError:  # gone meanwhile, or adopt's read failed: look again
+                mutex_holder = _UNKNOWN
+        return None
+
+    def _join(self, holder: Holder) -> ReservationMutex:
+        """Share the group's acquisition (adopt: a read, and with a lease one heartbeat of our own)."""
+        rw = self._rw
+        info = HandleInfo(
+            rw.reservation_id, rw.name, rw.options.model, holder.token, lease.lease_of(holder) or 0.0
+        )
+        common = {key: value for key, value in rw._common.items() if key != "options"}
+        group = _GroupMutex.adopt(rw.api, make_handle(info), owner=rw.owner, options=rw.options, **common)
+        return group
+
+    def _give_back(self) -> None:
+        """Release the slot held (if any); after seeing a group, try to close it (this slot may be what
+        a closer saw when it decided to leave the group open)."""
+        slot = self._slot
+        if slot is not None:
+            with contextlib.suppress(MutexLostError):  # broken meanwhile: nothing of ours to remove
+                slot.release()
+            self._slot = None
+        if self._saw_group:
+            self._saw_group = False
+            self._close(None)
+
+    # ------------------------------------------------------------------ closing
+
+    def _close(self, group: Optional[ReservationMutex]) -> None:
+        """Remove the group's ``MUTEX`` if no reader slot is held, as the only closer at work.
+
+        ``group`` is this reader's share (or None). Raises :class:`MutexLostError` when that share turns
+        out lost at its removal."""
+        rw = self._rw
+        closer = self._closer
+        try:
+            closer.acquire(timeout=self._close_timeout())
+        except MutexTimeout as error:
+            rw.logger.warning(
+                "cloudshell-mutex: could not take %s to close the read group of %s (%s); the group is left "
+                "to the next closer or its lease",
+                closer.name,
+                rw.name,
+                error,
+            )
+            if group is not None:
+                group.detach()
+            return
+        try:
+            group = self._close_held(group)
+        finally:
+            if group is not None:
+                group.detach()  # another reader is in the group: it closes it
+            closer.release()
+
+    def _close_held(self, group: Optional[ReservationMutex]) -> Optional[ReservationMutex]:
+        """Under ``MUTEX~c``: returns the share still to detach (None when it was released here)."""
+        rw = self._rw
+        closer = self._closer
+        for _ in range(CLOSE_ROUNDS):
+            snap = self._snapshot(paced=False)
+            if snap is None:
+                rw._sleep(FRESH_READ_LAG / 4)
+                continue
+            mine = snap.get(closer.name)
+            if mine is None or mine.token != closer.token:
+                rw._sleep(FRESH_READ_LAG / 4)  # lags behind our closer's add: shows too little
+                continue
+            holder = snap.get(rw.name)
+            readers = [alias for alias in self._slot_names if alias in snap]
+            if readers and self._break_stale(snap, readers):
+                continue  # a crashed reader's slot was removed: look again
+            if readers or not is_read_group(holder):
+                return group
+            if group is None or group.token != holder.token:
+                if group is not None:
+                    group.detach()
+                try:
+                    group = self._join(holder)
+                except MutexLostError:
+                    return None  # gone meanwhile
+                except MutexError as error:  # adopt's read failed: look again
+                    rw.logger.debug("cloudshell-mutex: joining the read group to close it: %s", error)
+                    group = None
+                    rw._sleep(FRESH_READ_LAG / 4)
+                    continue
+                joined = group
+            else:
+                joined = None
+            try:
+                group.release()  # reads, and removes MUTEX only while it is the group's (sent once)
+            except MutexLostError as error:
+                # Taken meanwhile (broken or removed by force): nothing of the group's is left to remove.
+                # Our own reading ended earlier, checked by release()'s read.
+                rw.logger.warning("cloudshell-mutex: closing the read group of %s: %s", rw.name, error)
+                return None
+            finally:
+                if joined is not None:
+                    self._extra_calls += joined.calls
+            rw.logger.info("cloudshell-mutex: closed the read group of %s (%s)", rw.name, holder.token)
+            return None
+        return group
+
+    def _close_timeout(self) -> float:
+        # Closers wait only for closers, which never wait for anything else; a crashed closer's MUTEX~c is
+        # broken after its lease + margin, so wait a little longer than that.
+        lease_seconds = self._rw.options.lease
+        return 2 * lease_seconds + 10.0 if lease_seconds > 0 else 60.0
+
+    # ------------------------------------------------------------------ crashed readers
+
+    def _break_stale(self, snap: Dict[str, Holder], aliases: List[str]) -> bool:
+        """Break each of ``aliases`` (reader slots, or a writer's ``MUTEX``) that this reader has seen
+        unchanged (token and heartbeat) for its lease + margin, as a waiting mutex breaks a stale holder (one
+        breaker at a time, on the record). True when one was. A holder without a lease is never broken."""
+        rw = self._rw
+        broken = False
+        for alias in aliases:
+            watch = self._watch(alias)
+            holder = snap.get(alias)
+            if holder is None or not watch.stale(rw._clock()):
+                continue
+            seen = watch.unchanged_for(rw._clock())
+            result = lease.break_stale(
+                self._slot_aliases[alias],
+                self._breakers[alias],
+                watch,
+                self._breaker_watches.setdefault(alias, StaleWatch()),
+                make_token(rw.owner),
+                rw.owner,
+                max(rw.options.lease, lease.MIN_LEASE) if rw.options.lease > 0 else lease.DEFAULT_LEASE,
+                rw.options.request_lifetime,
+                rw._clock,
+                rw._sleep,
+            )
+            if not result.broken:
+                continue
+            watch.observe(None, rw._clock())
+            broken = True
+            message = (
+                f"{sanitize_label(rw.owner)} broke the stale {'lock' if alias == rw.name else 'reader slot'} "
+                f"{alias!r} held by {holder.label} "
+                f"(Mutex Owner {holder.token!r}, lease {lease.lease_of(holder):g} s): no heartbeat seen for "
+                f"{seen:.1f} s on this reader's own clock"
+            )
+            rw.logger.warning("cloudshell-mutex: %s", message)
+            self._slot_aliases[alias].write_output(message)
+        return broken
+
+
+def _remaining(deadline: Optional[float], now: float) -> Optional[float]:
+    return None if deadline is None else max(0.0, deadline - now)
