@@ -16,6 +16,7 @@ import argparse
 import base64
 import binascii
 import ipaddress
+import json
 import math
 import os
 import platform
@@ -24,7 +25,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple
-from urllib.parse import urlsplit
+from urllib.parse import quote, quote_plus, urlsplit
 
 import yaml
 
@@ -423,3 +424,16 @@ def resolve_settings(
         package=Path(args.package),
         timeout=30.0 if args.timeout is None else float(args.timeout),
     )
+
+
+def scrub(text: str, secret: Optional[str]) -> str:
+    """``text`` with every occurrence of ``secret`` masked, also as a form, URL or JSON string writes it.
+
+    A server or proxy that echoes the login request shows the password form-encoded.
+    """
+    if not secret:
+        return text
+    forms = {secret, quote_plus(secret), quote(secret, safe=""), json.dumps(secret)[1:-1]}
+    for form in sorted(forms, key=len, reverse=True):
+        text = text.replace(form, "********")
+    return text

@@ -130,7 +130,7 @@ def open_session(settings: ConnectionSettings) -> Any:
     """A logged-on ``CloudShellAPISession`` (it logs on in its constructor)."""
     from cloudshell.api.cloudshell_api import CloudShellAPISession
 
-    from cloudshell_mutex.packaging.install import scrub
+    from cloudshell_mutex.settings import scrub
 
     try:
         return CloudShellAPISession(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from typing import Any, Optional
-from urllib.parse import quote, quote_plus, urljoin
+from urllib.parse import urljoin
 
 import requests
 from cloudshell.rest.api import PackagingRestApiClient
@@ -25,25 +25,13 @@ from cloudshell_mutex.settings import (
     InstallSettings,
     redact_userinfo,
     resolve_settings,
+    scrub,
     shown,
 )
 
 __all__ = ["ImportingClient", "InstallError", "check_import_answer", "install_package", "resolve_settings"]
 
 _MAX_SERVER_TEXT = 500
-
-
-def scrub(text: str, secret: Optional[str]) -> str:
-    """``text`` with every occurrence of ``secret`` masked, also as a form, URL or JSON string writes it.
-
-    A server or proxy that echoes the login request shows the password form-encoded.
-    """
-    if not secret:
-        return text
-    forms = {secret, quote_plus(secret), quote(secret, safe=""), json.dumps(secret)[1:-1]}
-    for form in sorted(forms, key=len, reverse=True):
-        text = text.replace(form, "********")
-    return text
 
 
 _HTML_RE = re.compile(r"^\s*(<!doctype html|<html|<\?xml[^>]*>\s*<html)", re.IGNORECASE)
