@@ -36,8 +36,8 @@ def run_package(args: argparse.Namespace) -> int:
 def run_install(args: argparse.Namespace) -> int:
     """Import the package into CloudShell through the Quali API."""
     # Imported here: the REST client and its progress-bar dependencies are only needed by this command.
-    from cloudshell_mutex.packaging.install import InstallError, install_package, resolve_settings, scrub
-    from cloudshell_mutex.settings import ENV_VARS, redact_userinfo
+    from cloudshell_mutex.packaging.install import InstallError, install_package, resolve_settings
+    from cloudshell_mutex.settings import ENV_VARS, redact_userinfo, scrub
 
     # Every password this run may know of is masked in whatever is printed: a last line of defence, since
     # the messages are built not to hold one. Passwords shorter than 4 characters are left out: masking
