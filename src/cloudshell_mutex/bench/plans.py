@@ -23,9 +23,9 @@ WORKLOADS: Dict[str, str] = {REACQUIRE: "re-acquire at once", THINK: "think time
 LATENCY: Dict[str, object] = {"distribution": "lognormal", "median": 0.05, "sigma": 0.5}
 
 #: The contenders of the standard plans; the baseline (original v1) first.
-STANDARD_CONTENDERS = (BASELINE, "original-v2", "original-pacing", "default")
+STANDARD_CONTENDERS = (BASELINE, "original-v2", "original-pacing", "default", "fair")
 #: Uncontended (N=1) runs: the call count per acquisition with and without the release check.
-UNCONTENDED_CONTENDERS = ("default", "release-check-5")
+UNCONTENDED_CONTENDERS = ("default", "release-check-5", "fair")
 
 
 @dataclass(frozen=True)
@@ -126,13 +126,16 @@ FULL = Plan(
     repeats=2,
 )
 
+#: The contenders of the targets plan: the baseline, the default and the fair mode.
+TARGET_CONTENDERS = (BASELINE, "default", "fair")
+
 #: The cells of the roadmap's targets that the quick plan leaves out or measures in windows too short for
-#: them (N=8 and 32 at hold 1 s and 10 s), for the baseline and the default only, once, with shorter
-#: windows than the full plan: about 30 minutes.
+#: them (N=8 and 32 at hold 1 s and 10 s), for the baseline, the default and the fair mode, once, with
+#: shorter windows than the full plan: about 45 minutes.
 TARGETS = Plan(
     "targets",
-    matrix(clients=(8, 32), holds=(1.0,), windows={1.0: 40.0}, contenders=(BASELINE, "default"))
-    + matrix(clients=(8, 32), holds=(10.0,), windows={10.0: 150.0}, contenders=(BASELINE, "default")),
+    matrix(clients=(8, 32), holds=(1.0,), windows={1.0: 40.0}, contenders=TARGET_CONTENDERS)
+    + matrix(clients=(8, 32), holds=(10.0,), windows={10.0: 150.0}, contenders=TARGET_CONTENDERS),
     repeats=1,
 )
 

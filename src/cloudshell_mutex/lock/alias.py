@@ -16,13 +16,13 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, FrozenSet, List, Optional, Sequence, Tuple
+from typing import Any, Callable, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from cloudshell.api.cloudshell_api import AttributeNameValue
 
 from . import catalog, protocol
 from .classify import CLIENT_RETRY_DELAY, Classification, ErrorKind, classify, may_have_resent, sent_once
-from .holder import Holder, holder_in, sanitize_label
+from .holder import Holder, holders_in, sanitize_label
 from .pacing import CallBudget, budget_for, clip
 
 #: Longest reservation id or alias taken (ids are GUIDs; aliases are short names on the sandbox diagram).
@@ -61,6 +61,8 @@ class CallResult:
     failure: Optional[Classification] = None
     resent: bool = False
     holder: Optional[Holder] = None
+    #: A read's every service, by alias (the fair mode's queue tickets are services beside the lock's).
+    services: Optional[Mapping[str, Holder]] = None
 
     @property
     def ok(self) -> bool:
@@ -338,9 +340,12 @@ class LockAlias:
                 status = Status.FATAL
             return CallResult(status, sent_at, elapsed, failure, may_have_resent(elapsed))
         elapsed = self._clock() - sent_at
-        holder = holder_in(answer, self.alias) if read else None
+        services = holders_in(answer) if read else None
+        holder = services.get(self.alias) if services is not None else None
         # A success may come from the client's re-send: then an earlier copy got no answer.
-        return CallResult(Status.DONE, sent_at, elapsed, resent=may_have_resent(elapsed), holder=holder)
+        return CallResult(
+            Status.DONE, sent_at, elapsed, resent=may_have_resent(elapsed), holder=holder, services=services
+        )
 
     def __repr__(self) -> str:
         return f"<LockAlias {self.alias!r} reservation={self.reservation_id}>"

@@ -91,8 +91,15 @@ class Holder:
 
 def holder_in(details: Any, alias: str) -> Optional[Holder]:
     """The holder of ``alias`` in a ``GetReservationDetails`` answer, or None when the alias is free."""
+    return holders_in(details, alias).get(alias)
+
+
+def holders_in(details: Any, alias: Optional[str] = None) -> Dict[str, Holder]:
+    """Every service of a ``GetReservationDetails`` answer as a :class:`Holder`, by alias (only ``alias``
+    when given): the fair mode's queue reads its tickets from the same read that shows the lock."""
+    found: Dict[str, Holder] = {}
     for service in details.ReservationDescription.Services or []:
-        if service.Alias != alias:
+        if alias is not None and service.Alias != alias:
             continue
         values = {
             _short_name(a.Name): "" if a.Value is None else str(a.Value) for a in service.Attributes or []
@@ -102,8 +109,10 @@ def holder_in(details: Any, alias: str) -> Optional[Holder]:
         label = describe_owner(token)
         if parse_token(token) is None and values.get(protocol.ATTR_LABEL):
             label = values[protocol.ATTR_LABEL]
-        return Holder(alias, token, label, service.ServiceName or "", values)
-    return None
+        found.setdefault(
+            service.Alias, Holder(service.Alias, token, label, service.ServiceName or "", values)
+        )
+    return found
 
 
 def _short_name(name: str) -> str:
