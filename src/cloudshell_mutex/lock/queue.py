@@ -420,8 +420,8 @@ class FairQueue:
                     lands_by = self._clock() + self.request_lifetime
                     self._late_adds.watch(ticket, token, lands_by, self.request_lifetime)
             for alias, lands_by, copies in unsettled:
-                if alias is not ticket or copies > 1:
-                    self._late_adds.watch(alias, token, lands_by, self.request_lifetime, copies)
+                # A copy may land after our remove, even of the ticket we had: the watcher settles it.
+                self._late_adds.watch(alias, token, lands_by, self.request_lifetime, copies)
         except Exception:  # a ticket left behind costs speed (others break it later), never safety
             self.logger.debug("cloudshell-mutex: could not remove the queue ticket", exc_info=True)
 
