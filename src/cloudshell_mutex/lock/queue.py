@@ -76,6 +76,10 @@ FALLBACK_AFTER = 3.0
 MEMORY_SECONDS = 60.0
 #: Ticket numbers tried after the first one said "already exists", before reading again.
 JOIN_TRIES = 4
+#: The head times its polls by the holders' observed tenure (False: it polls every head_interval).
+HOLD_HINT = True
+#: ... waking this fraction of a tenure before the expected release.
+HINT_LEAD = 0.2
 #: A read younger than this (seconds) is recent enough to join the queue by.
 RECENT = 1.0
 #: Jitter of every interval (a fraction), so that waiters do not poll in lock-step.
@@ -282,6 +286,14 @@ class LockMemory:
     lowest_at: float = -math.inf
     #: The last read's view, taken (and forgotten) by the next waiter that joins.
     view: Optional[QueueView] = None
+    #: The lock's holder at the last read, and when it was granted: after ``holder_lo`` (the read before,
+    #: which showed another holder or none) and by ``holder_hi`` (the read that showed it first).
+    holder: Optional[str] = None
+    holder_lo: float = -math.inf
+    holder_hi: float = -math.inf
+    #: How long holders hold the lock (seconds; None: not seen yet), from holders seen to come and go
+    #: between reads close enough together to tell: the head times its polls by it.
+    tenure: Optional[float] = None
 
     def crowded(self, now: float) -> bool:
         """True when others were queued at this process's last read, not long ago."""
@@ -289,6 +301,7 @@ class LockMemory:
 
     def update(self, view: QueueView, token: Optional[str]) -> None:
         """Take in a read: who waits, and how far the head moved since the last read."""
+        self._observe_holder(view)
         self.others = view.others(token)
         self.seen_at = view.at
         self.view = view
@@ -301,6 +314,31 @@ class LockMemory:
             self.period = min(600.0, max(0.05, 0.7 * self.period + 0.3 * sample))
         if self.lowest is None or lowest != self.lowest:
             self.lowest, self.lowest_at = lowest, view.at
+
+    def _observe_holder(self, view: QueueView) -> None:
+        token = view.holder.token if view.holder is not None else None
+        if token == self.holder:
+            return
+        if self.holder is not None:
+            # The previous holder released between the last read and this one: a tenure sample when both
+            # its start and its end are known to within a third of it.
+            start, end = (self.holder_lo + self.holder_hi) / 2, (self.seen_at + view.at) / 2
+            sample = end - start
+            known = max(self.holder_hi - self.holder_lo, view.at - self.seen_at)
+            if math.isfinite(sample) and sample > 0 and known <= sample / 2:
+                self.tenure = sample if self.tenure is None else 0.7 * self.tenure + 0.3 * sample
+        self.holder, self.holder_lo, self.holder_hi = token, self.seen_at, view.at
+
+    def hold_estimate(self) -> float:
+        """How long a holder holds: the tenure seen, else the period between grants (a queue that does
+        not run dry hands the lock on about once a period)."""
+        return self.tenure if self.tenure is not None else self.period
+
+    def expected_release(self) -> Optional[float]:
+        """When the holder seen last is expected to release (monotonic), or None when unknown."""
+        if self.holder is None or not math.isfinite(self.holder_lo):
+            return None
+        return (self.holder_lo + self.holder_hi) / 2 + self.hold_estimate()
 
 
 _memories: weakref.WeakKeyDictionary[Any, Dict[Tuple[str, str], LockMemory]] = weakref.WeakKeyDictionary()
@@ -369,6 +407,8 @@ class FairQueue:
         self._breaker_watch = lease.StaleWatch()
         self._predecessor: Optional[str] = None
         self._free_seen: Optional[Tuple[float, str]] = None  # (when, head token) the lock was seen free
+        self._hinted = False  # the head slept until shortly before the expected release
+        self._misses = 0  # the head's polls since then
 
     # ---------------------------------------------------------------- the mutex's hooks
 
@@ -402,8 +442,24 @@ class FairQueue:
             if self._clock() - self._beat_at >= self.ticket_lease / 3:
                 self._look_and_beat(op)
             if self.ticket is not None:
-                return self._jitter(head_interval(self.memory.period))
+                return self._head_delay()
         return self._wait_turn(op, first=False, default=default)
+
+    def _head_delay(self) -> float:
+        """The head's next poll. With :data:`HOLD_HINT` and a holder whose grant this process saw: sleep
+        until shortly before its expected release, then poll fast, slower again after each miss; else
+        every :func:`head_interval`."""
+        regular = head_interval(self.memory.period)
+        release = self.memory.expected_release() if HOLD_HINT else None
+        if release is None:
+            return self._jitter(regular)
+        now = self._clock()
+        early = release - HINT_LEAD * self.memory.hold_estimate()
+        if now < early and not self._hinted:
+            self._hinted = True  # one sleep per holder: the hint is an estimate
+            return early - now
+        self._misses += 1
+        return self._jitter(min(regular, HEAD_MIN * 2 ** min(self._misses - 1, 8)))
 
     def leave(self) -> None:
         """The acquire ended (the lock granted, a timeout, an error, Ctrl-C): remove our ticket, and hand
@@ -460,14 +516,26 @@ class FairQueue:
                 return 0.0
             self._judge_predecessor(op, view, position)
             self._beat(op, view)
-            interval = wait_interval(position, len(view.tickets), self.memory.period, self.budget)
-            self._sleep(clip(self._jitter(interval), self._clock(), op.deadline))
+            waiters = len(view.tickets)
+            interval = self._jitter(wait_interval(position, waiters, self.memory.period, self.budget))
+            self._sleep(clip(self._hinted_wait(position, interval), self._clock(), op.deadline))
 
     def _recent_view(self, now: float) -> Optional[QueueView]:
         """A read of this process made a moment ago (the mutex's after a busy add, or the release's of the
         acquisition before): no need to read again to join."""
         view, self.memory.view = self.memory.view, None
         return view if view is not None and now - view.at < RECENT else None
+
+    def _hinted_wait(self, position: int, interval: float) -> float:
+        """With :data:`HOLD_HINT`: a waiter becomes the head when the one ahead is granted, about when the
+        holder releases plus (position - 2) periods; it reads right after that instead of every
+        ``interval`` before it. Without a usable estimate (or once it has passed), ``interval``."""
+        release = self.memory.expected_release() if HOLD_HINT else None
+        if release is None:
+            return interval
+        turn = release + (position - 2) * self.memory.period + HINT_LEAD * self.memory.hold_estimate()
+        delay = turn - self._clock()
+        return min(MAX_INTERVAL, delay) if delay > interval else interval
 
     def _look(self, op: Any) -> Optional[QueueView]:
         """One fresh read of the reservation: the lock and its queue (None when the read failed)."""
@@ -490,7 +558,7 @@ class FairQueue:
         """Add a ticket after the highest number seen; False when the model refuses tickets."""
         number = view.highest + 1
         value = ticket_value(op.token, self.ticket_lease, 0)
-        for _ in range(JOIN_TRIES):
+        for tries in range(JOIN_TRIES):
             alias = self._alias(number)
             result = alias.try_add(
                 [AttributeNameValue(protocol.ATTR_OWNER, value)], paced=op.polling, deadline=op.deadline
@@ -502,7 +570,9 @@ class FairQueue:
                 self.ticket, self._beats, self._beat_at = alias, 0, result.sent_at
                 return True
             if result.status is Status.BUSY:
-                number += 1
+                # Others joined at the same moment from the same read: spread out (numbers need not be
+                # dense), or N simultaneous waiters would make N^2 adds on the same few numbers.
+                number += 1 + self._rng.randrange(2 ** (tries + 1))
                 continue
             if result.status is Status.FATAL and result.failure is not None and result.failure.code:
                 # The model takes no Mutex Owner (the attribute-less original package): no queue here.
