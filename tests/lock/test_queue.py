@@ -371,3 +371,21 @@ def test_the_fair_option_is_checked() -> None:
 def test_the_view_of_an_empty_reservation_has_no_queue() -> None:
     view = QueueView(None, (), -1, 0.0)
     assert view.position(HEAD) is None and view.others(None) == 0
+
+
+def test_a_dead_head_passed_by_every_waiter_is_still_judged_across_this_process_acquisitions(clock) -> None:
+    api = RecordingApi()
+    queue_up(api, 0, HEAD)  # crashed at the head of the queue
+    removed_at = _removed_at(api, clock, ticket_alias(MUTEX, 0))
+    start = clock.now
+    for _ in range(10):
+        # Someone else holds the lock for 20 s; our acquisition waits behind the dead head, takes the lock
+        # by the fallback once it has been free for FALLBACK_AFTER, and releases it: each wait is much
+        # shorter than the ticket's lease, but this process's judgement goes on across them.
+        other_holds(api, "Holder@host:1:deadbeef")
+        api.later(clock.now + 20, lambda: api.services.pop(MUTEX, None))
+        lock = make(api, clock, fair=True, timeout=60)
+        lock.acquire()
+        lock.release()
+    margin = queue.lease.stale_margin(TICKET_LEASE)
+    assert removed_at and start + TICKET_LEASE + margin <= removed_at[0] < start + TICKET_LEASE + margin + 30

@@ -294,6 +294,8 @@ class LockMemory:
     #: How long holders hold the lock (seconds; None: not seen yet), from holders seen to come and go
     #: between reads close enough together to tell: the head times its polls by it.
     tenure: Optional[float] = None
+    #: This process's stale judgement of each ticket it sees (lease.py's rules, on its own clock).
+    watches: Dict[str, lease.StaleWatch] = dataclasses.field(default_factory=dict)
 
     def crowded(self, now: float) -> bool:
         """True when others were queued at this process's last read, not long ago."""
@@ -302,6 +304,7 @@ class LockMemory:
     def update(self, view: QueueView, token: Optional[str]) -> None:
         """Take in a read: who waits, and how far the head moved since the last read."""
         self._observe_holder(view)
+        self._observe_tickets(view)
         self.others = view.others(token)
         self.seen_at = view.at
         self.view = view
@@ -328,6 +331,18 @@ class LockMemory:
             if math.isfinite(sample) and sample > 0 and known <= sample / 2:
                 self.tenure = sample if self.tenure is None else 0.7 * self.tenure + 0.3 * sample
         self.holder, self.holder_lo, self.holder_hi = token, self.seen_at, view.at
+
+    def _observe_tickets(self, view: QueueView) -> None:
+        seen = {t.alias for t in view.tickets}
+        for alias in [a for a in self.watches if a not in seen]:
+            del self.watches[alias]  # gone (or the holder's): a ticket that comes back is judged afresh
+        for ticket in view.tickets:
+            self.watches.setdefault(ticket.alias, lease.StaleWatch()).observe(ticket.holder, view.at)
+
+    def stale(self, alias: str, now: float) -> bool:
+        """True when this process has seen the ticket ``alias`` unchanged for its lease + margin."""
+        watch = self.watches.get(alias)
+        return watch is not None and watch.stale(now)
 
     def hold_estimate(self) -> float:
         """How long a holder holds: the tenure seen, else the period between grants (a queue that does
@@ -403,9 +418,7 @@ class FairQueue:
         self._beats = 0
         self._beat_at = -math.inf
         self._unsettled: List[Tuple[TicketAlias, float, int]] = []  # ticket adds without an answer
-        self._watch = lease.StaleWatch()  # this waiter's judgement of its predecessor
         self._breaker_watch = lease.StaleWatch()
-        self._predecessor: Optional[str] = None
         self._free_seen: Optional[Tuple[float, str]] = None  # (when, head token) the lock was seen free
         self._hinted = False  # the head slept until shortly before the expected release
         self._misses = 0  # the head's polls since then
@@ -514,7 +527,7 @@ class FairQueue:
                 return 0.0
             if self._head_seems_gone(view):
                 return 0.0
-            self._judge_predecessor(op, view, position)
+            self._judge_ahead(op, view, position)
             self._beat(op, view)
             waiters = len(view.tickets)
             interval = self._jitter(wait_interval(position, waiters, self.memory.period, self.budget))
@@ -614,15 +627,16 @@ class FairQueue:
             return False
         return view.at - self._free_seen[0] >= FALLBACK_AFTER
 
-    def _judge_predecessor(self, op: Any, view: QueueView, position: int) -> None:
-        """Watch the ticket right ahead of ours; break it once stale (lease.py's rules, one breaker)."""
-        ahead = view.tickets[position - 2]
-        if ahead.alias != self._predecessor:
-            self._predecessor = ahead.alias
-            self._watch = lease.StaleWatch()
-        self._watch.observe(ahead.holder, view.at)
-        if not self._watch.stale(self._clock()):
+    def _judge_ahead(self, op: Any, view: QueueView, position: int) -> None:
+        """Break the first ticket ahead of ours that this process has seen unchanged for its lease + margin
+        (lease.py's rules, one breaker at a time). The judgement is the process's (:class:`LockMemory`), so
+        it survives this process's acquisitions: a dead ticket at the head is judged even when every waiter
+        passes it (by the fallback) sooner than a lease."""
+        now = self._clock()
+        stale = [t for t in view.tickets[: position - 1] if self.memory.stale(t.alias, now)]
+        if not stale:
             return
+        ahead = stale[0]
         alias = self._alias(ahead.number)
         breaker = LockAlias(
             alias.api,
@@ -634,10 +648,11 @@ class FairQueue:
             clock=self._clock,
             sleep=self._sleep,
         )
+        watch = self.memory.watches[ahead.alias]
         result = lease.break_stale(
             alias,
             breaker,
-            self._watch,
+            watch,
             self._breaker_watch,
             op.token,
             self.label,
@@ -647,7 +662,7 @@ class FairQueue:
             self._sleep,
         )
         if result.broken:
-            self._watch = lease.StaleWatch()
+            self.memory.watches.pop(ahead.alias, None)
             self.logger.info(
                 "cloudshell-mutex: removed the abandoned queue ticket %s (%s)",
                 alias.alias,
