@@ -657,12 +657,8 @@ def render(
         "waits still open when the window closed is a lower bound: such a ratio decides only one way, and",
         "is otherwise named and not judged (a longer window, as in the full plan, decides it).",
         "",
-        "| target | measured | verdict |",
-        "|---|---|---|",
+        *verdict_table(targets(summaries)),
     ]
-    for verdict in targets(summaries):
-        mark = {"met": "**met**", "missed": "**missed**"}.get(verdict.verdict, verdict.verdict)
-        lines.append(f"| {verdict.target} | {verdict.measured} | {mark} |")
     if any(name == "fair" for _, name in summaries):
         lines += [
             "",
@@ -670,12 +666,8 @@ def render(
             "",
             FAIR_TEXT.format(calls=FAIR_ACQUISITION_CALLS, budget=LOCK_BUDGET).rstrip(),
             "",
-            "| target | measured | verdict |",
-            "|---|---|---|",
+            *verdict_table(fair_targets(summaries)),
         ]
-        for verdict in fair_targets(summaries):
-            mark = {"met": "**met**", "missed": "**missed**"}.get(verdict.verdict, verdict.verdict)
-            lines.append(f"| {verdict.target} | {verdict.measured} | {mark} |")
     lines += ["", "## How noisy the figures are", ""]
     rows = noise(summaries)
     if rows:
@@ -706,6 +698,15 @@ def render(
             relative = os.path.relpath(path, doc.parent).replace(os.sep, "/")
             lines += [f"![{path.stem.replace('_', ' ')}]({relative})", ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def verdict_table(verdicts: Sequence[Verdict]) -> List[str]:
+    """The markdown table of some targets' verdicts."""
+    rows = ["| target | measured | verdict |", "|---|---|---|"]
+    for verdict in verdicts:
+        mark = {"met": "**met**", "missed": "**missed**"}.get(verdict.verdict, verdict.verdict)
+        rows.append(f"| {verdict.target} | {verdict.measured} | {mark} |")
+    return rows
 
 
 def _latency_text() -> str:

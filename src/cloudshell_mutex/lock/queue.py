@@ -603,18 +603,23 @@ class FairQueue:
     def _alias(self, number: int) -> TicketAlias:
         alias = self._aliases.get(number)
         if alias is None:
-            base = self.lock
-            alias = self._aliases[number] = TicketAlias(
-                base.api,
-                base.reservation_id,
-                ticket_alias(base.alias, number),
-                base.model,
-                budget=base.budget,
-                logger=base.logger,
-                clock=self._clock,
-                sleep=self._sleep,
-            )
+            alias = self._aliases[number] = self._sibling(TicketAlias, ticket_alias(self.lock.alias, number))
         return alias
+
+    def _sibling(self, kind: Any, name: str) -> Any:
+        """A ``kind`` (LockAlias or TicketAlias) for the alias ``name`` beside the lock's, sharing its
+        session, model and call budget."""
+        base = self.lock
+        return kind(
+            base.api,
+            base.reservation_id,
+            name,
+            base.model,
+            budget=base.budget,
+            logger=base.logger,
+            clock=self._clock,
+            sleep=self._sleep,
+        )
 
     def _head_seems_gone(self, view: QueueView) -> bool:
         """The lock free at two reads FALLBACK_AFTER apart, with the same head: add without waiting for it."""
@@ -638,16 +643,7 @@ class FairQueue:
             return
         ahead = stale[0]
         alias = self._alias(ahead.number)
-        breaker = LockAlias(
-            alias.api,
-            alias.reservation_id,
-            lease.breaker_alias(alias.alias),
-            alias.model,
-            budget=alias.budget,
-            logger=alias.logger,
-            clock=self._clock,
-            sleep=self._sleep,
-        )
+        breaker = self._sibling(LockAlias, lease.breaker_alias(alias.alias))
         watch = self.memory.watches[ahead.alias]
         result = lease.break_stale(
             alias,
