@@ -6,7 +6,7 @@ requests at a virtual time with ``api.later``). Each test looks at what the lock
 
 from __future__ import annotations
 
-from typing import Any, List, Tuple
+from typing import Any, List, Optional, Tuple
 
 import pytest
 from fakes import FakeApi, api_error, make, other_holds
@@ -389,3 +389,43 @@ def test_a_dead_head_passed_by_every_waiter_is_still_judged_across_this_process_
         lock.release()
     margin = queue.lease.stale_margin(TICKET_LEASE)
     assert removed_at and start + TICKET_LEASE + margin <= removed_at[0] < start + TICKET_LEASE + margin + 30
+
+
+def _view(at: float, holder: Optional[str], *waiting: Tuple[int, str]) -> QueueView:
+    services = {}
+    if holder is not None:
+        services[MUTEX] = _holder(MUTEX, holder)
+    for number, token in waiting:
+        alias = ticket_alias(MUTEX, number)
+        services[alias] = _holder(alias, ticket_value(token, TICKET_LEASE, 0))
+    return queue_view(services, MUTEX, at)
+
+
+def test_the_memory_learns_the_hold_time_and_when_the_holder_will_release() -> None:
+    memory = queue.LockMemory()
+    memory.update(_view(10.0, "A@h:1:0000000a", (1, SECOND)), None)
+    memory.update(_view(10.2, "B@h:2:0000000b", (1, SECOND)), None)  # B granted between 10.0 and 10.2
+    assert memory.tenure is None and memory.expected_release() == pytest.approx(10.1 + memory.period)
+    memory.update(_view(12.0, "B@h:2:0000000b", (1, SECOND)), None)
+    memory.update(_view(12.2, "C@h:3:0000000c", (1, SECOND)), None)  # B released between 12.0 and 12.2
+    assert memory.tenure == pytest.approx(2.0)  # seen from 10.1 to 12.1
+    assert memory.expected_release() == pytest.approx(12.1 + 2.0)
+    # Reads too far apart to tell: no sample.
+    memory.update(_view(20.0, "D@h:4:0000000d", (1, SECOND)), None)
+    assert memory.tenure == pytest.approx(2.0)
+
+
+def test_the_head_sleeps_until_shortly_before_the_expected_release_then_polls_fast(clock) -> None:
+    api = RecordingApi()
+    lock = make(api, clock, fair=True)
+    fair = lock._queue
+    memory = fair.memory
+    memory.holder, memory.holder_lo, memory.holder_hi, memory.tenure = "A@h:1:0000000a", 99.0, 101.0, 10.0
+    clock.now = 102.0
+    fair.ticket, fair.head = fair._alias(0), True
+    first = fair._head_delay()
+    assert first == pytest.approx(100.0 + 10.0 - queue.HINT_LEAD * 10.0 - 102.0)  # one sleep
+    clock.now += first
+    polls = [fair._head_delay() for _ in range(4)]
+    assert polls[0] < 0.15 < polls[1]  # fast, slower after each miss, up to the normal interval
+    assert max(polls) <= queue.head_interval(memory.period) * (1 + queue.JITTER)
