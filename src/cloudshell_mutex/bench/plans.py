@@ -1,8 +1,8 @@
 """What a benchmark run measures: configurations (cells), contenders, windows and repeats.
 
-``quick`` (the default of ``make bench``) runs in a few minutes on 2 cores; ``full`` is the whole matrix
+``quick`` (the default of ``make bench``) runs in about ten minutes on 2 cores; ``full`` is the whole matrix
 of the roadmap and takes hours; ``targets`` adds to ``quick`` the cells of the roadmap's targets that it
-leaves out (about 25 minutes); ``smoke`` takes seconds and only shows that the pipeline works. A plan
+leaves out (about 45 minutes); ``smoke`` takes seconds and only shows that the pipeline works. A plan
 is plain data, so tests and users can make their own.
 """
 

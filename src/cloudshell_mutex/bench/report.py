@@ -632,9 +632,9 @@ def render(
         "beside the plots as `results.json` (`python -m cloudshell_mutex.bench --from-results PATH` writes "
         "this page again from them).",
         "",
-        "* `make bench`: the quick plan (N = 2, 8; hold 0.1, 1 s; short windows; a few minutes).",
+        "* `make bench`: the quick plan (N = 2, 8; hold 0.1, 1 s; short windows; about ten minutes).",
         "* `make bench BENCH=quick,targets`: plus the target cells the quick plan leaves out or measures in",
-        "  windows too short for them, once each (about half an hour).",
+        "  windows too short for them, once each (about 45 minutes).",
         "* `make bench BENCH=full`: the whole matrix (N = 1, 2, 8, 32; hold 0.1, 1, 10 s; hours).",
         "",
         "These are emulator figures: a real server's latency and load will change them, and the client",
