@@ -22,6 +22,10 @@ WORKLOADS: Dict[str, str] = {REACQUIRE: "re-acquire at once", THINK: "think time
 #: The emulated server's latency for every call: lognormal, median 50 ms (a long tail of slow calls).
 LATENCY: Dict[str, object] = {"distribution": "lognormal", "median": 0.05, "sigma": 0.5}
 
+#: Waiters that started less than this many seconds apart are simultaneous for the FIFO inversions: two
+#: round trips at the median latency (clients that start together cannot be ordered by the server).
+FIFO_TIE = 2 * float(LATENCY["median"])  # type: ignore[arg-type]
+
 #: The contenders of the standard plans; the baseline (original v1) first.
 STANDARD_CONTENDERS = (BASELINE, "original-v2", "original-pacing", "default", "fair")
 #: Uncontended (N=1) runs: the call count per acquisition with and without the release check.

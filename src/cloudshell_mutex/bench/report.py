@@ -17,7 +17,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from ..lock import queue
 from .contenders import BASELINE, CONTENDERS
 from .metrics import RunMetrics
-from .plans import LATENCY, REACQUIRE, THINK, WORKLOADS, Cell, Plan
+from .plans import FIFO_TIE, LATENCY, REACQUIRE, THINK, WORKLOADS, Cell, Plan
 from .runner import RunResult
 
 MET, MISSED, NOT_MEASURED = "met", "missed", "not measured"
@@ -301,8 +301,8 @@ at least {calls} calls (the add that found the lock busy, a read, the ticket's a
 ticket's remove, the release's read and remove), so at g grants/s no polling policy gets below
 {calls} x g calls/s: with holds of 1 s that floor alone is above {budget:g}/s; it is under the budget only
 with holds of about 1.5 s and more. The figure in brackets is that floor for the run's own
-throughput. Inversions count every grant, the first round included: N clients that start at the same
-instant are queued in whatever order their tickets reach the server.
+throughput. Inversions count every grant, the first round included; clients that start within {tie:g} s
+of each other are simultaneous (the server queues them in whatever order their tickets reach it).
 """
 
 
@@ -584,7 +584,8 @@ METHOD = """\
   * **grants per client:** lowest and highest over the clients and repeats; fairness = min / mean
     (the worst repeat).
   * **inverted grants:** share of grants that went to a client while one that started waiting
-    earlier still waited (FIFO inversions).
+    earlier still waited (FIFO inversions); waiters that started less than {tie:g} s apart (two
+    round trips at the median latency) count as simultaneous.
 * Cells are `median (min-max)` over the repeats. Ratios are medians over the baseline's median, the
   baseline being the original v1 snippet: a throughput ratio above 1 and wait and gap ratios below 1
   favour the contender.
@@ -642,6 +643,7 @@ def render(
         "",
         METHOD.format(
             latency=_latency_text(),
+            tie=FIFO_TIE,
             contenders="; ".join(
                 f"`{c.name}`: {c.description}"
                 for c in CONTENDERS.values()
@@ -664,7 +666,7 @@ def render(
             "",
             "## Targets for the fair mode",
             "",
-            FAIR_TEXT.format(calls=FAIR_ACQUISITION_CALLS, budget=LOCK_BUDGET).rstrip(),
+            FAIR_TEXT.format(calls=FAIR_ACQUISITION_CALLS, budget=LOCK_BUDGET, tie=FIFO_TIE).rstrip(),
             "",
             *verdict_table(fair_targets(summaries)),
         ]
