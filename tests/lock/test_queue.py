@@ -421,11 +421,15 @@ def test_the_head_sleeps_until_shortly_before_the_expected_release_then_polls_fa
     fair = lock._queue
     memory = fair.memory
     memory.holder, memory.holder_lo, memory.holder_hi, memory.tenure = "A@h:1:0000000a", 99.0, 101.0, 10.0
+    memory.period = 10.5
     clock.now = 102.0
     fair.ticket, fair.head = fair._alias(0), True
     first = fair._head_delay()
     assert first == pytest.approx(100.0 + 10.0 - queue.HINT_LEAD * 10.0 - 102.0)  # one sleep
     clock.now += first
-    polls = [fair._head_delay() for _ in range(4)]
-    assert polls[0] < 0.15 < polls[1]  # fast, slower after each miss, up to the normal interval
-    assert max(polls) <= queue.head_interval(memory.period) * (1 + queue.JITTER)
+    fast = 10.0 / 20 * (1 + queue.JITTER)
+    around = [fair._head_delay() for _ in range(4)]  # around the expected release: every 1/20 of a hold
+    assert all(delay <= fast for delay in around)
+    clock.now = 110.0 + queue.HINT_LEAD * 10.0 + 0.1  # past it: slower after each miss, up to the normal
+    later = [fair._head_delay() for _ in range(4)]
+    assert later[0] > fast and max(later) <= queue.head_interval(memory.period) * (1 + queue.JITTER)

@@ -460,19 +460,24 @@ class FairQueue:
 
     def _head_delay(self) -> float:
         """The head's next poll. With :data:`HOLD_HINT` and a holder whose grant this process saw: sleep
-        until shortly before its expected release, then poll fast, slower again after each miss; else
-        every :func:`head_interval`."""
+        until shortly before its expected release, poll fast around it, slower again after each miss past
+        it; else every :func:`head_interval`."""
         regular = head_interval(self.memory.period)
         release = self.memory.expected_release() if HOLD_HINT else None
         if release is None:
             return self._jitter(regular)
         now = self._clock()
-        early = release - HINT_LEAD * self.memory.hold_estimate()
+        hold = self.memory.hold_estimate()
+        early = release - HINT_LEAD * hold
         if now < early and not self._hinted:
             self._hinted = True  # one sleep per holder: the hint is an estimate
             return early - now
+        # Around the expected release: every 1/20 of a hold; past it, slower after each miss.
+        fast = max(HEAD_MIN, min(regular, hold / 20))
+        if now <= release + HINT_LEAD * hold:
+            return self._jitter(fast)
         self._misses += 1
-        return self._jitter(min(regular, HEAD_MIN * 2 ** min(self._misses - 1, 8)))
+        return self._jitter(min(regular, fast * 2 ** min(self._misses, 8)))
 
     def leave(self) -> None:
         """The acquire ended (the lock granted, a timeout, an error, Ctrl-C): remove our ticket, and hand
