@@ -588,9 +588,10 @@ class FairQueue:
                 self.ticket, self._beats, self._beat_at = alias, 0, result.sent_at
                 return True
             if result.status is Status.BUSY:
-                # Others joined at the same moment from the same read: spread out (numbers need not be
-                # dense), or N simultaneous waiters would make N^2 adds on the same few numbers.
-                number += 1 + self._rng.randrange(2 ** (tries + 1))
+                # Others joined at the same moment from the same read: spread out, 4 times wider after
+                # each "already exists" (numbers need not be dense), or N waiters that start together
+                # would make about N^2 adds on the same few numbers.
+                number += 1 + self._rng.randrange(4 ** (tries + 1))
                 continue
             if result.status is Status.FATAL and result.failure is not None and result.failure.code:
                 # The model takes no Mutex Owner (the attribute-less original package): no queue here.
