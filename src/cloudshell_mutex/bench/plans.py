@@ -151,7 +151,7 @@ SMOKE = Plan(
         clients=(2,),
         holds=(0.1,),
         windows={0.1: 3.0},
-        contenders=(BASELINE, "default"),
+        contenders=(BASELINE, "default", "fair"),
         workloads=(REACQUIRE,),
     ),
     repeats=1,
