@@ -433,3 +433,12 @@ def test_the_head_sleeps_until_shortly_before_the_expected_release_then_polls_fa
     clock.now = 110.0 + queue.HINT_LEAD * 10.0 + 0.1  # past it: slower after each miss, up to the normal
     later = [fair._head_delay() for _ in range(4)]
     assert later[0] > fast and max(later) <= queue.head_interval(memory.period) * (1 + queue.JITTER)
+
+
+def test_progress_is_written_while_waiting_in_line(clock) -> None:
+    api, lock = _waiting(clock)
+    lock = make(api, clock, fair=True, timeout=40, progress=True, progress_interval=10)
+    with pytest.raises(MutexTimeout):
+        lock.acquire()
+    assert ticket_alias(MUTEX, 1) in [alias for _, alias in api.adds]
+    assert len(api.output) >= 3 and "waiting for MUTEX held by Holder" in api.output[0]

@@ -475,7 +475,8 @@ class ReservationMutex:
     def _acquire(self, op: Operation, blocking: bool) -> bool:
         queue = self._queue if blocking else None
         if queue is not None:
-            queue.before_first_add(op)  # others were waiting at our last read: line up behind them
+            # Others were waiting at our last read: line up behind them (progress written meanwhile).
+            queue.before_first_add(op, lambda: self._write_progress(op, self._clock()))
         while True:
             # Step 1: the add. Its success is the lock; the owner token travels in the same call.
             op.add_sent()
@@ -505,7 +506,8 @@ class ReservationMutex:
                 freed = (op.read_since_add and op.holder is None) or self._break_if_stale(op)
                 delay = 0.0 if freed else op.next_pause(self.pacing, self._rng)
                 if queue is not None and not freed:
-                    delay = queue.pause(op, delay)  # the fair mode: wait in line, or poll as the head
+                    # The fair mode: wait in line, or poll as the head.
+                    delay = queue.pause(op, delay, lambda: self._write_progress(op, self._clock()))
             elif add.status is Status.TRANSIENT:
                 # Step 3: transient failure (5xx, dropped connection, timeout). Back off on a
                 # separate schedule, then settle with one fresh read: the add may have committed.

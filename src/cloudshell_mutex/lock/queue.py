@@ -373,6 +373,10 @@ def memory_for(api: Any, reservation_id: str, alias: str) -> LockMemory:
 # ---------------------------------------------------------------- one waiter's place
 
 
+def _nothing() -> None:
+    """No progress to report."""
+
+
 class FairQueue:
     """One lock object's place in the advisory queue of its lock (see the module docstring).
 
@@ -422,6 +426,7 @@ class FairQueue:
         self._free_seen: Optional[Tuple[float, str]] = None  # (when, head token) the lock was seen free
         self._hinted = False  # the head slept until shortly before the expected release
         self._misses = 0  # the head's polls since then
+        self._waiting: Callable[[], None] = _nothing  # called between reads while in line
 
     # ---------------------------------------------------------------- the mutex's hooks
 
@@ -435,22 +440,23 @@ class FairQueue:
             self.head = False  # a ticket ahead of ours after all (a join from an old read): wait in line
         return view
 
-    def before_first_add(self, op: Any) -> None:
+    def before_first_add(self, op: Any, waiting: Callable[[], None] = _nothing) -> None:
         """When others were queued at this process's last read of the lock: line up behind them before
         the first add (a releaser that asks again goes to the back). Otherwise nothing: an uncontended
-        lock costs what it always did."""
+        lock costs what it always did. ``waiting`` is called between reads (the lock's progress)."""
         if self.off or not self.memory.crowded(self._clock()):
             return
-        self.token = op.token
+        self.token, self._waiting = op.token, waiting
         self._wait_turn(op, first=True)
 
-    def pause(self, op: Any, default: float) -> float:
+    def pause(self, op: Any, default: float, waiting: Callable[[], None] = _nothing) -> float:
         """After a busy add: the delay before the next add. The head polls every :func:`head_interval`;
         any other waiter first waits in the queue (taking a ticket if it has none) until it is the head,
-        the deadline comes, or the head seems gone. ``default`` is returned when the queue is off."""
+        the deadline comes, or the head seems gone. ``default`` is returned when the queue is off.
+        ``waiting`` is called between reads while in line (the lock's progress messages)."""
         if self.off:
             return default
-        self.token = op.token
+        self.token, self._waiting = op.token, waiting
         if self.ticket is not None and self.head:
             if self._clock() - self._beat_at >= self.ticket_lease / 3:
                 self._look_and_beat(op)
@@ -534,6 +540,7 @@ class FairQueue:
                 return 0.0
             self._judge_ahead(op, view, position)
             self._beat(op, view)
+            self._waiting()
             waiters = len(view.tickets)
             interval = self._jitter(wait_interval(position, waiters, self.memory.period, self.budget))
             self._sleep(clip(self._hinted_wait(position, interval), self._clock(), op.deadline))
