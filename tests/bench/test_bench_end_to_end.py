@@ -23,6 +23,9 @@ def test_the_smoke_plan_writes_the_report_and_the_plots(tmp_path: Path, capsys) 
     v1 = re.search(r"^\| original-v1 \*\(original code\)\* \| (\d+)", text, re.MULTILINE)
     assert v1 and int(v1.group(1)) > 0, text
     assert re.search(r"^\| default \| \d+", text, re.MULTILINE), text
+    assert re.search(r"^\| fair \| \d+", text, re.MULTILINE), text
+    assert "## Targets for the fair mode" in text
+    assert "| FIFO inversions <= 5 % of grants (every run) |" in text
     # The uncontended cycle is judged from the server's counts, by method.
     assert re.search(r"\| uncontended acquire \+ release = 3 API calls \| \d\.\d\d = [\d.]+ add", text), text
     for name in ("wait_p99.png", "handoff_gap_p50.png", "calls_per_second.png"):

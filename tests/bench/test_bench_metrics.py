@@ -192,3 +192,12 @@ def test_a_log_that_does_not_fit_the_clients_records_is_an_error() -> None:
         metrics(Log(), [], users={"bench-0": 0, "bench-1": 5})
     with pytest.raises(ValueError, match="end after it starts"):
         Window(2.0, 1.0)
+
+
+def test_waiters_that_start_within_the_tie_are_simultaneous_for_fifo() -> None:
+    from cloudshell_mutex.bench.metrics import Wait, fifo_inversions
+
+    # Client 1 started 0.01 s after client 0 and was granted first: no order the server could keep ...
+    waits = [Wait(0, 0.00, 2.0, 2.0), Wait(1, 0.01, 1.0, 0.99), Wait(2, 0.5, 0.8, 0.3)]
+    assert fifo_inversions(waits, tie=0.1) == (2, 1)  # ... but client 2 (0.5 s later) overtook both
+    assert fifo_inversions(waits) == (3, 2)

@@ -109,3 +109,11 @@ def test_several_plans_run_one_after_the_other() -> None:
     # Where the quick plan has the same configuration, the targets plan measures it in a longer window.
     quick = {(c.clients, c.hold, c.workload): c.window for c, _ in QUICK.groups}
     assert all(c.window > quick.get((c.clients, c.hold, c.workload), 0) for c, _ in TARGETS.groups)
+
+
+def test_the_fair_mode_runs_in_the_quick_and_targets_plans_beside_the_baseline_and_the_default() -> None:
+    for plan in (QUICK, TARGETS):
+        contended = [names for cell, names in plan.groups if cell.clients > 1]
+        assert contended and all({"original-v1", "default", "fair"} <= set(names) for names in contended)
+    # The uncontended cell shows that fair=True costs nothing without contention.
+    assert any(cell.clients == 1 and "fair" in names for cell, names in QUICK.groups)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Dict, Optional, Sequence
@@ -14,6 +15,7 @@ from cloudshell_mutex.bench.report import (
     MET,
     MISSED,
     NOT_MEASURED,
+    fair_targets,
     noise,
     plot,
     ratio,
@@ -298,3 +300,46 @@ def test_p99_waits_cut_off_by_the_window_decide_only_one_way(
     verdict = find(verdicts(results), "N=8 and 32, hold 1 s and 10 s: p99")
     assert verdict.verdict == expected
     assert ("not judged" in verdict.measured) == (expected == NOT_MEASURED)
+
+
+def fair_verdicts(results):
+    return {v.target.split(" <=")[0].split(":")[0]: v for v in fair_targets(summarise(results))}
+
+
+def test_the_fair_targets_judge_inversions_waits_against_n_times_hold_and_the_per_lock_budget() -> None:
+    def fair(cell: Cell, inverted: int, p99: float, rate: float, grants: int = 40) -> RunResult:
+        m = figures(
+            clients=cell.clients,
+            p99=p99,
+            calls_per_second=rate,
+            per_client=[grants // cell.clients] * cell.clients,
+        )
+        m = dataclasses.replace(m, inverted_grants=inverted)
+        return RunResult(cell, "fair", 0, m, ran_without_lock=0)
+
+    long_window = Cell(8, 1.0, REACQUIRE, 60.0)
+    n32 = Cell(32, 1.0, REACQUIRE, 60.0)
+    found = fair_verdicts([fair(long_window, 1, 11.0, 6.0), fair(n32, 1, 40.0, 4.5, grants=64)])
+    assert found["FIFO inversions"].verdict == MET  # 1 of 40 and 1 of 64: under 5 %
+    assert found["p99 wait"].verdict == MET  # 11 <= 1.5 x 8 x 1 and 40 <= 48
+    assert "(limit 12.0 s)" in found["p99 wait"].measured
+    assert found["server calls/s for one lock"].verdict == MET
+    assert "acquisitions alone" in found["server calls/s for one lock"].measured
+    found = fair_verdicts([fair(long_window, 3, 13.0, 6.0), fair(n32, 1, 40.0, 9.0, grants=64)])
+    assert found["FIFO inversions"].verdict == MISSED  # 3 of 40
+    assert found["p99 wait"].verdict == MISSED
+    assert found["server calls/s for one lock"].verdict == MISSED
+
+
+def test_the_report_has_a_fair_section_only_when_the_fair_mode_ran(tmp_path: Path) -> None:
+    plan = Plan("t", ((N2_HOLD1, ("original-v1", "default")),), repeats=1)
+    without = render(
+        [result(N2_HOLD1, "original-v1"), result(N2_HOLD1, "default")], [plan], 60.0, [], tmp_path / "b.md"
+    )
+    assert "Targets for the fair mode" not in without
+    text = render(
+        [result(N2_HOLD1, "original-v1"), result(N2_HOLD1, "fair")], [plan], 60.0, [], tmp_path / "b.md"
+    )
+    assert "## Targets for the fair mode" in text
+    assert "| FIFO inversions <= 5 % of grants (every run) |" in text
+    assert "| p99 wait <= 1.5 x N x hold (every run) |" in text

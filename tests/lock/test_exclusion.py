@@ -79,7 +79,7 @@ def worker(
         for round_ in range(rounds):
             if kind == "unlocked":  # negative control: the checks must catch work done without the lock
                 report["intervals"].append(_critical_section(api, rid, f"unlocked:{index}:{round_}"))
-            elif kind == "ours":
+            elif kind in ("ours", "fair"):
                 lock = ReservationMutex(
                     api,
                     rid,
@@ -87,6 +87,8 @@ def worker(
                     timeout=120,
                     pacing=DefaultPacing(first=0.01, base=0.02, cap=0.1),
                     budget=budget,
+                    fair=kind
+                    == "fair",  # the fair mode's advisory queue (tests/lock/test_queue_processes.py)
                 )
                 with lock:
                     report["intervals"].append(_critical_section(api, rid, lock.token))

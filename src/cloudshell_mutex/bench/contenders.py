@@ -89,6 +89,11 @@ def release_check_lock(seat: Seat) -> ReservationMutex:
     return _reservation_mutex(seat, release_check_after=5.0)
 
 
+def fair_lock(seat: Seat) -> ReservationMutex:
+    """``ReservationMutex(fair=True)``: the advisory queue, only the head polls fast."""
+    return _reservation_mutex(seat, fair=True)
+
+
 def _original(seat: Seat, variant: str) -> OriginalMutex:
     # The original's own defaults (100 tries, randint(2, 5) s); only its sleeps end with the window.
     unique = f"bench client {seat.client}:{uuid.uuid4().hex[:8]}"
@@ -115,6 +120,7 @@ CONTENDERS: Dict[str, Contender] = {
     c.name: c
     for c in (
         Contender("default", "ReservationMutex, default options", default_lock),
+        Contender("fair", "ReservationMutex(fair=True): the advisory queue", fair_lock),
         Contender("original-pacing", "ReservationMutex(pacing=OriginalPacing())", original_pacing_lock),
         Contender("release-check-5", "ReservationMutex(release_check_after=5)", release_check_lock),
         Contender(

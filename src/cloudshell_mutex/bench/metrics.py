@@ -232,10 +232,12 @@ def handoff_gaps(waits: Sequence[Wait], grants: Sequence[Grant], removes: Sequen
     return gaps, open_count
 
 
-def fifo_inversions(waits: Sequence[Wait]) -> Tuple[int, int]:
+def fifo_inversions(waits: Sequence[Wait], tie: float = 0.0) -> Tuple[int, int]:
     """Pairs where a waiter that started later was granted earlier, and grants that overtook anyone.
 
-    An open wait counts as granted after every grant of the window. Returns ``(pairs, inverted_grants)``.
+    An open wait counts as granted after every grant of the window. Waiters that started less than ``tie``
+    seconds apart count as simultaneous (requests sent within one round trip have no order the server
+    could keep). Returns ``(pairs, inverted_grants)``.
     """
     ordered = sorted(waits, key=lambda w: w.start)
     pairs = 0
@@ -246,7 +248,8 @@ def fifo_inversions(waits: Sequence[Wait]) -> Tuple[int, int]:
         overtaken = sum(
             1
             for earlier in ordered[:later_index]
-            if earlier.start < later.start and (earlier.granted is None or earlier.granted > later.granted)
+            if earlier.start < later.start - tie
+            and (earlier.granted is None or earlier.granted > later.granted)
         )
         pairs += overtaken
         inverted += overtaken > 0
@@ -260,6 +263,7 @@ def run_metrics(
     window: Window,
     call_counts: Mapping[str, int],
     alias: str = "MUTEX",
+    fifo_tie: float = 0.0,
 ) -> RunMetrics:
     """Every figure of one run (see the module docstring for what comes from where)."""
     clients = len(clients_by_user)
@@ -271,7 +275,7 @@ def run_metrics(
     in_window = [g for g in grants if g.time in window]
     waits = pair_waits(attempts, in_window, window)
     gaps, open_gaps = handoff_gaps(waits, grants, removes, window)
-    pairs, inverted = fifo_inversions(waits)
+    pairs, inverted = fifo_inversions(waits, fifo_tie)
     per_client = [0] * clients
     for grant in in_window:
         per_client[grant.client] += 1

@@ -1,8 +1,8 @@
 """What a benchmark run measures: configurations (cells), contenders, windows and repeats.
 
-``quick`` (the default of ``make bench``) runs in a few minutes on 2 cores; ``full`` is the whole matrix
+``quick`` (the default of ``make bench``) runs in about ten minutes on 2 cores; ``full`` is the whole matrix
 of the roadmap and takes hours; ``targets`` adds to ``quick`` the cells of the roadmap's targets that it
-leaves out (about 25 minutes); ``smoke`` takes seconds and only shows that the pipeline works. A plan
+leaves out (about 45 minutes); ``smoke`` takes seconds and only shows that the pipeline works. A plan
 is plain data, so tests and users can make their own.
 """
 
@@ -22,10 +22,14 @@ WORKLOADS: Dict[str, str] = {REACQUIRE: "re-acquire at once", THINK: "think time
 #: The emulated server's latency for every call: lognormal, median 50 ms (a long tail of slow calls).
 LATENCY: Dict[str, object] = {"distribution": "lognormal", "median": 0.05, "sigma": 0.5}
 
+#: Waiters that started less than this many seconds apart are simultaneous for the FIFO inversions: two
+#: round trips at the median latency (clients that start together cannot be ordered by the server).
+FIFO_TIE = 2 * float(LATENCY["median"])  # type: ignore[arg-type]
+
 #: The contenders of the standard plans; the baseline (original v1) first.
-STANDARD_CONTENDERS = (BASELINE, "original-v2", "original-pacing", "default")
+STANDARD_CONTENDERS = (BASELINE, "original-v2", "original-pacing", "default", "fair")
 #: Uncontended (N=1) runs: the call count per acquisition with and without the release check.
-UNCONTENDED_CONTENDERS = ("default", "release-check-5")
+UNCONTENDED_CONTENDERS = ("default", "release-check-5", "fair")
 
 
 @dataclass(frozen=True)
@@ -126,13 +130,16 @@ FULL = Plan(
     repeats=2,
 )
 
+#: The contenders of the targets plan: the baseline, the default and the fair mode.
+TARGET_CONTENDERS = (BASELINE, "default", "fair")
+
 #: The cells of the roadmap's targets that the quick plan leaves out or measures in windows too short for
-#: them (N=8 and 32 at hold 1 s and 10 s), for the baseline and the default only, once, with shorter
-#: windows than the full plan: about 30 minutes.
+#: them (N=8 and 32 at hold 1 s and 10 s), for the baseline, the default and the fair mode, once, with
+#: shorter windows than the full plan: about 45 minutes.
 TARGETS = Plan(
     "targets",
-    matrix(clients=(8, 32), holds=(1.0,), windows={1.0: 40.0}, contenders=(BASELINE, "default"))
-    + matrix(clients=(8, 32), holds=(10.0,), windows={10.0: 150.0}, contenders=(BASELINE, "default")),
+    matrix(clients=(8, 32), holds=(1.0,), windows={1.0: 40.0}, contenders=TARGET_CONTENDERS)
+    + matrix(clients=(8, 32), holds=(10.0,), windows={10.0: 150.0}, contenders=TARGET_CONTENDERS),
     repeats=1,
 )
 
@@ -144,7 +151,7 @@ SMOKE = Plan(
         clients=(2,),
         holds=(0.1,),
         windows={0.1: 3.0},
-        contenders=(BASELINE, "default"),
+        contenders=(BASELINE, "default", "fair"),
         workloads=(REACQUIRE,),
     ),
     repeats=1,

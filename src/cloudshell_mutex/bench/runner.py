@@ -18,7 +18,7 @@ from ..emulator import Emulator
 from ..lock import protocol
 from .contenders import Contender, contender
 from .metrics import Attempt, RunMetrics, Window, run_metrics
-from .plans import LATENCY, Cell, Plan
+from .plans import FIFO_TIE, LATENCY, Cell, Plan
 from .worker import ClientReport, RunSpec, serve
 
 #: How long before the window opens the run is handed to the clients.
@@ -149,6 +149,7 @@ class Bench:
             {self.user(c): c for c in range(cell.clients)},
             Window(spec.start, spec.end),
             run.counts,
+            fifo_tie=FIFO_TIE,
         )
         return RunResult(
             cell, contender_name, repeat, metrics, sum(r.ran_without_lock for r in reports.values())

@@ -16,13 +16,13 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
+from typing import Any, Callable, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from cloudshell.api.cloudshell_api import AttributeNameValue
 
 from . import catalog, protocol
 from .classify import CLIENT_RETRY_DELAY, Classification, ErrorKind, classify, may_have_resent, sent_once
-from .holder import Holder, holder_in, holders_in, sanitize_label
+from .holder import Holder, holders_in, sanitize_label
 from .pacing import CallBudget, budget_for, clip
 
 #: Longest reservation id or alias taken (ids are GUIDs; aliases are short names on the sandbox diagram).
@@ -61,8 +61,8 @@ class CallResult:
     failure: Optional[Classification] = None
     resent: bool = False
     holder: Optional[Holder] = None
-    #: What :meth:`LockAlias.read_all` found: every service in the reservation, by alias.
-    services: Optional[Dict[str, Holder]] = None
+    #: A read's every service, by alias (queue tickets and reader slots are services beside the lock's).
+    services: Optional[Mapping[str, Holder]] = None
 
     @property
     def ok(self) -> bool:
@@ -236,19 +236,13 @@ class LockAlias:
         """Who holds the alias now: one ``GetReservationDetails`` with the cache disabled.
 
         The server caches that call for 5 seconds, and a cached answer must never decide who owns a
-        lock (the original v2 snippet's mistake). ``holder`` is None when the alias is free.
+        lock (the original v2 snippet's mistake). ``holder`` is None when the alias is free;
+        ``services`` holds every service of the reservation by alias, as this one read saw them together
+        (a snapshot of several lock aliases: queue tickets, reader slots).
         """
         return self._send(
             "GetReservationDetails", (self.reservation_id,), paced, deadline, read=True, disableCache=True
         )
-
-    def read_all(self, *, paced: bool = False, deadline: Optional[float] = None) -> CallResult:
-        """Like :meth:`read`, and ``services`` holds every service of the reservation by alias, as one
-        fresh read showed them together (a snapshot of several lock aliases)."""
-        return self._send(
-            "GetReservationDetails", (self.reservation_id,), paced, deadline, read=True, every=True,
-            disableCache=True,
-        )  # fmt: skip
 
     def remove_once(self, *, paced: bool = False, deadline: Optional[float] = None) -> CallResult:
         """``RemoveServicesFromReservation`` of the alias, sent exactly once.
@@ -325,7 +319,6 @@ class LockAlias:
         busy: Optional[ErrorKind] = None,
         missing: Optional[ErrorKind] = None,
         read: bool = False,
-        every: bool = False,
         **kwargs: Any,
     ) -> CallResult:
         if paced:
@@ -349,8 +342,8 @@ class LockAlias:
                 status = Status.FATAL
             return CallResult(status, sent_at, elapsed, failure, may_have_resent(elapsed))
         elapsed = self._clock() - sent_at
-        holder = holder_in(answer, self.alias) if read else None
-        services = holders_in(answer) if every else None
+        services = holders_in(answer) if read else None
+        holder = services.get(self.alias) if services is not None else None
         # A success may come from the client's re-send: then an earlier copy got no answer.
         return CallResult(
             Status.DONE, sent_at, elapsed, resent=may_have_resent(elapsed), holder=holder, services=services

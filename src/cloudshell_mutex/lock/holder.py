@@ -91,16 +91,18 @@ class Holder:
 
 def holder_in(details: Any, alias: str) -> Optional[Holder]:
     """The holder of ``alias`` in a ``GetReservationDetails`` answer, or None when the alias is free."""
+    return holders_in(details, alias).get(alias)
+
+
+def holders_in(details: Any, alias: Optional[str] = None) -> Dict[str, Holder]:
+    """Every service of a ``GetReservationDetails`` answer as a :class:`Holder`, by alias (only ``alias``
+    when given). One read shows them all at the same moment (a snapshot): the fair mode's queue tickets
+    and the read-write lock's slots come from the same read that shows the lock."""
+    found: Dict[str, Holder] = {}
     for service in details.ReservationDescription.Services or []:
-        if service.Alias == alias:
-            return _holder_of(service)
-    return None
-
-
-def holders_in(details: Any) -> Dict[str, Holder]:
-    """Every service of a ``GetReservationDetails`` answer as a :class:`Holder`, by alias: one read that
-    shows several lock aliases at the same moment (a snapshot)."""
-    return {service.Alias: _holder_of(service) for service in details.ReservationDescription.Services or []}
+        if alias is None or service.Alias == alias:
+            found.setdefault(service.Alias, _holder_of(service))
+    return found
 
 
 def _holder_of(service: Any) -> Holder:

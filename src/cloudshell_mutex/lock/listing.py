@@ -156,7 +156,7 @@ class LockObserver:
 
     def observe(self) -> LockListing:
         """One fresh read; raises :class:`~.errors.MutexError` (saying what to do) when it fails."""
-        result = self._alias.read_all()
+        result = self._alias.read()
         if not result.ok:
             state = self._alias.reservation_state() if diagnosis.needs_state(result.failure) else None
             raise diagnosis.fatal_error(

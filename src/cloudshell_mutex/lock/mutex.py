@@ -37,6 +37,7 @@ from .lease import Heartbeat, StaleWatch
 from .operation import Operation
 from .options import FRESH_READ_LAG, MutexOptions, check_duration
 from .pacing import DefaultPacing, ExponentialBackoff, PacingPolicy, clip
+from .queue import FairQueue
 
 #: The suffix of the alias of a lock's generation counter service.
 GENERATION_SUFFIX = "~generation"
@@ -129,6 +130,19 @@ class ReservationMutex:
             sleep=sleep,
         )
         self._generation: Optional[int] = None
+        # The fair mode's place in the advisory queue (queue.py); None: the default pacing alone.
+        self._queue: Optional[FairQueue] = None
+        if self.options.fair:
+            self._queue = FairQueue(
+                self._alias,
+                label=self.owner,
+                request_lifetime=self.options.request_lifetime,
+                late_adds=late_adds,
+                clock=clock,
+                sleep=sleep,
+                rng=self._rng,
+                logger=self.logger,
+            )
         self._watch = StaleWatch()
         self._breaker_watch = StaleWatch()
         self._heartbeat: Optional[Heartbeat] = None
@@ -396,6 +410,9 @@ class ReservationMutex:
             # have committed, or still commit, with nobody left to release it. Undo what a read shows.
             self._abandon(op)
             raise
+        finally:
+            if self._queue is not None:
+                self._queue.leave()  # acquired or not: our place in the queue is given up
         if not acquired:
             self._watch_late_add(op)
         return acquired
@@ -512,6 +529,10 @@ class ReservationMutex:
     # ------------------------------------------------------------------ acquire steps
 
     def _acquire(self, op: Operation, blocking: bool) -> bool:
+        queue = self._queue if blocking else None
+        if queue is not None:
+            # Others were waiting at our last read: line up behind them (progress written meanwhile).
+            queue.before_first_add(op, lambda: self._write_progress(op, self._clock()))
         while True:
             # Step 1: the add. Its success is the lock; the owner token travels in the same call.
             op.add_sent()
@@ -540,6 +561,9 @@ class ReservationMutex:
                 # Freed since the add failed (the read found nobody), or a stale holder broken: retry at once.
                 freed = (op.read_since_add and op.holder is None) or self._break_if_stale(op)
                 delay = 0.0 if freed else op.next_pause(self.pacing, self._rng)
+                if queue is not None and not freed:
+                    # The fair mode: wait in line, or poll as the head.
+                    delay = queue.pause(op, delay, lambda: self._write_progress(op, self._clock()))
             elif add.status is Status.TRANSIENT:
                 # Step 3: transient failure (5xx, dropped connection, timeout). Back off on a
                 # separate schedule, then settle with one fresh read: the add may have committed.
@@ -895,6 +919,8 @@ class ReservationMutex:
         the lock is still ours."""
         result = self._alias.read(paced=op.polling, deadline=op.deadline)
         op.read_tried(result.sent_at)
+        if self._queue is not None:
+            self._queue.saw(result)  # who waits, remembered for this process's next acquisition
         if result.ok:
             op.read_answered(result.sent_at)
             if self._token is not None and result.holder is not None and result.holder.token == self._token:

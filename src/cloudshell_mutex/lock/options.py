@@ -62,6 +62,10 @@ class MutexOptions:
       holder writes the lease and heartbeats about every lease/3 in a background thread; waiters break a
       holder they have seen without a heartbeat for lease + margin. A model without them (the original
       package), or 0, means no lease: never broken automatically. See docs/protocol.md, "Leases".
+    * ``fair``: the fair mode (opt-in): waiters line up in an advisory queue of ticket services, only the
+      head polls fast, the others read rarely (a budget per lock, not per process), and a releaser that
+      asks again goes to the back. Mutual exclusion still rests on the add alone. See docs/protocol.md,
+      "Fair mode".
     * ``on_lost``: called with a :class:`~.errors.MutexLostError` when the heartbeat finds the lock taken
       from this holder (from the heartbeat thread); ``on_danger``: called with the seconds since the last
       confirmed heartbeat once heartbeats have failed for 2/3 of the lease (the lease may lapse soon).
@@ -84,6 +88,7 @@ class MutexOptions:
     lease: float = DEFAULT_LEASE
     on_lost: Optional[Callable[[Any], None]] = None
     on_danger: Optional[Callable[[float], None]] = None
+    fair: bool = False
 
     def __post_init__(self) -> None:
         check_duration("timeout", self.timeout, allow_none=True)
@@ -91,7 +96,7 @@ class MutexOptions:
         check_duration("request_lifetime", self.request_lifetime, minimum=MIN_REQUEST_LIFETIME)
         check_duration("holder_check_interval", self.holder_check_interval)
         check_duration("progress_interval", self.progress_interval, minimum=MIN_PROGRESS_INTERVAL)
-        for name in ("verify", "reentrant", "progress"):
+        for name in ("verify", "reentrant", "progress", "fair"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {type(getattr(self, name)).__name__}")
         attempts = self.release_attempts

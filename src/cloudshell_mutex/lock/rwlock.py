@@ -532,7 +532,7 @@ class ReadLock:
     def _snapshot(self, paced: bool) -> Optional[Dict[str, Holder]]:
         """One fresh read of every service (None after a transient failure); feeds the stale watches."""
         rw = self._rw
-        result = rw._lock_alias.read_all(paced=paced, deadline=self._deadline)
+        result = rw._lock_alias.read(paced=paced, deadline=self._deadline)
         if not result.ok:
             if result.status is Status.TRANSIENT:
                 rw.logger.debug("cloudshell-mutex: reading %s failed (%s)", rw.name, result.failure.message)

@@ -1,0 +1,697 @@
+"""The fair mode's advisory queue: waiters line up with ticket services, and only the head polls fast.
+
+``ReservationMutex(..., fair=True)`` calls this module from its acquire loop (docs/protocol.md, "Fair
+mode"). The queue is *advisory*: mutual exclusion still rests on the add of the lock alias alone. A
+corrupt, stale, missing or foreign queue costs speed, never safety, and code of the original protocol
+(which knows nothing of tickets) keeps competing with the head as before.
+
+* **A ticket** is a service ``<alias>~q~<n>`` of the lock's own model whose ``Mutex Owner`` is
+  ``<token>#<lease>#<heartbeat>`` (the acquisition's token; the ticket's lease in seconds; a heartbeat
+  value of :mod:`.lease`). Everything lives in ``Mutex Owner``, so the original package's model (that
+  attribute only) carries tickets too. A waiter reads the reservation once, then adds the ticket after
+  the highest number it saw, going up by one while the add says "already exists": the atomic add makes
+  the numbers unique, and their order is the queue's order, without comparing any clocks. (The lowest
+  free number would not do: a newcomer would take a number that the head just freed, ahead of everyone.)
+* **The head** (the lowest ticket) polls the lock's add; the others only read the reservation, rarely:
+  the further back, the rarer, so the whole queue stays within a per-lock call budget
+  (:func:`wait_interval`). The acquisition that got the lock removes its ticket at once, which makes the
+  next ticket the head.
+* **Going to the back.** This process remembers, per lock, whether others were queued at its last read
+  (the release reads the lock anyway). An acquisition that starts while others were seen waiting joins
+  the queue before its first add, so a releaser that wants the lock again lines up behind them instead of
+  winning the race it would otherwise always win (it asks one round trip after its own release).
+* **Abandoned tickets** (a crashed waiter) are removed with the lease rules of :mod:`.lease`: a waiter
+  judges only its predecessor, stale once it has seen the same ticket and heartbeat unchanged for the
+  ticket's lease + margin on its own clock, and removes it with :func:`.lease.break_stale` (one breaker at
+  a time). Waiters heartbeat their ticket every lease/3 after a read that shows it is still theirs.
+* **Every exit removes the ticket** (acquired, timeout, error, Ctrl-C: :meth:`FairQueue.leave`); a ticket
+  add or remove without an answer goes to the late-add watcher (:mod:`.late_adds`), which removes the
+  ticket if it shows this acquisition's token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import random
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+
+from cloudshell.api.cloudshell_api import AttributeNameValue
+
+from . import lease, protocol
+from .alias import CallResult, LockAlias, Status
+from .holder import Holder, describe_owner
+from .late_adds import LateAdds
+from .pacing import clip
+
+#: Ticket aliases are ``<lock alias>~q~<number>``.
+TICKET_INFIX = "~q~"
+#: A ticket's lease (seconds): its waiter rewrites the heartbeat every lease/3 while it waits. Long,
+#: because at N=32 every waiter's heartbeat is a write on the shared server (32 x 3/120 = 0.8 calls/s);
+#: a crashed waiter's ticket is removed lease + margin (150 s) after it stopped.
+TICKET_LEASE = 120.0
+#: The whole lock's call budget (calls/s on the server, all waiters together) that the queue aims for.
+LOCK_BUDGET = 5.0
+#: Calls one contended acquisition costs whatever the polling: the add that found the lock busy, a read,
+#: the ticket's add, the granted add, the ticket's remove, the release's read and remove.
+ACQUISITION_CALLS = 7
+#: The waiters behind the next in line share at least this many calls/s (the budget's spare, when the
+#: acquisitions alone do not exceed it).
+MIN_WAIT_RATE = 0.5
+#: The head polls the lock's add every period/4, within these bounds (seconds).
+HEAD_MIN, HEAD_MAX = 0.1, 1.0
+#: A waiter that is not the head reads the reservation at most this often, and at least this rarely.
+MIN_INTERVAL, MAX_INTERVAL = 0.25, 30.0
+#: The period (seconds from one grant to the next) assumed before a waiter has seen the queue move.
+DEFAULT_PERIOD = 1.0
+#: A waiter that saw the lock free at two reads this far apart, with the same head both times, adds
+#: anyway: the head is gone or stuck, and the queue must not stall the lock (it is only advisory).
+FALLBACK_AFTER = 3.0
+#: How long this process remembers that others were queued at its last read of a lock.
+MEMORY_SECONDS = 60.0
+#: Ticket numbers tried after the first one said "already exists", before reading again.
+JOIN_TRIES = 4
+#: The head times its polls by the holders' observed tenure (False: it polls every head_interval).
+HOLD_HINT = True
+#: ... waking this fraction of a tenure before the expected release.
+HINT_LEAD = 0.2
+#: A read younger than this (seconds) is recent enough to join the queue by.
+RECENT = 1.0
+#: Jitter of every interval (a fraction), so that waiters do not poll in lock-step.
+JITTER = 0.2
+#: The heartbeat part written by waiters (the value is ``<nonce>:q:<count>``).
+TICKET_PART = "q"
+
+
+# ---------------------------------------------------------------- names and values
+
+
+def ticket_alias(alias: str, number: int) -> str:
+    """The alias of ticket ``number`` of the lock ``alias``."""
+    return f"{alias}{TICKET_INFIX}{number}"
+
+
+def ticket_number(ticket: str, alias: str) -> Optional[int]:
+    """The number of a ticket alias of the lock ``alias`` (None for any other alias)."""
+    prefix = alias + TICKET_INFIX
+    if not ticket.startswith(prefix):
+        return None
+    digits = ticket[len(prefix) :]
+    return int(digits) if digits.isdigit() and len(digits) < 10 else None
+
+
+def ticket_value(token: str, lease_seconds: float, count: int) -> str:
+    """The ``Mutex Owner`` of a ticket: ``<token>#<lease>#<nonce>:q:<count>``."""
+    nonce = lease.nonce_of(token) or token
+    return f"{token}#{lease_seconds:g}#{lease.heartbeat_value(nonce, TICKET_PART, count)}"
+
+
+def parse_ticket(value: str) -> Optional[Tuple[str, float, str]]:
+    """``(token, lease, heartbeat)`` of a ticket value; None when it is not one of ours (foreign, corrupt)."""
+    pieces = (value or "").rsplit("#", 2)
+    if len(pieces) != 3 or not pieces[0]:
+        return None
+    token, raw_lease, beat = pieces
+    try:
+        seconds = float(raw_lease)
+    except ValueError:
+        return None
+    if not math.isfinite(seconds) or seconds < lease.MIN_LEASE or lease.heartbeat_nonce(beat) is None:
+        return None
+    return token, seconds, beat
+
+
+def ticket_holder(holder: Holder) -> Holder:
+    """A ticket service as :mod:`.lease` sees a lock holder: the token, the lease and the heartbeat as
+    attributes, so :class:`.lease.StaleWatch` and :func:`.lease.break_stale` judge and break tickets
+    unchanged. A value that is not a ticket of ours keeps its raw token and has no lease: never stale."""
+    parsed = parse_ticket(holder.token)
+    if parsed is None:
+        return holder
+    token, seconds, beat = parsed
+    attributes = {
+        protocol.ATTR_OWNER: token,
+        protocol.ATTR_LEASE_SECONDS: f"{seconds:g}",
+        protocol.ATTR_HEARTBEAT: beat,
+    }
+    return Holder(holder.alias, token, describe_owner(token), holder.model, attributes)
+
+
+class TicketAlias(LockAlias):
+    """One ticket alias: a :class:`LockAlias` whose reads show the ticket's token as the holder's, so the
+    late-add watcher and the stale-lock breaker work on tickets as they do on the lock."""
+
+    def read(self, *, paced: bool = False, deadline: Optional[float] = None) -> CallResult:
+        """One fresh read; the holder of the ticket alias as :func:`ticket_holder` makes it."""
+        result = super().read(paced=paced, deadline=deadline)
+        if result.holder is None:
+            return result
+        return dataclasses.replace(result, holder=ticket_holder(result.holder))
+
+
+# ---------------------------------------------------------------- what one read shows
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """One ticket in a read: its number, its alias and its holder (as :func:`ticket_holder` makes it)."""
+
+    number: int
+    alias: str
+    holder: Holder
+
+    @property
+    def token(self) -> str:
+        """The token of the acquisition that queued with it."""
+        return self.holder.token
+
+
+@dataclass(frozen=True)
+class QueueView:
+    """The lock and its queue in one fresh read.
+
+    ``tickets`` are the parseable tickets in queue order, without the one of the lock's holder (an
+    acquisition removes its ticket right after its grant; until that remove lands, the ticket is not a
+    waiter). ``highest`` is the highest ticket number of any value, foreign ones too (-1: none).
+    """
+
+    holder: Optional[Holder]
+    tickets: Tuple[Ticket, ...]
+    highest: int
+    at: float
+
+    def position(self, token: str) -> Optional[int]:
+        """1 for the head, 2 for the next, ...; None when ``token`` has no ticket here."""
+        for index, ticket in enumerate(self.tickets, 1):
+            if ticket.token == token:
+                return index
+        return None
+
+    def mine(self, token: str) -> List[Ticket]:
+        """The tickets of ``token`` (normally one; a late add of ours may make two)."""
+        return [t for t in self.tickets if t.token == token]
+
+    def others(self, token: Optional[str]) -> int:
+        """How many tickets belong to other acquisitions."""
+        return sum(1 for t in self.tickets if t.token != token)
+
+
+def queue_view(services: Mapping[str, Holder], alias: str, at: float) -> QueueView:
+    """The queue of the lock ``alias`` in a read's services."""
+    holder = services.get(alias)
+    tickets = []
+    highest = -1
+    for name, service in services.items():
+        number = ticket_number(name, alias)
+        if number is None:
+            continue
+        highest = max(highest, number)
+        ticket = Ticket(number, name, ticket_holder(service))
+        if parse_ticket(service.token) is None:
+            continue  # foreign or corrupt: not a waiter, only a number taken
+        if holder is not None and ticket.token == holder.token:
+            continue  # the holder's own ticket, not removed yet
+        tickets.append(ticket)
+    tickets.sort(key=lambda t: t.number)
+    return QueueView(holder, tuple(tickets), highest, at)
+
+
+# ---------------------------------------------------------------- the budget
+
+
+def harmonic(count: int) -> float:
+    """1 + 1/2 + ... + 1/count (0 for count < 1)."""
+    return sum(1.0 / i for i in range(1, count + 1))
+
+
+def head_interval(period: float) -> float:
+    """Seconds between the head's adds: a quarter of the period between grants, within the bounds."""
+    return min(HEAD_MAX, max(HEAD_MIN, period / 4))
+
+
+def wait_rate(waiters: int, period: float, budget: float = LOCK_BUDGET) -> float:
+    """Calls/s left to the waiters behind the next in line: the lock's budget minus the head's polling,
+    the acquisitions themselves and the tickets' heartbeats (at least :data:`MIN_WAIT_RATE`)."""
+    spent = 1.0 / head_interval(period) + ACQUISITION_CALLS / period + waiters * 3.0 / TICKET_LEASE
+    return max(MIN_WAIT_RATE, budget - spent)
+
+
+def wait_interval(position: int, waiters: int, period: float, budget: float = LOCK_BUDGET) -> float:
+    """Seconds between two reads of the waiter at ``position`` (2 = next after the head) of ``waiters``.
+
+    * The next in line reads every period/3: it becomes the head when the head is granted, and must learn
+      it before the lock is free again.
+    * The waiter at position p > 2 reads every (p - 2) x c, with c chosen so that all of them together
+      make :func:`wait_rate` calls/s (the sum of 1/((p - 2) c) is harmonic(waiters - 2) / c), but c is
+      never more than one period: a waiter must not sleep through its own turn, or the lock stands free.
+      When the budget asks for more than a period (holds short against the queue's length), the budget
+      yields: the lock cannot be both within it and moving (docs/protocol.md has the figures).
+    * Nobody reads more often than its turn can come: (p - 1) periods away, so every (p - 1) x period/2.
+    """
+    if position <= 2:
+        return min(MAX_INTERVAL, max(MIN_INTERVAL, period / 3))
+    spacing = min(period, harmonic(waiters - 2) / wait_rate(waiters, period, budget))
+    interval = max((position - 2) * spacing, (position - 1) * period / 2)
+    return min(MAX_INTERVAL, max(MIN_INTERVAL, interval))
+
+
+def queue_calls_per_second(waiters: int, period: float, budget: float = LOCK_BUDGET) -> float:
+    """The calls/s a queue of ``waiters`` makes while it waits (polling, reads, heartbeats; not the
+    acquisitions themselves): what :func:`wait_interval` and :func:`head_interval` add up to."""
+    if waiters < 1:
+        return 0.0
+    total = 1.0 / head_interval(period) + waiters * 3.0 / TICKET_LEASE
+    for position in range(2, waiters + 1):
+        total += 1.0 / wait_interval(position, waiters, period, budget)
+    return total
+
+
+# ---------------------------------------------------------------- what this process remembers
+
+
+@dataclass
+class LockMemory:
+    """What this process learned about one lock from its reads: whether others were queued at the last
+    read, and the period between grants (estimated from how fast the head's ticket number advances)."""
+
+    others: int = 0
+    seen_at: float = -math.inf
+    period: float = DEFAULT_PERIOD
+    lowest: Optional[int] = None
+    lowest_at: float = -math.inf
+    #: The last read's view, taken (and forgotten) by the next waiter that joins.
+    view: Optional[QueueView] = None
+    #: The lock's holder at the last read, and when it was granted: after ``holder_lo`` (the read before,
+    #: which showed another holder or none) and by ``holder_hi`` (the read that showed it first).
+    holder: Optional[str] = None
+    holder_lo: float = -math.inf
+    holder_hi: float = -math.inf
+    #: How long holders hold the lock (seconds; None: not seen yet), from holders seen to come and go
+    #: between reads close enough together to tell: the head times its polls by it.
+    tenure: Optional[float] = None
+    #: This process's stale judgement of each ticket it sees (lease.py's rules, on its own clock).
+    watches: Dict[str, lease.StaleWatch] = dataclasses.field(default_factory=dict)
+
+    def crowded(self, now: float) -> bool:
+        """True when others were queued at this process's last read, not long ago."""
+        return self.others > 0 and now - self.seen_at < MEMORY_SECONDS
+
+    def update(self, view: QueueView, token: Optional[str]) -> None:
+        """Take in a read: who waits, and how far the head moved since the last read."""
+        self._observe_holder(view)
+        self._observe_tickets(view)
+        self.others = view.others(token)
+        self.seen_at = view.at
+        self.view = view
+        if not view.tickets:
+            self.lowest = None
+            return
+        lowest = view.tickets[0].number
+        if self.lowest is not None and lowest > self.lowest and view.at > self.lowest_at:
+            sample = (view.at - self.lowest_at) / (lowest - self.lowest)
+            self.period = min(600.0, max(0.05, 0.7 * self.period + 0.3 * sample))
+        if self.lowest is None or lowest != self.lowest:
+            self.lowest, self.lowest_at = lowest, view.at
+
+    def _observe_holder(self, view: QueueView) -> None:
+        token = view.holder.token if view.holder is not None else None
+        if token == self.holder:
+            return
+        if self.holder is not None:
+            # The previous holder released between the last read and this one: a tenure sample when both
+            # its start and its end are known to within a third of it.
+            start, end = (self.holder_lo + self.holder_hi) / 2, (self.seen_at + view.at) / 2
+            sample = end - start
+            known = max(self.holder_hi - self.holder_lo, view.at - self.seen_at)
+            if math.isfinite(sample) and sample > 0 and known <= sample / 2:
+                self.tenure = sample if self.tenure is None else 0.7 * self.tenure + 0.3 * sample
+        self.holder, self.holder_lo, self.holder_hi = token, self.seen_at, view.at
+
+    def _observe_tickets(self, view: QueueView) -> None:
+        seen = {t.alias for t in view.tickets}
+        for alias in [a for a in self.watches if a not in seen]:
+            del self.watches[alias]  # gone (or the holder's): a ticket that comes back is judged afresh
+        for ticket in view.tickets:
+            self.watches.setdefault(ticket.alias, lease.StaleWatch()).observe(ticket.holder, view.at)
+
+    def stale(self, alias: str, now: float) -> bool:
+        """True when this process has seen the ticket ``alias`` unchanged for its lease + margin."""
+        watch = self.watches.get(alias)
+        return watch is not None and watch.stale(now)
+
+    def hold_estimate(self) -> float:
+        """How long a holder holds: the tenure seen, else the period between grants (a queue that does
+        not run dry hands the lock on about once a period)."""
+        return self.tenure if self.tenure is not None else self.period
+
+    def expected_release(self) -> Optional[float]:
+        """When the holder seen last is expected to release (monotonic), or None when unknown."""
+        if self.holder is None or not math.isfinite(self.holder_lo):
+            return None
+        return (self.holder_lo + self.holder_hi) / 2 + self.hold_estimate()
+
+
+_memories: weakref.WeakKeyDictionary[Any, Dict[Tuple[str, str], LockMemory]] = weakref.WeakKeyDictionary()
+_memories_lock = threading.Lock()
+
+
+def memory_for(api: Any, reservation_id: str, alias: str) -> LockMemory:
+    """This process's memory of one lock (per API session, reservation and alias)."""
+    with _memories_lock:
+        try:
+            locks = _memories.setdefault(api, {})
+        except TypeError:  # not weak-referenceable: nothing is remembered across lock objects
+            return LockMemory()
+        return locks.setdefault((reservation_id, alias), LockMemory())
+
+
+# ---------------------------------------------------------------- one waiter's place
+
+
+def _nothing() -> None:
+    """No progress to report."""
+
+
+class FairQueue:
+    """One lock object's place in the advisory queue of its lock (see the module docstring).
+
+    The mutex calls :meth:`saw` with each of its fresh reads, :meth:`before_first_add` before the first add
+    of a blocking acquire, :meth:`pause` after each busy add (it returns the delay before the next add, and
+    may wait in the queue first), and :meth:`leave` when the acquire ends, however it ends.
+    """
+
+    def __init__(
+        self,
+        lock: LockAlias,
+        *,
+        label: str,
+        request_lifetime: float,
+        late_adds: LateAdds,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: Optional[random.Random] = None,
+        logger: Optional[logging.Logger] = None,
+        budget: float = LOCK_BUDGET,
+        ticket_lease: float = TICKET_LEASE,
+    ) -> None:
+        self.lock = lock
+        self.label = label
+        self.budget = budget
+        self.ticket_lease = ticket_lease
+        self.request_lifetime = request_lifetime
+        self.memory = memory_for(lock.api, lock.reservation_id, lock.alias)
+        self.logger = logger or logging.getLogger("cloudshell_mutex")
+        self._late_adds = late_adds
+        self._clock = clock
+        self._sleep = sleep
+        self._rng = rng or random.Random()
+        self._aliases: Dict[int, TicketAlias] = {}
+        #: The model refused a ticket (no ``Mutex Owner``): this object waits the default way from now on.
+        self.off = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self.token: Optional[str] = None
+        self.ticket: Optional[TicketAlias] = None
+        self.head = False
+        self._beats = 0
+        self._beat_at = -math.inf
+        self._unsettled: List[Tuple[TicketAlias, float, int]] = []  # ticket adds without an answer
+        self._breaker_watch = lease.StaleWatch()
+        self._free_seen: Optional[Tuple[float, str]] = None  # (when, head token) the lock was seen free
+        self._hinted = False  # the head slept until shortly before the expected release
+        self._misses = 0  # the head's polls since then
+        self._waiting: Callable[[], None] = _nothing  # called between reads while in line
+
+    # ---------------------------------------------------------------- the mutex's hooks
+
+    def saw(self, result: CallResult, token: Optional[str] = None) -> Optional[QueueView]:
+        """Take in a fresh read of the lock (the mutex's own, or the queue's): remember who waits."""
+        if not result.ok or result.services is None:
+            return None
+        view = queue_view(result.services, self.lock.alias, result.sent_at)
+        self.memory.update(view, token if token is not None else self.token)
+        if self.head and self.token is not None and (view.position(self.token) or 1) > 1:
+            self.head = False  # a ticket ahead of ours after all (a join from an old read): wait in line
+        return view
+
+    def before_first_add(self, op: Any, waiting: Callable[[], None] = _nothing) -> None:
+        """When others were queued at this process's last read of the lock: line up behind them before
+        the first add (a releaser that asks again goes to the back). Otherwise nothing: an uncontended
+        lock costs what it always did. ``waiting`` is called between reads (the lock's progress)."""
+        if self.off or not self.memory.crowded(self._clock()):
+            return
+        self.token, self._waiting = op.token, waiting
+        self._wait_turn(op, first=True)
+
+    def pause(self, op: Any, default: float, waiting: Callable[[], None] = _nothing) -> float:
+        """After a busy add: the delay before the next add. The head polls every :func:`head_interval`;
+        any other waiter first waits in the queue (taking a ticket if it has none) until it is the head,
+        the deadline comes, or the head seems gone. ``default`` is returned when the queue is off.
+        ``waiting`` is called between reads while in line (the lock's progress messages)."""
+        if self.off:
+            return default
+        self.token, self._waiting = op.token, waiting
+        if self.ticket is not None and self.head:
+            if self._clock() - self._beat_at >= self.ticket_lease / 3:
+                self._look_and_beat(op)
+            if self.ticket is not None:
+                return self._head_delay()
+        return self._wait_turn(op, first=False, default=default)
+
+    def _head_delay(self) -> float:
+        """The head's next poll. With :data:`HOLD_HINT` and a holder whose grant this process saw: sleep
+        until shortly before its expected release, poll fast around it, slower again after each miss past
+        it; else every :func:`head_interval`."""
+        regular = head_interval(self.memory.period)
+        release = self.memory.expected_release() if HOLD_HINT else None
+        if release is None:
+            return self._jitter(regular)
+        now = self._clock()
+        hold = self.memory.hold_estimate()
+        early = release - HINT_LEAD * hold
+        if now < early and not self._hinted:
+            self._hinted = True  # one sleep per holder: the hint is an estimate
+            return early - now
+        # Around the expected release: every 1/20 of a hold; past it, slower after each miss.
+        fast = max(HEAD_MIN, min(regular, hold / 20))
+        if now <= release + HINT_LEAD * hold:
+            return self._jitter(fast)
+        self._misses += 1
+        return self._jitter(min(regular, fast * 2 ** min(self._misses, 8)))
+
+    def leave(self) -> None:
+        """The acquire ended (the lock granted, a timeout, an error, Ctrl-C): remove our ticket, and hand
+        every ticket add of ours without an answer to the late-add watcher. Never raises."""
+        ticket, unsettled, token = self.ticket, self._unsettled, self.token
+        self._reset()
+        if token is None:
+            return
+        try:
+            if ticket is not None:
+                removed = ticket.remove_once()
+                if not (removed.ok or removed.status is Status.MISSING):
+                    # It may be there still: the watcher reads it and removes it while it shows our token.
+                    lands_by = self._clock() + self.request_lifetime
+                    self._late_adds.watch(ticket, token, lands_by, self.request_lifetime)
+            for alias, lands_by, copies in unsettled:
+                # A copy may land after our remove, even of the ticket we had: the watcher settles it.
+                self._late_adds.watch(alias, token, lands_by, self.request_lifetime, copies)
+        except Exception:  # a ticket left behind costs speed (others break it later), never safety
+            self.logger.debug("cloudshell-mutex: could not remove the queue ticket", exc_info=True)
+
+    # ---------------------------------------------------------------- waiting in line
+
+    def _wait_turn(self, op: Any, first: bool, default: float = 0.0) -> float:
+        """Read, join, and read again now and then, until this waiter is the head (0: add now)."""
+        while True:
+            now = self._clock()
+            if op.deadline is not None and now >= op.deadline:
+                return 0.0  # the mutex's loop gives up (or, for the first add, tries once)
+            view = self._recent_view(now) if self.ticket is None else None
+            view = view or self._look(op)
+            if view is None:
+                return default  # the lock's own loop deals with a failing server
+            if first and not view.tickets and view.holder is None:
+                return 0.0  # nobody waits and the lock is free: no ticket needed
+            first = False
+            if view.mine(op.token):
+                position = view.position(op.token) or 1
+            else:
+                if not self._join(op, view):
+                    return default
+                if self.ticket is None:
+                    # Not granted yet (an add without an answer, or numbers taken): the next read tells.
+                    self._sleep(clip(MIN_INTERVAL, self._clock(), op.deadline))
+                    continue
+                mine = ticket_number(self.ticket.alias, self.lock.alias)
+                if mine != view.highest + 1:
+                    continue  # numbers were taken since that read: read who is ahead of us
+                position = 1 + len(view.tickets)
+            if position == 1:
+                self.head = True
+                return 0.0
+            if self._head_seems_gone(view):
+                return 0.0
+            self._judge_ahead(op, view, position)
+            self._beat(op, view)
+            self._waiting()
+            waiters = len(view.tickets)
+            interval = self._jitter(wait_interval(position, waiters, self.memory.period, self.budget))
+            self._sleep(clip(self._hinted_wait(position, interval), self._clock(), op.deadline))
+
+    def _recent_view(self, now: float) -> Optional[QueueView]:
+        """A read of this process made a moment ago (the mutex's after a busy add, or the release's of the
+        acquisition before): no need to read again to join."""
+        view, self.memory.view = self.memory.view, None
+        return view if view is not None and now - view.at < RECENT else None
+
+    def _hinted_wait(self, position: int, interval: float) -> float:
+        """With :data:`HOLD_HINT`: a waiter becomes the head when the one ahead is granted, about when the
+        holder releases plus (position - 2) periods; it reads right after that instead of every
+        ``interval`` before it. Without a usable estimate (or once it has passed), ``interval``."""
+        release = self.memory.expected_release() if HOLD_HINT else None
+        if release is None:
+            return interval
+        turn = release + (position - 2) * self.memory.period + HINT_LEAD * self.memory.hold_estimate()
+        delay = turn - self._clock()
+        return min(MAX_INTERVAL, delay) if delay > interval else interval
+
+    def _look(self, op: Any) -> Optional[QueueView]:
+        """One fresh read of the reservation: the lock and its queue (None when the read failed)."""
+        result = self.lock.read(paced=op.polling, deadline=op.deadline)
+        view = self.saw(result, op.token)
+        if view is None:
+            return None
+        mine = view.mine(op.token)
+        if mine:
+            # The lowest of our tickets is our place; another one (a late add of ours) goes.
+            self.ticket = self._alias(mine[0].number)
+            for extra in mine[1:]:
+                self._alias(extra.number).remove_once()
+        elif self.ticket is not None:
+            self.ticket = None  # removed (judged stale by a waiter behind us): join again, at the back
+            self.head = False
+        return view
+
+    def _join(self, op: Any, view: QueueView) -> bool:
+        """Add a ticket after the highest number seen; False when the model refuses tickets."""
+        number = view.highest + 1
+        value = ticket_value(op.token, self.ticket_lease, 0)
+        for tries in range(JOIN_TRIES):
+            alias = self._alias(number)
+            result = alias.try_add(
+                [AttributeNameValue(protocol.ATTR_OWNER, value)], paced=op.polling, deadline=op.deadline
+            )
+            if result.may_land_later or result.may_have_committed:
+                lands_by = result.sent_at + result.elapsed + self.request_lifetime
+                self._unsettled.append((alias, lands_by, max(1, result.unanswered_copies)))
+            if result.ok:
+                self.ticket, self._beats, self._beat_at = alias, 0, result.sent_at
+                return True
+            if result.status is Status.BUSY:
+                # Others joined at the same moment from the same read: spread out, 4 times wider after
+                # each "already exists" (numbers need not be dense), or N waiters that start together
+                # would make about N^2 adds on the same few numbers.
+                number += 1 + self._rng.randrange(4 ** (tries + 1))
+                continue
+            if result.status is Status.FATAL and result.failure is not None and result.failure.code:
+                # The model takes no Mutex Owner (the attribute-less original package): no queue here.
+                self.off = True
+                self.logger.info(
+                    "cloudshell-mutex: the server refused a queue ticket for %s (%s); waiting without the "
+                    "fair queue",
+                    self.lock.alias,
+                    result.failure.message,
+                )
+                return False
+            return True  # no answer: the next read shows whether it landed (self.ticket stays None)
+        return True  # numbers taken meanwhile: the next read shows the new highest
+
+    def _alias(self, number: int) -> TicketAlias:
+        alias = self._aliases.get(number)
+        if alias is None:
+            alias = self._aliases[number] = self._sibling(TicketAlias, ticket_alias(self.lock.alias, number))
+        return alias
+
+    def _sibling(self, kind: Any, name: str) -> Any:
+        """A ``kind`` (LockAlias or TicketAlias) for the alias ``name`` beside the lock's, sharing its
+        session, model and call budget."""
+        base = self.lock
+        return kind(
+            base.api,
+            base.reservation_id,
+            name,
+            base.model,
+            budget=base.budget,
+            logger=base.logger,
+            clock=self._clock,
+            sleep=self._sleep,
+        )
+
+    def _head_seems_gone(self, view: QueueView) -> bool:
+        """The lock free at two reads FALLBACK_AFTER apart, with the same head: add without waiting for it."""
+        if view.holder is not None or not view.tickets:
+            self._free_seen = None
+            return False
+        head = view.tickets[0].token
+        if self._free_seen is None or self._free_seen[1] != head:
+            self._free_seen = (view.at, head)
+            return False
+        return view.at - self._free_seen[0] >= FALLBACK_AFTER
+
+    def _judge_ahead(self, op: Any, view: QueueView, position: int) -> None:
+        """Break the first ticket ahead of ours that this process has seen unchanged for its lease + margin
+        (lease.py's rules, one breaker at a time). The judgement is the process's (:class:`LockMemory`), so
+        it survives this process's acquisitions: a dead ticket at the head is judged even when every waiter
+        passes it (by the fallback) sooner than a lease."""
+        now = self._clock()
+        stale = [t for t in view.tickets[: position - 1] if self.memory.stale(t.alias, now)]
+        if not stale:
+            return
+        ahead = stale[0]
+        alias = self._alias(ahead.number)
+        breaker = self._sibling(LockAlias, lease.breaker_alias(alias.alias))
+        watch = self.memory.watches[ahead.alias]
+        result = lease.break_stale(
+            alias,
+            breaker,
+            watch,
+            self._breaker_watch,
+            op.token,
+            self.label,
+            self.ticket_lease,
+            self.request_lifetime,
+            self._clock,
+            self._sleep,
+        )
+        if result.broken:
+            self.memory.watches.pop(ahead.alias, None)
+            self.logger.info(
+                "cloudshell-mutex: removed the abandoned queue ticket %s (%s)",
+                alias.alias,
+                ahead.holder.label,
+            )
+
+    def _look_and_beat(self, op: Any) -> None:
+        view = self._look(op)
+        if view is not None:
+            self._beat(op, view)
+
+    def _beat(self, op: Any, view: QueueView) -> None:
+        """Rewrite our ticket's heartbeat every lease/3, right after a read that showed it is ours."""
+        if self.ticket is None or self._clock() - self._beat_at < self.ticket_lease / 3:
+            return
+        self._beats += 1
+        value = ticket_value(op.token, self.ticket_lease, self._beats)
+        written = self.ticket.set_attributes([(protocol.ATTR_OWNER, value)], paced=op.polling)
+        if written.ok:
+            self._beat_at = written.sent_at
+
+    def _jitter(self, seconds: float) -> float:
+        return seconds * self._rng.uniform(1 - JITTER, 1 + JITTER)

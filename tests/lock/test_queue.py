@@ -1,0 +1,444 @@
+"""The fair mode's advisory queue (lock/queue.py), on the fake API with a virtual clock.
+
+Other waiters are played by the test: their tickets are services it adds and removes (directly, or as late
+requests at a virtual time with ``api.later``). Each test looks at what the lock under test sent, and when.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, Tuple
+
+import pytest
+from fakes import FakeApi, api_error, make, other_holds
+from urllib3.exceptions import ProtocolError
+
+from cloudshell_mutex import MutexError, MutexTimeout, protocol
+from cloudshell_mutex.lock import queue
+from cloudshell_mutex.lock.holder import Holder
+from cloudshell_mutex.lock.queue import (
+    FALLBACK_AFTER,
+    LOCK_BUDGET,
+    TICKET_LEASE,
+    QueueView,
+    parse_ticket,
+    queue_calls_per_second,
+    queue_view,
+    ticket_alias,
+    ticket_number,
+    ticket_value,
+    wait_interval,
+)
+
+MUTEX = protocol.DEFAULT_ALIAS
+HEAD = "Head waiter@host:7:0badcafe"
+SECOND = "Second waiter@host:8:0badf00d"
+
+
+class RecordingApi(FakeApi):
+    """The fake, recording (virtual time, alias) of every add."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.adds: List[Tuple[float, str]] = []
+
+    def AddServiceToReservation(self, reservationId="", serviceName="", alias="", attributes=()) -> Any:
+        self.adds.append((self.clock.now if self.clock else 0.0, alias))
+        return super().AddServiceToReservation(reservationId, serviceName, alias, attributes)
+
+
+def queue_up(api: FakeApi, number: int, token: str, count: int = 0) -> None:
+    """Another waiter's ticket."""
+    api.services[ticket_alias(MUTEX, number)] = {
+        protocol.ATTR_OWNER: ticket_value(token, TICKET_LEASE, count)
+    }
+
+
+def tickets(api: FakeApi) -> List[str]:
+    return sorted(alias for alias in api.services if ticket_number(alias, MUTEX) is not None)
+
+
+def mutex_adds(api: RecordingApi) -> List[float]:
+    return [at for at, alias in api.adds if alias == MUTEX]
+
+
+@pytest.fixture(autouse=True)
+def _forget_memories():
+    queue._memories.clear()  # what this process learned about other tests' locks
+    yield
+    queue._memories.clear()
+
+
+# ---------------------------------------------------------------- values and views
+
+
+def test_ticket_values_round_trip_and_foreign_values_are_not_tickets() -> None:
+    value = ticket_value(HEAD, 120.0, 3)
+    assert parse_ticket(value) == (HEAD, 120.0, "0badcafe:q:3")
+    for foreign in (
+        "",
+        "v1 owner",
+        "a#b#c",
+        f"{HEAD}#nan#0badcafe:q:1",
+        f"{HEAD}#0.1#0badcafe:q:1",
+        "#120#x:q:1",
+    ):
+        assert parse_ticket(foreign) is None, foreign
+    assert ticket_number("MUTEX~q~12", "MUTEX") == 12
+    assert ticket_number("MUTEX~q~x", "MUTEX") is None
+    assert ticket_number("MUTEX~break", "MUTEX") is None
+    assert ticket_number("OTHER~q~1", "MUTEX") is None
+
+
+def _holder(alias: str, owner: str) -> Holder:
+    return Holder(alias, owner, owner, protocol.SERVICE_MODEL, {protocol.ATTR_OWNER: owner})
+
+
+def test_the_view_orders_tickets_by_number_and_leaves_out_the_holders_and_foreign_ones() -> None:
+    services = {
+        MUTEX: _holder(MUTEX, HEAD),
+        "MUTEX~q~10": _holder("MUTEX~q~10", ticket_value("C@h:3:0000000c", 120, 0)),
+        "MUTEX~q~9": _holder("MUTEX~q~9", ticket_value(SECOND, 120, 0)),
+        "MUTEX~q~2": _holder("MUTEX~q~2", ticket_value(HEAD, 120, 0)),  # the holder's, not removed yet
+        "MUTEX~q~11": _holder("MUTEX~q~11", "garbage"),
+        "OTHER~q~50": _holder("OTHER~q~50", ticket_value("D@h:4:0000000d", 120, 0)),
+    }
+    view = queue_view(services, MUTEX, at=5.0)
+    assert [t.number for t in view.tickets] == [9, 10]  # 10 after 9: numbers, not text
+    assert view.highest == 11  # a foreign ticket still takes its number
+    assert view.position(SECOND) == 1 and view.position("C@h:3:0000000c") == 2
+    assert view.position(HEAD) is None
+    assert view.tickets[0].holder.attributes[protocol.ATTR_LEASE_SECONDS] == "120"
+
+
+# ---------------------------------------------------------------- the budget
+
+
+def test_waiters_further_back_read_more_rarely() -> None:
+    for period in (0.2, 1.0, 10.0):
+        intervals = [wait_interval(p, 32, period) for p in range(2, 33)]
+        assert intervals == sorted(intervals)
+        assert intervals[0] <= max(queue.MIN_INTERVAL, period / 3) + 1e-9
+        # Nobody sleeps through its own turn: the next-but-one reads at least once a period.
+        assert wait_interval(3, 32, period) <= max(queue.MIN_INTERVAL, period) + 1e-9
+
+
+def test_the_queue_keeps_the_per_lock_budget_when_holds_are_long_and_says_what_it_costs_when_short() -> None:
+    # Hold 10 s (a period of about 10.5 s): polling, reads and heartbeats of 32 waiters plus the
+    # acquisitions themselves (7 calls each) stay within the lock's budget.
+    period = 10.5
+    waiting = queue_calls_per_second(32, period)
+    assert waiting + queue.ACQUISITION_CALLS / period <= LOCK_BUDGET
+    # ... and grows much slower than the queue: 8 times the waiters, not 3 times the calls.
+    assert queue_calls_per_second(32, period) < 3 * queue_calls_per_second(4, period)
+    # Hold 1 s: the acquisitions alone cost more than the budget; the queue does not make it worse than
+    # a few calls per second (the default lock made about 50 at N=32).
+    assert queue.ACQUISITION_CALLS / 1.1 > LOCK_BUDGET
+    assert queue_calls_per_second(32, 1.1) < 12
+
+
+# ---------------------------------------------------------------- the lock in fair mode
+
+
+def test_an_uncontended_fair_acquire_and_release_costs_three_calls_and_takes_no_ticket(clock) -> None:
+    api = RecordingApi()
+    lock = make(api, clock, fair=True)
+    lock.acquire()
+    lock.release()
+    assert api.calls == ["AddServiceToReservation", "GetReservationDetails", "RemoveServicesFromReservation"]
+    assert [alias for _, alias in api.adds] == [MUTEX]
+
+
+def test_a_waiter_takes_the_ticket_after_the_highest_and_only_the_head_polls_the_lock(clock) -> None:
+    api = RecordingApi()
+    lock = make(api, clock, fair=True, timeout=60)
+    other_holds(api, "Holder@host:1:deadbeef")
+    queue_up(api, 0, HEAD)
+    queue_up(api, 3, SECOND)  # numbers need not be dense
+    start = clock.now
+
+    def head_takes_the_lock() -> None:  # the holder releases; the head is granted and leaves the queue
+        api.services[MUTEX] = {protocol.ATTR_OWNER: HEAD}
+        del api.services[ticket_alias(MUTEX, 0)]
+
+    def second_takes_the_lock() -> None:
+        api.services[MUTEX] = {protocol.ATTR_OWNER: SECOND}
+        del api.services[ticket_alias(MUTEX, 3)]
+
+    api.later(start + 5, head_takes_the_lock)
+    api.later(start + 10, second_takes_the_lock)
+    api.later(start + 15, lambda: api.services.pop(MUTEX))
+    seen: List[List[str]] = []
+    api.on_call = lambda method: seen.append(tickets(api))
+    lock.acquire()
+    assert clock.now >= start + 15
+    assert ticket_alias(MUTEX, 4) in [alias for _, alias in api.adds]  # after the highest, 3
+    # The lock's add: once at the start, then only as the head (after the second was granted at +10).
+    polls = mutex_adds(api)
+    assert polls[0] == start
+    assert all(at >= start + 10 for at in polls[1:]), polls
+    assert tickets(api) == []  # granted: our ticket is gone
+    lock.release()
+
+
+def test_a_releaser_that_asks_again_goes_to_the_back(clock) -> None:
+    api = RecordingApi()
+    lock = make(api, clock, fair=True, timeout=60)
+    lock.acquire()
+    queue_up(api, 0, HEAD)  # someone queued while we held the lock
+    lock.release()  # the release's read shows the queue: remembered
+    api.adds.clear()
+    again = make(api, clock, fair=True, timeout=60)  # a new lock object, as a driver's next item makes
+    start = clock.now
+    again.acquire()
+    # The lock was free, but the first add was a ticket behind the head's, not the lock.
+    assert api.adds[0] == (start, ticket_alias(MUTEX, 1))
+    # The head never took it (a waiter that stopped polling): after the lock was seen free for
+    # FALLBACK_AFTER with the same head, the waiter took it anyway. The queue is only advice.
+    assert mutex_adds(api)[0] >= start + FALLBACK_AFTER
+    assert tickets(api) == [ticket_alias(MUTEX, 0)]
+    again.release()
+
+
+def test_without_others_seen_waiting_a_new_acquisition_adds_the_lock_first(clock) -> None:
+    api = RecordingApi()
+    lock = make(api, clock, fair=True)
+    lock.acquire()
+    lock.release()  # nobody queued at the release's read
+    make(api, clock, fair=True).acquire()
+    assert [alias for _, alias in api.adds] == [MUTEX, MUTEX]
+
+
+def test_a_foreign_or_corrupt_ticket_does_not_hold_the_queue_up(clock) -> None:
+    api = RecordingApi()
+    lock = make(api, clock, fair=True, timeout=60)
+    other_holds(api, "Holder@host:1:deadbeef")
+    api.services[ticket_alias(MUTEX, 0)] = {protocol.ATTR_OWNER: "not a ticket"}
+    start = clock.now
+    api.later(start + 3, lambda: api.services.pop(MUTEX))
+    lock.acquire()
+    assert ticket_alias(MUTEX, 1) in [alias for _, alias in api.adds]
+    assert clock.now < start + 4  # we were the head: polled the lock, and got it when it was freed
+    assert tickets(api) == [ticket_alias(MUTEX, 0)]  # not ours: left alone
+
+
+def _removed_at(api: FakeApi, clock, alias: str) -> List[float]:
+    removed_at: List[float] = []
+
+    def watch(method: str) -> None:
+        if alias not in api.services and not removed_at:
+            removed_at.append(clock.now)
+
+    api.on_call = watch
+    return removed_at
+
+
+def test_an_abandoned_ticket_ahead_is_removed_after_its_lease(clock) -> None:
+    api = RecordingApi()
+    lock = make(api, clock, fair=True, timeout=600)
+    other_holds(api, "Holder@host:1:deadbeef")  # no lease: holds until the test frees it
+    queue_up(api, 0, HEAD)  # crashed: its heartbeat never changes
+    start = clock.now
+    removed_at = _removed_at(api, clock, ticket_alias(MUTEX, 0))
+    api.later(start + 400, lambda: api.services.pop(MUTEX))
+    lock.acquire()
+    # Removed once this waiter had seen it unchanged for lease + margin on its own clock, by one breaker
+    # (its breaker service is gone again), and then we were the head.
+    margin = queue.lease.stale_margin(TICKET_LEASE)
+    assert removed_at and start + TICKET_LEASE + margin <= removed_at[0] < start + TICKET_LEASE + margin + 10
+    assert "MUTEX~q~0~break" in [alias for _, alias in api.adds]
+    assert sorted(api.services) == [MUTEX]
+    assert mutex_adds(api)[1] >= removed_at[0]
+    lock.release()
+
+
+def test_a_ticket_ahead_that_heartbeats_is_never_removed(clock) -> None:
+    api = RecordingApi()
+    lock = make(api, clock, fair=True, timeout=400)
+    other_holds(api, "Holder@host:1:deadbeef")
+    queue_up(api, 0, HEAD)
+    start = clock.now
+    for beat in range(1, 11):  # every lease/3, as a live waiter does
+        api.later(start + 40 * beat, lambda beat=beat: queue_up(api, 0, HEAD, beat))
+    removed_at = _removed_at(api, clock, ticket_alias(MUTEX, 0))
+    with pytest.raises(MutexTimeout):
+        lock.acquire()
+    assert not removed_at
+    assert tickets(api) == [ticket_alias(MUTEX, 0)]  # ours went with the timeout
+
+
+def test_our_ticket_heartbeats_while_we_wait(clock) -> None:
+    api = RecordingApi()
+    lock = make(api, clock, fair=True, timeout=200)
+    other_holds(api, "Holder@host:1:deadbeef")
+    queue_up(api, 0, HEAD)
+    values: List[str] = []
+    api.on_call = lambda method: values.append(
+        api.services.get(ticket_alias(MUTEX, 1), {}).get("Mutex Owner", "")
+    )
+    with pytest.raises(MutexTimeout):
+        lock.acquire()
+    counts = {parse_ticket(v)[2] for v in values if parse_ticket(v)}
+    # 200 s of waiting: beats 1.. every lease/3 (40 s) at least four times.
+    assert len(counts) >= 5, counts
+    assert ticket_alias(MUTEX, 1) not in api.services  # the timeout removed ours
+
+
+# ---------------------------------------------------------------- every exit removes the ticket
+
+
+def _waiting(clock) -> Tuple[RecordingApi, Any]:
+    api = RecordingApi()
+    lock = make(api, clock, fair=True, timeout=20)
+    other_holds(api, "Holder@host:1:deadbeef")
+    queue_up(api, 0, HEAD)
+    return api, lock
+
+
+def test_a_timeout_removes_our_ticket(clock) -> None:
+    api, lock = _waiting(clock)
+    with pytest.raises(MutexTimeout):
+        lock.acquire()
+    assert ticket_alias(MUTEX, 1) in [alias for _, alias in api.adds]
+    assert tickets(api) == [ticket_alias(MUTEX, 0)]
+
+
+def test_an_error_removes_our_ticket(clock) -> None:
+    api, lock = _waiting(clock)
+
+    def refuse(*args: Any) -> bool:
+        raise api_error("Permission denied: the user may not add services", "500")
+
+    def head_granted() -> None:
+        # The head is granted; from our next add on, the server refuses us.
+        api.services[MUTEX] = {protocol.ATTR_OWNER: HEAD}
+        del api.services[ticket_alias(MUTEX, 0)]
+        api.faults["AddServiceToReservation"] = [refuse] * 10
+
+    api.later(clock.now + 5, head_granted)
+    with pytest.raises(MutexError):
+        lock.acquire()
+    assert ticket_alias(MUTEX, 1) in [alias for _, alias in api.adds]
+    assert tickets(api) == []
+
+
+def test_ctrl_c_removes_our_ticket(clock) -> None:
+    api, lock = _waiting(clock)
+    naps = []
+
+    def sleep(seconds: float) -> None:
+        naps.append(seconds)
+        if len(naps) == 3:
+            raise KeyboardInterrupt
+        clock.sleep(seconds)
+
+    lock._sleep = lock._queue._sleep = sleep
+    with pytest.raises(KeyboardInterrupt):
+        lock.acquire()
+    assert tickets(api) == [ticket_alias(MUTEX, 0)]
+
+
+def test_a_ticket_add_without_an_answer_goes_to_the_late_add_watcher(clock) -> None:
+    api, lock = _waiting(clock)
+    late: List[float] = []
+
+    def lost_reply(reservation_id, model, alias, attributes) -> bool:
+        if alias == ticket_alias(MUTEX, 1) and not late:
+            late.append(clock.now)
+            # The server applies it 30 s later; the reply never comes.
+            api.later(clock.now + 30, lambda: api.commit_add(reservation_id, model, alias, list(attributes)))
+            raise ProtocolError("Connection aborted.", ConnectionResetError())
+        return False
+
+    api.faults["AddServiceToReservation"] = [lost_reply] * 3
+    with pytest.raises(MutexTimeout):
+        lock.acquire()
+    watcher = lock._late_adds
+    assert any(entry.alias.alias == ticket_alias(MUTEX, 1) for entry in watcher.pending())
+    # Time passes, the late add lands, the watcher removes it (it shows our token).
+    while clock.now < late[0] + 40:
+        clock.sleep(1.0)
+        watcher.sweep()
+    assert ticket_alias(MUTEX, 1) not in api.services
+
+
+def test_the_fair_option_is_checked() -> None:
+    from cloudshell_mutex.lock.options import MutexOptions
+
+    with pytest.raises(TypeError, match="fair must be True or False"):
+        MutexOptions(fair="yes")
+
+
+def test_the_view_of_an_empty_reservation_has_no_queue() -> None:
+    view = QueueView(None, (), -1, 0.0)
+    assert view.position(HEAD) is None and view.others(None) == 0
+
+
+def test_a_dead_head_passed_by_every_waiter_is_still_judged_across_this_process_acquisitions(clock) -> None:
+    api = RecordingApi()
+    queue_up(api, 0, HEAD)  # crashed at the head of the queue
+    removed_at = _removed_at(api, clock, ticket_alias(MUTEX, 0))
+    start = clock.now
+    for _ in range(10):
+        # Someone else holds the lock for 20 s; our acquisition waits behind the dead head, takes the lock
+        # by the fallback once it has been free for FALLBACK_AFTER, and releases it: each wait is much
+        # shorter than the ticket's lease, but this process's judgement goes on across them.
+        other_holds(api, "Holder@host:1:deadbeef")
+        api.later(clock.now + 20, lambda: api.services.pop(MUTEX, None))
+        lock = make(api, clock, fair=True, timeout=60)
+        lock.acquire()
+        lock.release()
+    margin = queue.lease.stale_margin(TICKET_LEASE)
+    assert removed_at and start + TICKET_LEASE + margin <= removed_at[0] < start + TICKET_LEASE + margin + 30
+
+
+def _view(at: float, holder: Optional[str], *waiting: Tuple[int, str]) -> QueueView:
+    services = {}
+    if holder is not None:
+        services[MUTEX] = _holder(MUTEX, holder)
+    for number, token in waiting:
+        alias = ticket_alias(MUTEX, number)
+        services[alias] = _holder(alias, ticket_value(token, TICKET_LEASE, 0))
+    return queue_view(services, MUTEX, at)
+
+
+def test_the_memory_learns_the_hold_time_and_when_the_holder_will_release() -> None:
+    memory = queue.LockMemory()
+    memory.update(_view(10.0, "A@h:1:0000000a", (1, SECOND)), None)
+    memory.update(_view(10.2, "B@h:2:0000000b", (1, SECOND)), None)  # B granted between 10.0 and 10.2
+    assert memory.tenure is None and memory.expected_release() == pytest.approx(10.1 + memory.period)
+    memory.update(_view(12.0, "B@h:2:0000000b", (1, SECOND)), None)
+    memory.update(_view(12.2, "C@h:3:0000000c", (1, SECOND)), None)  # B released between 12.0 and 12.2
+    assert memory.tenure == pytest.approx(2.0)  # seen from 10.1 to 12.1
+    assert memory.expected_release() == pytest.approx(12.1 + 2.0)
+    # Reads too far apart to tell: no sample.
+    memory.update(_view(20.0, "D@h:4:0000000d", (1, SECOND)), None)
+    assert memory.tenure == pytest.approx(2.0)
+
+
+def test_the_head_sleeps_until_shortly_before_the_expected_release_then_polls_fast(clock) -> None:
+    api = RecordingApi()
+    lock = make(api, clock, fair=True)
+    fair = lock._queue
+    memory = fair.memory
+    memory.holder, memory.holder_lo, memory.holder_hi, memory.tenure = "A@h:1:0000000a", 99.0, 101.0, 10.0
+    memory.period = 10.5
+    clock.now = 102.0
+    fair.ticket, fair.head = fair._alias(0), True
+    first = fair._head_delay()
+    assert first == pytest.approx(100.0 + 10.0 - queue.HINT_LEAD * 10.0 - 102.0)  # one sleep
+    clock.now += first
+    fast = 10.0 / 20 * (1 + queue.JITTER)
+    around = [fair._head_delay() for _ in range(4)]  # around the expected release: every 1/20 of a hold
+    assert all(delay <= fast for delay in around)
+    clock.now = 110.0 + queue.HINT_LEAD * 10.0 + 0.1  # past it: slower after each miss, up to the normal
+    later = [fair._head_delay() for _ in range(4)]
+    assert later[0] > fast and max(later) <= queue.head_interval(memory.period) * (1 + queue.JITTER)
+
+
+def test_progress_is_written_while_waiting_in_line(clock) -> None:
+    api, lock = _waiting(clock)
+    lock = make(api, clock, fair=True, timeout=40, progress=True, progress_interval=10)
+    with pytest.raises(MutexTimeout):
+        lock.acquire()
+    assert ticket_alias(MUTEX, 1) in [alias for _, alias in api.adds]
+    assert len(api.output) >= 3 and "waiting for MUTEX held by Holder" in api.output[0]
