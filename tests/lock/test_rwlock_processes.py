@@ -19,6 +19,8 @@ from cloudshell.api.cloudshell_api import AttributeNameValue, CloudShellAPISessi
 from test_lease_processes import our_package
 
 from cloudshell_mutex import ReservationMutex, ReservationRWLock, protocol
+from cloudshell_mutex.lock import queue
+from cloudshell_mutex.lock.holder import make_token
 from cloudshell_mutex.lock.lease import stale_margin
 from cloudshell_mutex.lock.pacing import DefaultPacing
 from cloudshell_mutex.lock.rwlock import WRITER_SUFFIX
@@ -442,6 +444,9 @@ def test_list_locks_and_status_show_readers_writer_waiting_and_internal_services
         api.AddServiceToReservation(rid, protocol.SERVICE_MODEL, "CONFIG~break", [
             AttributeNameValue(protocol.ATTR_OWNER, "breaker@host:1:0badf00d")])  # fmt: skip
         api.AddServiceToReservation(rid, protocol.SERVICE_MODEL, "MUTEX~q7", [])
+        ticket = queue.ticket_value(make_token("waiter in line"), 120, 0)  # a fair-mode waiter's place
+        api.AddServiceToReservation(rid, protocol.SERVICE_MODEL, "MUTEX~q~3", [
+            AttributeNameValue(protocol.ATTR_OWNER, ticket)])  # fmt: skip
 
         listing = list_locks(api, rid)
         by_alias = {info.alias: info for info in listing.locks}
@@ -458,6 +463,9 @@ def test_list_locks_and_status_show_readers_writer_waiting_and_internal_services
         assert by_alias["CONFIG~generation"].kind == "generation"
         assert by_alias["CONFIG~break"].kind == "breaker" and by_alias["CONFIG~break"].lock == "CONFIG"
         assert by_alias["MUTEX~q7"].kind == "internal"
+        place = by_alias["MUTEX~q~3"]
+        assert (place.kind, place.lock, place.lease) == ("queue ticket", "MUTEX", 120.0)
+        assert place.owner.startswith("waiter in line") and "#" not in place.token
         assert JOURNAL not in by_alias and shared.seen_for == 0 and shared.lease_state == "unjudged"
         assert [info.alias for info in listing.locks][:4] == [
             "CONFIG",

@@ -6,8 +6,9 @@ service of the lock model by what its alias says:
 * ``MUTEX`` (any alias without ``~``): a lock, **exclusive** (a writer, a plain mutex, the original
   snippet) or **shared** (a read group of :class:`~.rwlock.ReservationRWLock`, with its readers);
 * ``MUTEX~r<n>``: a reader's slot; ``MUTEX~w``: a writer waiting; ``MUTEX~c``: a reader closing the read
-  group; ``<alias>~break``: a waiter breaking a stale holder; ``MUTEX~generation``: the fencing counter;
-  any other ``MUTEX~...``: an internal service of another lock kind (e.g. queue tickets), shown as is.
+  group; ``MUTEX~q~<n>``: a fair-mode waiter's place in the queue (its owner, lease and heartbeat are
+  read from the ticket's value); ``<alias>~break``: a waiter breaking a stale holder;
+  ``MUTEX~generation``: the fencing counter; any other ``MUTEX~...``: an internal service, shown as is.
 
 How long a service was held, and whether its holder is alive, can only be *observed*: no time of day is
 stored on it. A :class:`LockObserver` that reads again (``status --all --watch``) reports how long it saw the
@@ -23,6 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from . import diagnosis, lease, protocol
 from .alias import LockAlias
 from .holder import Holder
+from .queue import TICKET_INFIX, ticket_holder
 from .rwlock import CLOSER_SUFFIX, SLOT_SUFFIX, WRITER_SUFFIX, is_read_group
 
 __all__ = ["LockInfo", "LockListing", "LockObserver", "list_locks"]
@@ -30,7 +32,16 @@ __all__ = ["LockInfo", "LockListing", "LockObserver", "list_locks"]
 GENERATION_SUFFIX = "~generation"  # mutex.GENERATION_SUFFIX; not imported, to keep this module light
 
 #: Kinds of lock service, in the order a listing shows them for one lock.
-KINDS = ("lock", "writer waiting", "reader slot", "closing", "breaker", "generation", "internal")
+KINDS = (
+    "lock",
+    "writer waiting",
+    "reader slot",
+    "queue ticket",
+    "closing",
+    "breaker",
+    "generation",
+    "internal",
+)
 
 
 @dataclass(frozen=True)
@@ -124,6 +135,9 @@ def classify_alias(alias: str) -> Tuple[str, str]:
         return alias[: -len(GENERATION_SUFFIX)], "generation"
     if "~" not in alias:
         return alias, "lock"
+    lock, infix, number = alias.rpartition(TICKET_INFIX)
+    if infix and lock and number.isdigit():
+        return lock, "queue ticket"
     lock, suffix = alias.rsplit("~", 1)
     suffix = "~" + suffix
     if suffix == WRITER_SUFFIX:
@@ -189,6 +203,8 @@ class LockObserver:
 
     def _info(self, alias: str, holder: Holder, services: Dict[str, Holder], now: float) -> LockInfo:
         lock, kind = classify_alias(alias)
+        if kind == "queue ticket":
+            holder = ticket_holder(holder)  # its token, lease and heartbeat travel in its one value
         first = self._first_seen.get(alias)
         if first is None or first[0] != holder.token:
             first = self._first_seen[alias] = (holder.token, now)
