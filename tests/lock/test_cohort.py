@@ -270,3 +270,39 @@ def test_the_cohort_pacing_polls_more_often_the_longer_it_waits():
     assert all(0.75 <= jittered.next_delay(50, 0.0, random.Random(seed)) <= 1.25 for seed in range(50))
     with pytest.raises(ValueError):
         CohortPacing(start=1.0, end=2.0)
+
+
+def test_a_pass_hands_on_the_heartbeats_write_time_not_a_later_read(clock):
+    """A read that shows our token is not a heartbeat: a waiter elsewhere judges the lease from the value
+    it last saw change. An add whose reply was lost, settled by a read 40 s later, is confirmed as of the
+    add's send time, so a successor must not trust it for another trust window from the read."""
+    from urllib3.exceptions import ProtocolError
+
+    from cloudshell_mutex import ReservationMutex
+    from cloudshell_mutex.lock.late_adds import LateAdds
+
+    api = FakeApi(attributes=(protocol.ATTR_OWNER, *protocol.LEASE_ATTRIBUTES), clock=clock)
+    catalog.learn(api, protocol.SERVICE_MODEL, catalog.FULL)
+    mutex = ReservationMutex(
+        api, RES, owner="A", clock=clock, sleep=clock.sleep, lease=60.0, timeout=120.0,
+        budget=CallBudget(rate=1000, burst=1000, clock=clock), late_adds=LateAdds(clock),
+    )  # fmt: skip
+    start = clock.now
+
+    def commit_then_reset(rid, model, alias, attributes):
+        api.commit_add(rid, model, alias, list(attributes))
+        raise ProtocolError("Connection aborted.", ConnectionResetError())
+
+    def reads_fail_for_40_s(rid):
+        if clock.now < start + 40:
+            raise ProtocolError("Connection aborted.", ConnectionResetError())
+        return False
+
+    api.faults["AddServiceToReservation"] = [commit_then_reset]
+    api.faults["GetReservationDetails"] = [reads_fail_for_40_s] * 1000
+    assert mutex.acquire()
+    assert clock.now - start >= 40  # settled by a read long after the add
+    _token, confirmed, lease_seconds = mutex._cohort_pass()
+    assert lease_seconds == 60.0
+    assert confirmed - start < 1.0, "the pass must carry the add's send time, not the settling read's"
+    assert confirmed + trust_window(60.0) < start + 60.0  # trusted only while no waiter can break it

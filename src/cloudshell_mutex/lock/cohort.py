@@ -505,7 +505,7 @@ class CohortMutex:
             with self._files.state() as state:
                 state.token = self._mutex.token
                 state.lease = beat.lease if beat is not None else 0.0
-                state.confirmed_at = self._mutex._confirmed_at
+                state.confirmed_at = self._mutex._cohort_confirmed_at()
                 state.since = self._clock()
                 state.passes = 0
                 state.yielded_at = None
@@ -551,7 +551,7 @@ class CohortMutex:
             return False
         if not fresh or verify:
             with self._files.state() as state:
-                state.confirmed_at = self._mutex._confirmed_at
+                state.confirmed_at = self._mutex._cohort_confirmed_at()
         self.passed = True
         self._held = True
         return True

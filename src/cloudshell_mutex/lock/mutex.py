@@ -353,12 +353,24 @@ class ReservationMutex:
             if beat.lost:  # the round that was running found it taken
                 return None
         token = self._token
-        confirmed = max(self._confirmed_at, beat.confirmed_at if beat is not None else float("-inf"))
+        confirmed = self._cohort_confirmed_at()
         lease_seconds = beat.lease if beat is not None else 0.0
         op = self._operation(token)
         self._forget()
         self._news.event(events.RELEASED, op, error="passed within the cohort")
         return token, confirmed, lease_seconds
+
+    def _cohort_confirmed_at(self) -> float:
+        """When this lock was last confirmed in a way that counts for a local successor's trust window.
+
+        With a lease, only the send time of the write that put the current heartbeat value there (the add,
+        or the last beat): a waiter on another machine judges staleness from that value, however many
+        reads showed the token since. A read is not a heartbeat. Without a lease nothing but Force Release
+        takes the lock, so the last read that showed our token counts as well."""
+        beat = self._heartbeat
+        if beat is not None:
+            return beat.confirmed_at
+        return self._confirmed_at
 
     def renew(self) -> bool:
         """One heartbeat now (a fresh read, and a write while the lock is ours); True when it was written.
