@@ -135,7 +135,7 @@ class CohortState:
     alias: str = ""
     token: Optional[str] = None  # the server lock the cohort holds (None: it holds none)
     lease: float = 0.0
-    confirmed_at: Optional[float] = None  # when its last confirmation was sent (add, read or heartbeat)
+    confirmed_at: Optional[float] = None  # see ReservationMutex._cohort_confirmed_at
     since: Optional[float] = None  # when the cohort took it from the server
     passes: int = 0  # hand-offs within the cohort since then
     holder: Optional[Dict[str, Any]] = None  # the local holder: pid, started, owner

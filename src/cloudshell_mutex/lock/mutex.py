@@ -326,7 +326,7 @@ class ReservationMutex:
 
     def _cohort_join(self, token: str, confirmed_at: float, lease_seconds: float) -> None:
         """Hold the acquisition ``token`` that another process on this machine passed on, without a call
-        (a trusted adopt). The cohort's state says its last confirmation (the add, a read or a heartbeat)
+        (a trusted adopt). The cohort's state says its last confirmation (:meth:`_cohort_confirmed_at`)
         was sent at ``confirmed_at`` on this machine's monotonic clock, recently enough that no waiter can
         have broken it; the heartbeat goes on from there, keeping the passer's schedule."""
         self._token = token
