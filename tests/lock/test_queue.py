@@ -442,3 +442,33 @@ def test_progress_is_written_while_waiting_in_line(clock) -> None:
         lock.acquire()
     assert ticket_alias(MUTEX, 1) in [alias for _, alias in api.adds]
     assert len(api.output) >= 3 and "waiting for MUTEX held by Holder" in api.output[0]
+
+
+def test_a_ticket_a_lagging_read_did_not_show_is_still_removed_in_the_end(clock) -> None:
+    """A read that lags behind our ticket's add makes the waiter join again; if it is granted before any
+    read shows the first ticket, that one must not be forgotten: the late-add watcher removes it."""
+    api, lock = _waiting(clock)
+    api.clock = clock  # the fake applies what it schedules on virtual time
+    first = ticket_alias(MUTEX, 1)
+    lagged: List[float] = []
+
+    def lagging_read(*args: Any) -> bool:
+        if first in api.services and not lagged:
+            lagged.append(clock.now)
+            hidden = api.services.pop(first)
+            # This read shows the past: our ticket not there yet, and the holder and the head gone.
+            api.services.pop(MUTEX, None)
+            api.services.pop(ticket_alias(MUTEX, 0), None)
+            api.later(clock.now + 0.01, lambda: api.services.__setitem__(first, hidden))
+        return False
+
+    api.faults["GetReservationDetails"] = [lagging_read] * 50
+    assert lock.acquire()
+    assert lagged, "the scenario never happened"
+    lock.release()
+    watcher = lock._late_adds
+    for _ in range(30):
+        clock.sleep(1.0)
+        api.land_due()  # the first ticket shows up again, as a read that does not lag shows it
+        watcher.sweep()
+    assert tickets(api) == []

@@ -39,7 +39,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 from cloudshell.api.cloudshell_api import AttributeNameValue
 
@@ -47,6 +47,7 @@ from . import lease, protocol
 from .alias import CallResult, LockAlias, Status
 from .holder import Holder, describe_owner
 from .late_adds import LateAdds
+from .options import FRESH_READ_LAG
 from .pacing import clip
 
 #: Ticket aliases are ``<lock alias>~q~<number>``.
@@ -422,6 +423,8 @@ class FairQueue:
         self._beats = 0
         self._beat_at = -math.inf
         self._unsettled: List[Tuple[TicketAlias, float, int]] = []  # ticket adds without an answer
+        self._removed: Set[int] = set()  # numbers of ours already removed: never remove one twice
+        self._dropped: List[TicketAlias] = []  # tickets of ours a read did not show (gone, or a lagging read)
         self._breaker_watch = lease.StaleWatch()
         self._free_seen: Optional[Tuple[float, str]] = None  # (when, head token) the lock was seen free
         self._hinted = False  # the head slept until shortly before the expected release
@@ -488,7 +491,7 @@ class FairQueue:
     def leave(self) -> None:
         """The acquire ended (the lock granted, a timeout, an error, Ctrl-C): remove our ticket, and hand
         every ticket add of ours without an answer to the late-add watcher. Never raises."""
-        ticket, unsettled, token = self.ticket, self._unsettled, self.token
+        ticket, unsettled, dropped, token = self.ticket, self._unsettled, self._dropped, self.token
         self._reset()
         if token is None:
             return
@@ -499,6 +502,9 @@ class FairQueue:
                     # It may be there still: the watcher reads it and removes it while it shows our token.
                     lands_by = self._clock() + self.request_lifetime
                     self._late_adds.watch(ticket, token, lands_by, self.request_lifetime)
+            for alias in dropped:
+                # Committed long ago: one read that does not lag settles it (removed if it shows our token).
+                self._late_adds.watch(alias, token, self._clock() + FRESH_READ_LAG, self.request_lifetime)
             for alias, lands_by, copies in unsettled:
                 # A copy may land after our remove, even of the ticket we had: the watcher settles it.
                 self._late_adds.watch(alias, token, lands_by, self.request_lifetime, copies)
@@ -570,12 +576,18 @@ class FairQueue:
             return None
         mine = view.mine(op.token)
         if mine:
-            # The lowest of our tickets is our place; another one (a late add of ours) goes.
+            # The lowest of our tickets is our place; another one (a late add of ours) goes, once: a read
+            # that lags may still show one we removed, and its number may be someone else's by now.
             self.ticket = self._alias(mine[0].number)
             for extra in mine[1:]:
-                self._alias(extra.number).remove_once()
+                if extra.number not in self._removed:
+                    self._removed.add(extra.number)
+                    self._alias(extra.number).remove_once()
         elif self.ticket is not None:
-            self.ticket = None  # removed (judged stale by a waiter behind us): join again, at the back
+            # Removed (judged stale by a waiter behind us), or a read that lags: join again, at the back,
+            # and leave the old one to the late-add watcher at the end, which removes it if it is there.
+            self._dropped.append(self.ticket)
+            self.ticket = None
             self.head = False
         return view
 
