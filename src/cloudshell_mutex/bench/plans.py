@@ -143,6 +143,14 @@ TARGETS = Plan(
     repeats=1,
 )
 
+#: The per-lock call budget's cell (N=32, hold 1 s) for the baseline, the default and the fair mode, once: a
+#: few minutes, where the targets plan takes most of an hour (``make bench BENCH=quick,budget``).
+BUDGET = Plan(
+    "budget",
+    matrix(clients=(32,), holds=(1.0,), windows={1.0: 40.0}, contenders=TARGET_CONTENDERS),
+    repeats=1,
+)
+
 #: Seconds, not minutes: checks that the whole pipeline works here (the tests run it), measures little.
 SMOKE = Plan(
     "smoke",
@@ -157,4 +165,4 @@ SMOKE = Plan(
     repeats=1,
 )
 
-PLANS: Dict[str, Plan] = {p.name: p for p in (QUICK, FULL, TARGETS, SMOKE)}
+PLANS: Dict[str, Plan] = {p.name: p for p in (QUICK, FULL, TARGETS, BUDGET, SMOKE)}

@@ -20,6 +20,8 @@ from .contenders import BASELINE, CONTENDERS
 from .metrics import RunMetrics
 from .plans import FIFO_TIE, LATENCY, REACQUIRE, THINK, WORKLOADS, Cell, Plan
 from .runner import RunResult
+from .rwmix import MARK_END as RWMIX_END
+from .rwmix import MARK_START as RWMIX_START
 
 MET, MISSED, NOT_MEASURED = "met", "missed", "not measured"
 
@@ -721,6 +723,15 @@ def _latency_text() -> str:
     return f"a {LATENCY['distribution']} distribution ({parameters})"
 
 
+def kept_sections(document: str) -> str:
+    """The sections of ``document`` that other benches wrote (cohort.py, rwmix.py), markers included."""
+    kept = existing_section(document)
+    if RWMIX_START in document and RWMIX_END in document:
+        body = document.split(RWMIX_START, 1)[1].split(RWMIX_END, 1)[0]
+        kept += ("\n" if kept else "") + RWMIX_START + body + RWMIX_END + "\n"
+    return kept
+
+
 def write_report(
     results: Sequence[RunResult],
     plans: Sequence[Plan],
@@ -731,8 +742,8 @@ def write_report(
     """Write the markdown document (and the plots, unless ``plots_folder`` is None); return the files."""
     plots = plot(summarise(results), plots_folder) if plots_folder is not None else []
     doc.parent.mkdir(parents=True, exist_ok=True)
-    # The cohort bench (bench/cohort.py) writes its own section: keep it.
-    kept = existing_section(doc.read_text(encoding="utf-8")) if doc.exists() else ""
+    # The cohort and readers-and-writers benches write their own sections: keep them.
+    kept = kept_sections(doc.read_text(encoding="utf-8")) if doc.exists() else ""
     text = render(results, plans, seconds, plots, doc)
     doc.write_text(text + ("\n" + kept if kept else ""), encoding="utf-8")
     return [doc, *plots]
