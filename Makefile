@@ -20,7 +20,8 @@ BIN := $(VENV)/bin
 # of the real Sandbox class (see ../shared/cloudshell-facts.md).
 ORCH_CORE := cloudshell-orch-core==4.5.0.5000
 PYTEST_ARGS ?=
-# make bench: the quick plan (a few minutes) by default; BENCH=full for the whole matrix (hours).
+# make bench: the quick plan (about ten minutes, plus the cohort and readers-and-writers benches) by default;
+# BENCH=quick,budget adds the N=32 call-budget cell; BENCH=full the whole matrix (hours).
 BENCH ?= quick
 # ... and the cohort benchmark's plan (bench/cohort.py: quick, full, slice, smoke).
 COHORT_BENCH ?= quick

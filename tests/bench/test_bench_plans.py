@@ -99,7 +99,7 @@ def test_an_unknown_plan_is_refused_with_the_known_ones(capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["--plan", "huge"])
     assert exit_info.value.code == 2
-    assert "unknown plan 'huge': use one of quick, full, targets, smoke" in capsys.readouterr().err
+    assert "unknown plan 'huge': use one of quick, full, targets, budget, smoke" in capsys.readouterr().err
 
 
 def test_several_plans_run_one_after_the_other() -> None:
