@@ -16,7 +16,15 @@ import pytest
 from fakes import RES, FakeApi
 from urllib3.exceptions import ProtocolError
 
-from cloudshell_mutex import MutexLostError, MutexTimeout, MutexUsageError, ReservationRWLock, protocol
+from cloudshell_mutex import (
+    MutexLostError,
+    MutexReleaseError,
+    MutexTimeout,
+    MutexUsageError,
+    ReservationMutex,
+    ReservationRWLock,
+    protocol,
+)
 from cloudshell_mutex.lock import catalog
 from cloudshell_mutex.lock.late_adds import LateAdds
 from cloudshell_mutex.lock.pacing import CallBudget, FixedPacing
@@ -302,3 +310,50 @@ def test_a_waiting_reader_closes_a_group_left_without_readers_so_a_waiting_write
     reader = make_rw(api, clock, "reader B")
     assert not reader.read().acquire(blocking=False)
     assert sorted(api.services) == [MUTEX + "~w"]  # the empty group was closed; the writer's turn
+
+
+def test_a_closer_whose_remove_may_still_land_keeps_the_closer_service_until_release_finishes_it(
+    clock, caplog
+):
+    """The last reader's remove of the group's MUTEX gets no answer (it lands 60 s later), and its next reads
+    fail: release() raises. If the closer then let go of MUTEX~c and forgot its remove, a reader could join
+    the group before the remove lands, and read beside the writer who adds MUTEX after it."""
+    api = FakeApi(clock=clock)
+    first = make_rw(api, clock, "reader A")
+    first.read().acquire()
+    group = first.read().token
+    failing = {"reads": 0}
+
+    def remove_lands_late(reservation_id, services):
+        if MUTEX in services and not api.scheduled:
+            api.later(clock.now + 60.0, lambda: api.services.pop(MUTEX, None))
+            failing["reads"] = 5
+            raise reset()
+        return False
+
+    def read_fails(reservation_id):
+        if failing["reads"] > 0:
+            failing["reads"] -= 1
+            raise reset()
+        return False
+
+    api.faults["RemoveServicesFromReservation"] = [remove_lands_late] * 50
+    api.faults["GetReservationDetails"] = [read_fails] * 500
+    with pytest.raises(MutexReleaseError, match="read group") as raised:
+        first.read().release()
+    assert "MUTEX~c" in str(raised.value) and "Do not remove 'MUTEX' by hand" in str(raised.value)
+    assert "remove it from the reservation" not in caplog.text  # nobody is told to remove a shared group
+    assert not first.read().locked()
+    assert api.services[MUTEX][OWNER] == group and MUTEX + "~c" in api.services  # still held, both
+
+    second = make_rw(api, clock, "reader B")
+    assert not second.read().acquire(blocking=False)  # no joining while the close is unfinished
+    clock.now += 61  # the remove lands
+    writer = ReservationMutex(api, RES, owner="writer W", clock=clock, sleep=clock.sleep, timeout=5.0)
+    assert writer.acquire()
+    assert not second.read().locked()
+
+    first.read().release()  # finishes the close: its remove landed; the writer's MUTEX is left alone
+    assert writer.locked() and api.services[MUTEX][OWNER] == writer.token
+    assert sorted(api.services) == [MUTEX]
+    first.read().release()  # nothing left to do

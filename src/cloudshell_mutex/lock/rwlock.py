@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from . import diagnosis, lease, protocol
 from .alias import LockAlias, Status
-from .errors import MutexError, MutexLostError, MutexTimeout, MutexUsageError
+from .errors import MutexError, MutexLostError, MutexReleaseError, MutexTimeout, MutexUsageError
 from .handle import HandleInfo, make_handle
 from .holder import Holder, make_token, parse_token, sanitize_label
 from .late_adds import LateAdds
@@ -51,7 +51,7 @@ __all__ = [
 
 #: The mark in front of the owner token of a read group's ``MUTEX``. ``#`` never occurs in a token made
 #: from a label (labels are sanitized), so no writer's or plain mutex's token can look like a group's.
-READ_GROUP_MARK = "read-group#"
+READ_GROUP_MARK = protocol.READ_GROUP_MARK
 #: Reader slot ``i`` of lock ``MUTEX`` is ``MUTEX~r<i>`` (1-based).
 SLOT_SUFFIX = "~r"
 #: A writer is waiting for the lock (readers neither open nor join a group meanwhile).
@@ -359,6 +359,10 @@ class ReadLock:
         self._extra_calls = 0  # calls of group objects that are gone (joined, then released)
         self._deadline: Optional[float] = None
         self._saw_group = False
+        # A close whose remove of the group's MUTEX kept failing: that remove may still land, so this
+        # reader keeps the group object (it remembers the remove) and MUTEX~c (its heartbeat keeps joiners
+        # out) until release() or acquire() finishes the close.
+        self._pending_close: Optional[ReservationMutex] = None
 
     # ------------------------------------------------------------------ public
 
@@ -366,6 +370,7 @@ class ReadLock:
     def calls(self) -> int:
         """API calls made by this side (slots, closer, group, snapshots and breaks)."""
         total = sum(slot.calls for slot in self._slots) + self._closer.calls + self._extra_calls
+        total += self._pending_close.calls if self._pending_close is not None else 0
         total += sum(a.calls for a in self._slot_aliases.values()) + sum(
             b.calls for b in self._breakers.values()
         )
@@ -411,6 +416,7 @@ class ReadLock:
                 reservation_id=rw.reservation_id,
                 alias=rw.name,
             )
+        self._finish_close()  # a release that raised left a close unfinished: finish it first
         if self._slot is not None:  # a release that raised left a slot: finish giving it back first
             self._give_back()
         self._deadline = deadline
@@ -469,8 +475,11 @@ class ReadLock:
         """Stop reading: give the slot back, then close the group if no other reader is in it.
 
         Raises :class:`MutexLostError` when the group's ``MUTEX`` was lost meanwhile (broken or removed by
-        force: the reading may not have been exclusive of writers), after cleaning up.
+        force: the reading may not have been exclusive of writers), after cleaning up; and
+        :class:`~.errors.MutexReleaseError` when a remove kept failing: the reading has ended, but the close
+        is unfinished (``MUTEX~c`` stays held so no reader joins meanwhile): call release() again.
         """
+        self._finish_close()
         if self._group is None and self._slot is None:
             return
         group, lost = self._group, None
@@ -500,7 +509,8 @@ class ReadLock:
             except MutexLostError as error:
                 lost = lost or error
             finally:
-                self._extra_calls += group.calls
+                if group is not self._pending_close:  # else counted when the close is finished
+                    self._extra_calls += group.calls
         if lost is not None:
             raise lost
 
@@ -696,9 +706,10 @@ class ReadLock:
         try:
             group = self._close_held(group)
         finally:
-            if group is not None:
-                group.detach()  # another reader is in the group: it closes it
-            closer.release()
+            if self._pending_close is None:  # else both stay held until the close is finished
+                if group is not None:
+                    group.detach()  # another reader is in the group: it closes it
+                closer.release()
 
     def _close_held(self, group: Optional[ReservationMutex]) -> Optional[ReservationMutex]:
         """Under ``MUTEX~c``: returns the share still to detach (None when it was released here)."""
@@ -741,12 +752,52 @@ class ReadLock:
                 # Our own reading ended earlier, checked by release()'s read.
                 rw.logger.warning("cloudshell-mutex: closing the read group of %s: %s", rw.name, error)
                 return None
+            except MutexReleaseError as error:
+                # Our remove may still land, later: if we let go of MUTEX~c now, a reader could join the
+                # group before it lands and read beside the writer who adds MUTEX next. Keep both.
+                self._pending_close = group
+                raise self._close_error(error) from error
             finally:
-                if joined is not None:
+                if joined is not None and joined is not self._pending_close:
                     self._extra_calls += joined.calls
             rw.logger.info("cloudshell-mutex: closed the read group of %s (%s)", rw.name, holder.token)
             return None
         return group
+
+    def _finish_close(self) -> None:
+        """Continue a close whose remove kept failing (the group object remembers what it sent), then give
+        ``MUTEX~c`` back. Raises :class:`MutexReleaseError` again while the server keeps failing."""
+        group = self._pending_close
+        if group is None:
+            return
+        try:
+            group.release()
+        except MutexLostError as error:
+            # Gone, or someone else's, with no remove of ours that could have done it: nothing to remove.
+            self._rw.logger.warning(
+                "cloudshell-mutex: closing the read group of %s: %s", self._rw.name, error
+            )
+        except MutexReleaseError as error:
+            raise self._close_error(error) from error
+        self._pending_close = None
+        self._extra_calls += group.calls
+        self._closer.release()
+
+    def _close_error(self, error: MutexReleaseError) -> MutexReleaseError:
+        rw = self._rw
+        closer = rw.name + CLOSER_SUFFIX
+        return MutexReleaseError(
+            f"could not close the read group of {rw.name!r} in reservation {rw.reservation_id}: "
+            f"{error.api_message or 'its remove could not be confirmed'}. "
+            f"This reader has stopped reading; it keeps {closer!r} so that no reader joins the group while "
+            "its remove may still land: call release() again once the server answers, to finish the close. "
+            f"Do not remove {rw.name!r} by hand: other readers may share the group. If this process ends "
+            f"first, {closer!r} ends with its lease and the next reader or a waiting writer settles it",
+            reservation_id=rw.reservation_id,
+            alias=rw.name,
+            code=error.code,
+            api_message=error.api_message,
+        )
 
     def _close_timeout(self) -> float:
         # Closers wait only for closers, which never wait for anything else; a crashed closer's MUTEX~c is
