@@ -357,3 +357,30 @@ def test_a_closer_whose_remove_may_still_land_keeps_the_closer_service_until_rel
     assert writer.locked() and api.services[MUTEX][OWNER] == writer.token
     assert sorted(api.services) == [MUTEX]
     first.read().release()  # nothing left to do
+
+
+def test_an_opener_interrupted_at_its_add_never_removes_the_group_a_reader_joined_meanwhile(clock):
+    """Ctrl-C reaches the opener just after its add of MUTEX committed, and another reader joins the group in
+    that instant. A plain mutex's interrupt clean-up removes its add when a read shows it: for a group that
+    would leave the joiner reading without MUTEX. The opener only gives its slot back and closes."""
+    api = FakeApi(clock=clock)
+    opener, joiner = make_rw(api, clock, "reader A"), make_rw(api, clock, "reader B")
+    state = {"interrupted": False}
+
+    def commit_then_interrupt(reservation_id, model, alias, attributes):
+        if alias != MUTEX or state["interrupted"]:
+            return False
+        state["interrupted"] = True
+        api.commit_add(reservation_id, model, alias, list(attributes))
+        assert joiner.read().acquire()  # the joiner's snapshot shows its slot, the group and no closer
+        raise KeyboardInterrupt
+
+    api.faults["AddServiceToReservation"] = [commit_then_interrupt] * 20
+    with pytest.raises(KeyboardInterrupt):
+        opener.read().acquire()
+    assert not opener.read().locked() and joiner.read().locked()
+    assert api.services[MUTEX][OWNER] == joiner.read().token  # the joiner still reads under the group
+    assert sorted(api.services) == [MUTEX, joiner.read()._slot.name]  # the opener's slot was given back
+    joiner.read().ensure_held(read=True)
+    joiner.read().release()
+    assert api.services == {}

@@ -34,6 +34,7 @@ from .holder import Holder, make_token, parse_token, sanitize_label
 from .late_adds import LateAdds
 from .lease import StaleWatch
 from .mutex import LOGGER_NAME, ReservationMutex
+from .operation import Operation
 from .options import FRESH_READ_LAG, MutexOptions, check_duration
 from .pacing import DefaultPacing, PacingPolicy, clip
 
@@ -119,6 +120,17 @@ class _GroupMutex(ReservationMutex):
 
     def _new_token(self) -> str:
         return READ_GROUP_MARK + make_token(self.owner)
+
+    def _abandon(self, op: Operation) -> None:
+        """After an interrupt inside acquire(): never remove the add, even when a read shows it (a plain
+        mutex does): a reader may have joined the group in that instant. The opener's slot is given back
+        and the group closed through ``MUTEX~c`` (ReadLock._enter), which removes it only without readers;
+        an add that may still land goes to :class:`_GroupAdds`."""
+        if op.adds == 0:
+            return
+        if op.awaiting_add:  # interrupted before the add answered: it may land any time now
+            op.add_in_flight(self._clock() + self.options.request_lifetime)
+        self._watch_late_add(op)
 
 
 class ReservationRWLock:
