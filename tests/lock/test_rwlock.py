@@ -384,3 +384,94 @@ def test_an_opener_interrupted_at_its_add_never_removes_the_group_a_reader_joine
     joiner.read().ensure_held(read=True)
     joiner.read().release()
     assert api.services == {}
+
+
+def _silent_group(api: FakeApi) -> None:
+    """A group left without heartbeats (its members crashed, or both skipped the close on lagging reads)."""
+    api.services[MUTEX] = {
+        OWNER: GROUP,
+        protocol.ATTR_LEASE_SECONDS: "2",
+        protocol.ATTR_HEARTBEAT: "0000aaaa:p1:7",
+    }
+
+
+def _waiter(api: FakeApi, clock, owner: str = "writer W", timeout: float = 30.0) -> ReservationMutex:
+    budget = CallBudget(rate=1000, burst=1000, clock=clock)
+    return ReservationMutex(
+        api, RES, owner=owner, clock=clock, sleep=clock.sleep, lease=2.0, timeout=timeout, budget=budget
+    )
+
+
+def test_a_reader_never_joins_a_group_a_waiter_is_breaking(clock):
+    """The waiter judged the silent group stale, took MUTEX~break and re-read it unchanged; its remove is on
+    the wire. A reader whose read shows its own slot and the group (no closer, no writer marker) must not
+    join now: the remove lands, the waiter adds MUTEX, and both would hold it."""
+    api = FakeApi(attributes=LEASED_MODEL, clock=clock)
+    catalog.learn(api, protocol.SERVICE_MODEL, catalog.FULL)
+    _silent_group(api)
+    reader = make_rw(api, clock, lease=2.0)
+    catalog.learn(api, protocol.SERVICE_MODEL, catalog.FULL)
+    joined: Dict[str, bool] = {}
+
+    def reader_comes_before_the_remove(reservation_id, services):
+        if MUTEX in services and not joined:
+            joined["ok"] = reader.read().acquire(blocking=False)
+        return False
+
+    api.faults["RemoveServicesFromReservation"] = [reader_comes_before_the_remove] * 10
+    writer = _waiter(api, clock)
+    assert writer.acquire()
+    assert joined == {"ok": False} and not reader.read().locked()
+    assert api.services[MUTEX][OWNER] == writer.token and sorted(api.services) == [MUTEX]
+
+
+def test_a_waiter_breaks_a_silent_group_only_once_its_reader_slots_show_no_sign_of_life(clock):
+    """A group's own heartbeat is silent, but a reader slot keeps changing (a reader joining, whose heartbeat
+    of the group is yet to come): the waiter must not break the group under it. Once the slot too is silent
+    for its lease + margin (a crashed reader's), the group is broken."""
+    api = FakeApi(attributes=LEASED_MODEL, clock=clock)
+    catalog.learn(api, protocol.SERVICE_MODEL, catalog.FULL)
+    _silent_group(api)
+    slot = MUTEX + "~r1"
+    api.services[slot] = {OWNER: "reader Z@host:5:0000ffff", protocol.ATTR_LEASE_SECONDS: "2"}
+    beats = {"n": 0}
+
+    def slot_beats(method: str) -> None:
+        beats["n"] += 1
+        api.services[slot][protocol.ATTR_HEARTBEAT] = f"0000ffff:p:{beats['n']}"
+
+    api.on_call = slot_beats
+    with pytest.raises(MutexTimeout):
+        _waiter(api, clock, timeout=20.0).acquire()
+    assert api.services[MUTEX][OWNER] == GROUP  # not broken under a live reader
+    api.on_call = None  # the reader crashed
+    start = clock.now
+    writer = _waiter(api, clock, "writer V")
+    assert writer.acquire()
+    assert clock.now - start >= 6.0  # the group's lease + margin, then the slot's, on the waiter's clock
+    assert api.services[MUTEX][OWNER] == writer.token
+
+
+def test_a_waiter_never_breaks_a_group_on_a_re_read_that_does_not_show_its_own_breaker(clock):
+    """A reader took its slot just before the waiter's MUTEX~break add; the waiter's re-read lags behind both
+    and shows the bare group. Breaking on it would pull MUTEX from under that reader."""
+    api = LaggingApi(attributes=LEASED_MODEL, clock=clock)
+    catalog.learn(api, protocol.SERVICE_MODEL, catalog.FULL)
+    _silent_group(api)
+    slot = MUTEX + "~r1"
+    before, fresh = copy.deepcopy(api.services), api.services  # the fake serves a lagging read from `before`
+
+    def slot_taken_first(reservation_id, model, alias, attributes):
+        if alias == MUTEX + "~break" and slot not in api.services:
+            api.services[slot] = {OWNER: "reader Z@host:5:0000ffff", protocol.ATTR_LEASE_SECONDS: "2"}
+            api.stale = [copy.deepcopy(before)]  # the re-read: neither the slot nor the breaker
+            api.on_call = slot_beats  # the reader heartbeats its slot from now on
+        return False
+
+    def slot_beats(method: str) -> None:
+        fresh[slot][protocol.ATTR_HEARTBEAT] = f"0000ffff:p:{len(api.calls)}"
+
+    api.faults["AddServiceToReservation"] = [slot_taken_first] * 50
+    with pytest.raises(MutexTimeout):
+        _waiter(api, clock, timeout=10.0).acquire()
+    assert api.services[MUTEX][OWNER] == GROUP and slot in api.services

@@ -54,11 +54,11 @@ __all__ = [
 #: from a label (labels are sanitized), so no writer's or plain mutex's token can look like a group's.
 READ_GROUP_MARK = protocol.READ_GROUP_MARK
 #: Reader slot ``i`` of lock ``MUTEX`` is ``MUTEX~r<i>`` (1-based).
-SLOT_SUFFIX = "~r"
+SLOT_SUFFIX = protocol.READER_SLOT_SUFFIX
 #: A writer is waiting for the lock (readers neither open nor join a group meanwhile).
 WRITER_SUFFIX = "~w"
 #: A reader is closing the group (one at a time; joiners stay out meanwhile).
-CLOSER_SUFFIX = "~c"
+CLOSER_SUFFIX = protocol.GROUP_CLOSER_SUFFIX
 #: The default number of reader slots: the most readers that read at the same time.
 DEFAULT_MAX_READERS = 8
 MAX_READERS_LIMIT = 64
@@ -561,7 +561,7 @@ class ReadLock:
                 return None
             raise rw._fatal(result.failure, "reading the reservation's lock services")
         services = result.services or {}
-        for alias in [*self._slot_names, rw.name, rw.name + WRITER_SUFFIX]:
+        for alias in [*self._slot_names, rw.name, rw.name + WRITER_SUFFIX, lease.breaker_alias(rw.name)]:
             self._watch(alias).observe(services.get(alias), result.sent_at)
         return services
 
@@ -574,6 +574,16 @@ class ReadLock:
         if marker is None or self._watch(marker.alias).stale(self._rw._clock()):
             return None
         return marker
+
+    def _breaker_at_work(self, snap: Dict[str, Holder]) -> bool:
+        """True when the snapshot shows someone breaking ``MUTEX`` (a waiter that judged the group stale),
+        unless this reader has judged that breaker's service stale (a crashed breaker's)."""
+        marker = snap.get(lease.breaker_alias(self._rw.name))
+        if marker is None:
+            return False
+        # A breaker removes only within its lease, but that remove may land up to a request's lifetime later.
+        watch, now = self._watch(marker.alias), self._rw._clock()
+        return not (watch.stale(now) and watch.unchanged_for(now) >= self._rw.options.request_lifetime)
 
     def _blocker(self, snap: Dict[str, Holder]) -> Optional[str]:
         """Why this snapshot lets no reader in (None: a reader may try)."""
@@ -656,9 +666,10 @@ class ReadLock:
                 continue
             if not is_read_group(holder) or self._writer_waiting(snap) is not None:
                 return None
-            if rw.name + CLOSER_SUFFIX in snap:
+            if rw.name + CLOSER_SUFFIX in snap or self._breaker_at_work(snap):
                 # A closer is at work: it may have counted the slots before ours. Keep the slot (the closer
                 # then leaves the group to us) and look again when it is done: it never waits for anything.
+                # A breaker likewise: it breaks the group only when its re-read shows no slot held.
                 if self._deadline is not None and rw._clock() >= self._deadline:
                     return None
                 rounds -= 1
@@ -741,6 +752,10 @@ class ReadLock:
             if readers and self._break_stale(snap, readers):
                 continue  # a crashed reader's slot was removed: look again
             if readers or not is_read_group(holder):
+                return group
+            if self._breaker_at_work(snap):
+                # A breaker's re-read may have shown the group before our MUTEX~c: its remove may land after
+                # ours, on a group opened meanwhile. Leave the group to it (it sees our MUTEX~c, or breaks).
                 return group
             if group is None or group.token != holder.token:
                 if group is not None:
