@@ -827,8 +827,9 @@ class ReadLock:
         )
 
     def _close_timeout(self) -> float:
-        # Closers wait only for closers, which never wait for anything else; a crashed closer's MUTEX~c is
-        # broken after its lease + margin, so wait a little longer than that.
+        # Long enough to break a crashed closer's MUTEX~c (lease + margin). A live closer may hold it longer
+        # (its remove of the group may land up to request_lifetime later); giving up on it is safe: it saw no
+        # reader slot and is removing the group (docs/protocol.md, "Why every group closes").
         lease_seconds = self._rw.options.lease
         return 2 * lease_seconds + 10.0 if lease_seconds > 0 else 60.0
 
