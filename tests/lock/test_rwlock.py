@@ -475,3 +475,24 @@ def test_a_waiter_never_breaks_a_group_on_a_re_read_that_does_not_show_its_own_b
     with pytest.raises(MutexTimeout):
         _waiter(api, clock, timeout=10.0).acquire()
     assert api.services[MUTEX][OWNER] == GROUP and slot in api.services
+
+
+def test_a_blocking_writer_waits_on_when_its_first_try_meets_a_failing_server(clock):
+    """The writer's one non-blocking try of MUTEX gets HTTP 500s; a blocking acquire must go on waiting (as
+    a blocking mutex does through transient failures), not raise a 0 s timeout."""
+    api = FakeApi(clock=clock)
+    writer = make_rw(api, clock, "writer W")
+    failures = {"left": 3}
+
+    def server_error(*args: Any) -> bool:
+        if failures["left"] > 0:
+            failures["left"] -= 1
+            raise reset()
+        return False
+
+    api.faults["AddServiceToReservation"] = [server_error] * 10
+    api.faults["GetReservationDetails"] = [server_error] * 10
+    assert writer.write().acquire()
+    assert api.services[MUTEX][OWNER] == writer.write().token
+    writer.write().release()
+    assert api.services == {}

@@ -308,8 +308,14 @@ class WriteLock:
                 reservation_id=self._rw.reservation_id,
                 alias=self._rw.name,
             )
-        if self._mutex.acquire(blocking=False):
-            return True
+        try:
+            if self._mutex.acquire(blocking=False):
+                return True
+        except MutexTimeout:
+            if not blocking:
+                raise
+            # The server failed the one try (an add of it that may still land is the late-add watcher's):
+            # wait on, as a blocking mutex waits through transient failures.
         if not blocking:
             return False
         self._waiting.acquire(timeout=_remaining(deadline, self._rw._clock()))
