@@ -496,3 +496,18 @@ def test_a_blocking_writer_waits_on_when_its_first_try_meets_a_failing_server(cl
     assert api.services[MUTEX][OWNER] == writer.write().token
     writer.write().release()
     assert api.services == {}
+
+
+def test_a_closer_leaves_the_group_to_a_breaker_at_work(clock):
+    """A waiter breaking the group re-read it before this closer's MUTEX~c: its remove, sent blind, may land
+    after the closer's, on a group a new reader opened meanwhile. So the closer leaves the group to it."""
+    api = FakeApi(attributes=LEASED_MODEL, clock=clock)
+    reader = make_rw(api, clock, lease=2.0)
+    catalog.learn(api, protocol.SERVICE_MODEL, catalog.FULL)
+    reader.read().acquire()
+    group = reader.read().token
+    breaker = {OWNER: "writer W@host:3:0000cccc", protocol.ATTR_LEASE_SECONDS: "2"}
+    api.services[MUTEX + "~break"] = breaker
+    reader.read().release()
+    assert api.services == {MUTEX: api.services[MUTEX], MUTEX + "~break": breaker}
+    assert api.services[MUTEX][OWNER] == group  # left to the breaker; no closer service left behind
