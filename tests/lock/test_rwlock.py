@@ -16,7 +16,15 @@ import pytest
 from fakes import RES, FakeApi
 from urllib3.exceptions import ProtocolError
 
-from cloudshell_mutex import MutexLostError, MutexTimeout, MutexUsageError, ReservationRWLock, protocol
+from cloudshell_mutex import (
+    MutexLostError,
+    MutexReleaseError,
+    MutexTimeout,
+    MutexUsageError,
+    ReservationMutex,
+    ReservationRWLock,
+    protocol,
+)
 from cloudshell_mutex.lock import catalog
 from cloudshell_mutex.lock.late_adds import LateAdds
 from cloudshell_mutex.lock.pacing import CallBudget, FixedPacing
@@ -302,3 +310,204 @@ def test_a_waiting_reader_closes_a_group_left_without_readers_so_a_waiting_write
     reader = make_rw(api, clock, "reader B")
     assert not reader.read().acquire(blocking=False)
     assert sorted(api.services) == [MUTEX + "~w"]  # the empty group was closed; the writer's turn
+
+
+def test_a_closer_whose_remove_may_still_land_keeps_the_closer_service_until_release_finishes_it(
+    clock, caplog
+):
+    """The last reader's remove of the group's MUTEX gets no answer (it lands 60 s later), and its next reads
+    fail: release() raises. If the closer then let go of MUTEX~c and forgot its remove, a reader could join
+    the group before the remove lands, and read beside the writer who adds MUTEX after it."""
+    api = FakeApi(clock=clock)
+    first = make_rw(api, clock, "reader A")
+    first.read().acquire()
+    group = first.read().token
+    failing = {"reads": 0}
+
+    def remove_lands_late(reservation_id, services):
+        if MUTEX in services and not api.scheduled:
+            api.later(clock.now + 60.0, lambda: api.services.pop(MUTEX, None))
+            failing["reads"] = 5
+            raise reset()
+        return False
+
+    def read_fails(reservation_id):
+        if failing["reads"] > 0:
+            failing["reads"] -= 1
+            raise reset()
+        return False
+
+    api.faults["RemoveServicesFromReservation"] = [remove_lands_late] * 50
+    api.faults["GetReservationDetails"] = [read_fails] * 500
+    with pytest.raises(MutexReleaseError, match="read group") as raised:
+        first.read().release()
+    assert "MUTEX~c" in str(raised.value) and "Do not remove 'MUTEX' by hand" in str(raised.value)
+    assert "remove it from the reservation" not in caplog.text  # nobody is told to remove a shared group
+    assert not first.read().locked()
+    assert api.services[MUTEX][OWNER] == group and MUTEX + "~c" in api.services  # still held, both
+
+    second = make_rw(api, clock, "reader B")
+    assert not second.read().acquire(blocking=False)  # no joining while the close is unfinished
+    clock.now += 61  # the remove lands
+    writer = ReservationMutex(api, RES, owner="writer W", clock=clock, sleep=clock.sleep, timeout=5.0)
+    assert writer.acquire()
+    assert not second.read().locked()
+
+    first.read().release()  # finishes the close: its remove landed; the writer's MUTEX is left alone
+    assert writer.locked() and api.services[MUTEX][OWNER] == writer.token
+    assert sorted(api.services) == [MUTEX]
+    first.read().release()  # nothing left to do
+
+
+def test_an_opener_interrupted_at_its_add_never_removes_the_group_a_reader_joined_meanwhile(clock):
+    """Ctrl-C reaches the opener just after its add of MUTEX committed, and another reader joins the group in
+    that instant. A plain mutex's interrupt clean-up removes its add when a read shows it: for a group that
+    would leave the joiner reading without MUTEX. The opener only gives its slot back and closes."""
+    api = FakeApi(clock=clock)
+    opener, joiner = make_rw(api, clock, "reader A"), make_rw(api, clock, "reader B")
+    state = {"interrupted": False}
+
+    def commit_then_interrupt(reservation_id, model, alias, attributes):
+        if alias != MUTEX or state["interrupted"]:
+            return False
+        state["interrupted"] = True
+        api.commit_add(reservation_id, model, alias, list(attributes))
+        assert joiner.read().acquire()  # the joiner's snapshot shows its slot, the group and no closer
+        raise KeyboardInterrupt
+
+    api.faults["AddServiceToReservation"] = [commit_then_interrupt] * 20
+    with pytest.raises(KeyboardInterrupt):
+        opener.read().acquire()
+    assert not opener.read().locked() and joiner.read().locked()
+    assert api.services[MUTEX][OWNER] == joiner.read().token  # the joiner still reads under the group
+    assert sorted(api.services) == [MUTEX, joiner.read()._slot.name]  # the opener's slot was given back
+    joiner.read().ensure_held(read=True)
+    joiner.read().release()
+    assert api.services == {}
+
+
+def _silent_group(api: FakeApi) -> None:
+    """A group left without heartbeats (its members crashed, or both skipped the close on lagging reads)."""
+    api.services[MUTEX] = {
+        OWNER: GROUP,
+        protocol.ATTR_LEASE_SECONDS: "2",
+        protocol.ATTR_HEARTBEAT: "0000aaaa:p1:7",
+    }
+
+
+def _waiter(api: FakeApi, clock, owner: str = "writer W", timeout: float = 30.0) -> ReservationMutex:
+    budget = CallBudget(rate=1000, burst=1000, clock=clock)
+    return ReservationMutex(
+        api, RES, owner=owner, clock=clock, sleep=clock.sleep, lease=2.0, timeout=timeout, budget=budget
+    )
+
+
+def test_a_reader_never_joins_a_group_a_waiter_is_breaking(clock):
+    """The waiter judged the silent group stale, took MUTEX~break and re-read it unchanged; its remove is on
+    the wire. A reader whose read shows its own slot and the group (no closer, no writer marker) must not
+    join now: the remove lands, the waiter adds MUTEX, and both would hold it."""
+    api = FakeApi(attributes=LEASED_MODEL, clock=clock)
+    catalog.learn(api, protocol.SERVICE_MODEL, catalog.FULL)
+    _silent_group(api)
+    reader = make_rw(api, clock, lease=2.0)
+    catalog.learn(api, protocol.SERVICE_MODEL, catalog.FULL)
+    joined: Dict[str, bool] = {}
+
+    def reader_comes_before_the_remove(reservation_id, services):
+        if MUTEX in services and not joined:
+            joined["ok"] = reader.read().acquire(blocking=False)
+        return False
+
+    api.faults["RemoveServicesFromReservation"] = [reader_comes_before_the_remove] * 10
+    writer = _waiter(api, clock)
+    assert writer.acquire()
+    assert joined == {"ok": False} and not reader.read().locked()
+    assert api.services[MUTEX][OWNER] == writer.token and sorted(api.services) == [MUTEX]
+
+
+def test_a_waiter_breaks_a_silent_group_only_once_its_reader_slots_show_no_sign_of_life(clock):
+    """A group's own heartbeat is silent, but a reader slot keeps changing (a reader joining, whose heartbeat
+    of the group is yet to come): the waiter must not break the group under it. Once the slot too is silent
+    for its lease + margin (a crashed reader's), the group is broken."""
+    api = FakeApi(attributes=LEASED_MODEL, clock=clock)
+    catalog.learn(api, protocol.SERVICE_MODEL, catalog.FULL)
+    _silent_group(api)
+    slot = MUTEX + "~r1"
+    api.services[slot] = {OWNER: "reader Z@host:5:0000ffff", protocol.ATTR_LEASE_SECONDS: "2"}
+    beats = {"n": 0}
+
+    def slot_beats(method: str) -> None:
+        beats["n"] += 1
+        api.services[slot][protocol.ATTR_HEARTBEAT] = f"0000ffff:p:{beats['n']}"
+
+    api.on_call = slot_beats
+    with pytest.raises(MutexTimeout):
+        _waiter(api, clock, timeout=20.0).acquire()
+    assert api.services[MUTEX][OWNER] == GROUP  # not broken under a live reader
+    api.on_call = None  # the reader crashed
+    start = clock.now
+    writer = _waiter(api, clock, "writer V")
+    assert writer.acquire()
+    assert clock.now - start >= 6.0  # the group's lease + margin, then the slot's, on the waiter's clock
+    assert api.services[MUTEX][OWNER] == writer.token
+
+
+def test_a_waiter_never_breaks_a_group_on_a_re_read_that_does_not_show_its_own_breaker(clock):
+    """A reader took its slot just before the waiter's MUTEX~break add; the waiter's re-read lags behind both
+    and shows the bare group. Breaking on it would pull MUTEX from under that reader."""
+    api = LaggingApi(attributes=LEASED_MODEL, clock=clock)
+    catalog.learn(api, protocol.SERVICE_MODEL, catalog.FULL)
+    _silent_group(api)
+    slot = MUTEX + "~r1"
+    before, fresh = copy.deepcopy(api.services), api.services  # the fake serves a lagging read from `before`
+
+    def slot_taken_first(reservation_id, model, alias, attributes):
+        if alias == MUTEX + "~break" and slot not in api.services:
+            api.services[slot] = {OWNER: "reader Z@host:5:0000ffff", protocol.ATTR_LEASE_SECONDS: "2"}
+            api.stale = [copy.deepcopy(before)]  # the re-read: neither the slot nor the breaker
+            api.on_call = slot_beats  # the reader heartbeats its slot from now on
+        return False
+
+    def slot_beats(method: str) -> None:
+        fresh[slot][protocol.ATTR_HEARTBEAT] = f"0000ffff:p:{len(api.calls)}"
+
+    api.faults["AddServiceToReservation"] = [slot_taken_first] * 50
+    with pytest.raises(MutexTimeout):
+        _waiter(api, clock, timeout=10.0).acquire()
+    assert api.services[MUTEX][OWNER] == GROUP and slot in api.services
+
+
+def test_a_blocking_writer_waits_on_when_its_first_try_meets_a_failing_server(clock):
+    """The writer's one non-blocking try of MUTEX gets HTTP 500s; a blocking acquire must go on waiting (as
+    a blocking mutex does through transient failures), not raise a 0 s timeout."""
+    api = FakeApi(clock=clock)
+    writer = make_rw(api, clock, "writer W")
+    failures = {"left": 3}
+
+    def server_error(*args: Any) -> bool:
+        if failures["left"] > 0:
+            failures["left"] -= 1
+            raise reset()
+        return False
+
+    api.faults["AddServiceToReservation"] = [server_error] * 10
+    api.faults["GetReservationDetails"] = [server_error] * 10
+    assert writer.write().acquire()
+    assert api.services[MUTEX][OWNER] == writer.write().token
+    writer.write().release()
+    assert api.services == {}
+
+
+def test_a_closer_leaves_the_group_to_a_breaker_at_work(clock):
+    """A waiter breaking the group re-read it before this closer's MUTEX~c: its remove, sent blind, may land
+    after the closer's, on a group a new reader opened meanwhile. So the closer leaves the group to it."""
+    api = FakeApi(attributes=LEASED_MODEL, clock=clock)
+    reader = make_rw(api, clock, lease=2.0)
+    catalog.learn(api, protocol.SERVICE_MODEL, catalog.FULL)
+    reader.read().acquire()
+    group = reader.read().token
+    breaker = {OWNER: "writer W@host:3:0000cccc", protocol.ATTR_LEASE_SECONDS: "2"}
+    api.services[MUTEX + "~break"] = breaker
+    reader.read().release()
+    assert api.services == {MUTEX: api.services[MUTEX], MUTEX + "~break": breaker}
+    assert api.services[MUTEX][OWNER] == group  # left to the breaker; no closer service left behind

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from . import protocol
 from .classify import Classification, ErrorKind
 from .errors import (
     MutexError,
@@ -29,6 +30,12 @@ _MAY_BE_GONE = (ErrorKind.NOT_ACTIVE, ErrorKind.FATAL, ErrorKind.ALIAS_MISSING)
 
 def remove_hint(alias: str, token: str) -> str:
     """How a person removes a lock service left behind by ``token``, with what exists today."""
+    if token.startswith(protocol.READ_GROUP_MARK):
+        # A read group is shared: other readers may be in it, so a person must not remove it.
+        return (
+            f"do not remove the service {alias!r} by hand while its Mutex Owner is {token!r}: it is a read "
+            "group that other readers may share; it ends by its readers' close or by its lease"
+        )
     return (
         f"if the service {alias!r} has Mutex Owner {token!r}, it is this process's: remove it from the "
         "reservation (select it in the sandbox diagram and remove it, or call "

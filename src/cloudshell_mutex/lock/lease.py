@@ -27,7 +27,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional, Tuple
+from typing import Callable, Dict, Mapping, Optional, Tuple
 
 from . import protocol
 from .alias import LockAlias, Status
@@ -135,11 +135,16 @@ class StaleWatch:
         self.since: Optional[float] = None
         self.lease: Optional[float] = None
         self.holder: Optional[Holder] = None
+        # A read group's company (reader slots, closer) as a breaker's re-read last showed it, and since when
+        # (break_stale): a group is broken only once its company too shows no sign of life.
+        self.company: Optional[Dict[str, Tuple[str, str]]] = None
+        self.company_since: Optional[float] = None
 
     def observe(self, holder: Optional[Holder], now: float) -> None:
         """Take in one fresh read made at ``now`` (monotonic, this process)."""
         if holder is None:
             self.key = self.since = self.lease = self.holder = None
+            self.company = self.company_since = None
             return
         beat = own_heartbeat(holder)
         if beat == "" and self.key is not None and self.key[0] == holder.token:
@@ -148,6 +153,7 @@ class StaleWatch:
         lease = lease_of(holder)
         if key != self.key or lease != self.lease:
             self.key, self.since, self.lease = key, now, lease
+            self.company = self.company_since = None
         self.holder = holder
 
     def stale(self, now: float) -> bool:
@@ -368,6 +374,10 @@ def break_stale(
         if not watch.matches(read.holder):
             watch.observe(read.holder, read.sent_at)
             return BreakResult(False, "the holder is not the stale one any more")
+        if read.holder is not None and read.holder.token.startswith(protocol.READ_GROUP_MARK):
+            company = _group_company(lock.alias, breaker.alias, token, read.services, watch, clock())
+            if company is not None:
+                return BreakResult(False, company)
         if clock() - add.sent_at >= breaker_lease:
             return BreakResult(False, "breaking took longer than the breaker's lease")
         removed = lock.remove_once()
@@ -382,6 +392,46 @@ def break_stale(
         mine = breaker.read()
         if mine.ok and mine.holder is not None and mine.holder.token == token:
             breaker.remove_once()
+
+
+def _group_company(
+    alias: str,
+    breaker_alias: str,
+    token: str,
+    services: Optional[Mapping[str, Holder]],
+    watch: StaleWatch,
+    now: float,
+) -> Optional[str]:
+    """Why a stale read group must not be broken on this re-read (None: break it).
+
+    A reader joins a group on a read that shows its own slot and no breaker (nor closer) at work; a closer
+    removes it on a read that shows its own closer service. So the breaker decides only on a re-read that
+    shows its own breaker service (every slot added before it is in view), and only when that read shows no
+    reader slot and no closer that has shown a sign of life (a change) for their lease + margin."""
+    mine = (services or {}).get(breaker_alias)
+    if mine is None or mine.token != token:
+        return "the re-read does not show this breaker's own service (it lags)"
+    company = {
+        name: (holder.token, holder.attributes.get(protocol.ATTR_HEARTBEAT, ""))
+        for name, holder in (services or {}).items()
+        if name == alias + protocol.GROUP_CLOSER_SUFFIX
+        or (
+            name.startswith(alias + protocol.READER_SLOT_SUFFIX)
+            and name[len(alias + protocol.READER_SLOT_SUFFIX) :].isdigit()
+        )
+    }
+    if not company:
+        return None
+    if company != watch.company or watch.company_since is None:
+        watch.company, watch.company_since = company, now
+        return "reader slots or a closer are held (judging them)"
+    leases = [lease_of((services or {})[name]) for name in company]
+    if any(seconds is None for seconds in leases):
+        return "reader slots or a closer without a lease are held"
+    longest = max(seconds for seconds in leases if seconds is not None)
+    if now - watch.company_since < longest + stale_margin(longest):
+        return "reader slots or a closer are held"
+    return None
 
 
 def _other_breaker(breaker: LockAlias, breaker_watch: StaleWatch, clock: Callable[[], float]) -> BreakResult:

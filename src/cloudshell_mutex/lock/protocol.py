@@ -17,6 +17,13 @@ DEFAULT_ALIAS = "MUTEX"
 #: Attribute set in the add call; holds the acquisition's owner token.
 ATTR_OWNER = "Mutex Owner"
 
+#: The mark in front of the owner token of a ReservationRWLock's read group (shared by many readers, so
+#: never removed by hand, and broken only with its reader slots in view).
+READ_GROUP_MARK = "read-group#"
+#: Reader slot ``i`` of lock ``MUTEX`` is ``MUTEX~r<i>``; ``MUTEX~c`` is held by a reader closing the group.
+READER_SLOT_SUFFIX = "~r"
+GROUP_CLOSER_SUFFIX = "~c"
+
 #: Attributes added by our package for leases (roadmap step 5). A server that has only the original
 #: package lacks them, so the lock writes them only when the installed model has them.
 ATTR_LEASE_SECONDS = "Mutex Lease Seconds"

@@ -28,12 +28,13 @@ from typing import Any, Callable, Dict, List, Optional
 
 from . import diagnosis, lease, protocol
 from .alias import LockAlias, Status
-from .errors import MutexError, MutexLostError, MutexTimeout, MutexUsageError
+from .errors import MutexError, MutexLostError, MutexReleaseError, MutexTimeout, MutexUsageError
 from .handle import HandleInfo, make_handle
 from .holder import Holder, make_token, parse_token, sanitize_label
 from .late_adds import LateAdds
 from .lease import StaleWatch
 from .mutex import LOGGER_NAME, ReservationMutex
+from .operation import Operation
 from .options import FRESH_READ_LAG, MutexOptions, check_duration
 from .pacing import DefaultPacing, PacingPolicy, clip
 
@@ -51,13 +52,13 @@ __all__ = [
 
 #: The mark in front of the owner token of a read group's ``MUTEX``. ``#`` never occurs in a token made
 #: from a label (labels are sanitized), so no writer's or plain mutex's token can look like a group's.
-READ_GROUP_MARK = "read-group#"
+READ_GROUP_MARK = protocol.READ_GROUP_MARK
 #: Reader slot ``i`` of lock ``MUTEX`` is ``MUTEX~r<i>`` (1-based).
-SLOT_SUFFIX = "~r"
+SLOT_SUFFIX = protocol.READER_SLOT_SUFFIX
 #: A writer is waiting for the lock (readers neither open nor join a group meanwhile).
 WRITER_SUFFIX = "~w"
 #: A reader is closing the group (one at a time; joiners stay out meanwhile).
-CLOSER_SUFFIX = "~c"
+CLOSER_SUFFIX = protocol.GROUP_CLOSER_SUFFIX
 #: The default number of reader slots: the most readers that read at the same time.
 DEFAULT_MAX_READERS = 8
 MAX_READERS_LIMIT = 64
@@ -119,6 +120,17 @@ class _GroupMutex(ReservationMutex):
 
     def _new_token(self) -> str:
         return READ_GROUP_MARK + make_token(self.owner)
+
+    def _abandon(self, op: Operation) -> None:
+        """After an interrupt inside acquire(): never remove the add, even when a read shows it (a plain
+        mutex does): a reader may have joined the group in that instant. The opener's slot is given back
+        and the group closed through ``MUTEX~c`` (ReadLock._enter), which removes it only without readers;
+        an add that may still land goes to :class:`_GroupAdds`."""
+        if op.adds == 0:
+            return
+        if op.awaiting_add:  # interrupted before the add answered: it may land any time now
+            op.add_in_flight(self._clock() + self.options.request_lifetime)
+        self._watch_late_add(op)
 
 
 class ReservationRWLock:
@@ -296,8 +308,14 @@ class WriteLock:
                 reservation_id=self._rw.reservation_id,
                 alias=self._rw.name,
             )
-        if self._mutex.acquire(blocking=False):
-            return True
+        try:
+            if self._mutex.acquire(blocking=False):
+                return True
+        except MutexTimeout:
+            if not blocking:
+                raise
+            # The server failed the one try (an add of it that may still land is the late-add watcher's):
+            # wait on, as a blocking mutex waits through transient failures.
         if not blocking:
             return False
         self._waiting.acquire(timeout=_remaining(deadline, self._rw._clock()))
@@ -359,6 +377,10 @@ class ReadLock:
         self._extra_calls = 0  # calls of group objects that are gone (joined, then released)
         self._deadline: Optional[float] = None
         self._saw_group = False
+        # A close whose remove of the group's MUTEX kept failing: that remove may still land, so this
+        # reader keeps the group object (it remembers the remove) and MUTEX~c (its heartbeat keeps joiners
+        # out) until release() or acquire() finishes the close.
+        self._pending_close: Optional[ReservationMutex] = None
 
     # ------------------------------------------------------------------ public
 
@@ -366,6 +388,7 @@ class ReadLock:
     def calls(self) -> int:
         """API calls made by this side (slots, closer, group, snapshots and breaks)."""
         total = sum(slot.calls for slot in self._slots) + self._closer.calls + self._extra_calls
+        total += self._pending_close.calls if self._pending_close is not None else 0
         total += sum(a.calls for a in self._slot_aliases.values()) + sum(
             b.calls for b in self._breakers.values()
         )
@@ -411,6 +434,7 @@ class ReadLock:
                 reservation_id=rw.reservation_id,
                 alias=rw.name,
             )
+        self._finish_close()  # a release that raised left a close unfinished: finish it first
         if self._slot is not None:  # a release that raised left a slot: finish giving it back first
             self._give_back()
         self._deadline = deadline
@@ -469,8 +493,11 @@ class ReadLock:
         """Stop reading: give the slot back, then close the group if no other reader is in it.
 
         Raises :class:`MutexLostError` when the group's ``MUTEX`` was lost meanwhile (broken or removed by
-        force: the reading may not have been exclusive of writers), after cleaning up.
+        force: the reading may not have been exclusive of writers), after cleaning up; and
+        :class:`~.errors.MutexReleaseError` when a remove kept failing: the reading has ended, but the close
+        is unfinished (``MUTEX~c`` stays held so no reader joins meanwhile): call release() again.
         """
+        self._finish_close()
         if self._group is None and self._slot is None:
             return
         group, lost = self._group, None
@@ -500,7 +527,8 @@ class ReadLock:
             except MutexLostError as error:
                 lost = lost or error
             finally:
-                self._extra_calls += group.calls
+                if group is not self._pending_close:  # else counted when the close is finished
+                    self._extra_calls += group.calls
         if lost is not None:
             raise lost
 
@@ -539,7 +567,7 @@ class ReadLock:
                 return None
             raise rw._fatal(result.failure, "reading the reservation's lock services")
         services = result.services or {}
-        for alias in [*self._slot_names, rw.name, rw.name + WRITER_SUFFIX]:
+        for alias in [*self._slot_names, rw.name, rw.name + WRITER_SUFFIX, lease.breaker_alias(rw.name)]:
             self._watch(alias).observe(services.get(alias), result.sent_at)
         return services
 
@@ -552,6 +580,16 @@ class ReadLock:
         if marker is None or self._watch(marker.alias).stale(self._rw._clock()):
             return None
         return marker
+
+    def _breaker_at_work(self, snap: Dict[str, Holder]) -> bool:
+        """True when the snapshot shows someone breaking ``MUTEX`` (a waiter that judged the group stale),
+        unless this reader has judged that breaker's service stale (a crashed breaker's)."""
+        marker = snap.get(lease.breaker_alias(self._rw.name))
+        if marker is None:
+            return False
+        # A breaker removes only within its lease, but that remove may land up to a request's lifetime later.
+        watch, now = self._watch(marker.alias), self._rw._clock()
+        return not (watch.stale(now) and watch.unchanged_for(now) >= self._rw.options.request_lifetime)
 
     def _blocker(self, snap: Dict[str, Holder]) -> Optional[str]:
         """Why this snapshot lets no reader in (None: a reader may try)."""
@@ -634,9 +672,10 @@ class ReadLock:
                 continue
             if not is_read_group(holder) or self._writer_waiting(snap) is not None:
                 return None
-            if rw.name + CLOSER_SUFFIX in snap:
+            if rw.name + CLOSER_SUFFIX in snap or self._breaker_at_work(snap):
                 # A closer is at work: it may have counted the slots before ours. Keep the slot (the closer
                 # then leaves the group to us) and look again when it is done: it never waits for anything.
+                # A breaker likewise: it breaks the group only when its re-read shows no slot held.
                 if self._deadline is not None and rw._clock() >= self._deadline:
                     return None
                 rounds -= 1
@@ -696,9 +735,10 @@ class ReadLock:
         try:
             group = self._close_held(group)
         finally:
-            if group is not None:
-                group.detach()  # another reader is in the group: it closes it
-            closer.release()
+            if self._pending_close is None:  # else both stay held until the close is finished
+                if group is not None:
+                    group.detach()  # another reader is in the group: it closes it
+                closer.release()
 
     def _close_held(self, group: Optional[ReservationMutex]) -> Optional[ReservationMutex]:
         """Under ``MUTEX~c``: returns the share still to detach (None when it was released here)."""
@@ -718,6 +758,10 @@ class ReadLock:
             if readers and self._break_stale(snap, readers):
                 continue  # a crashed reader's slot was removed: look again
             if readers or not is_read_group(holder):
+                return group
+            if self._breaker_at_work(snap):
+                # A breaker's re-read may have shown the group before our MUTEX~c: its remove may land after
+                # ours, on a group opened meanwhile. Leave the group to it (it sees our MUTEX~c, or breaks).
                 return group
             if group is None or group.token != holder.token:
                 if group is not None:
@@ -741,16 +785,57 @@ class ReadLock:
                 # Our own reading ended earlier, checked by release()'s read.
                 rw.logger.warning("cloudshell-mutex: closing the read group of %s: %s", rw.name, error)
                 return None
+            except MutexReleaseError as error:
+                # Our remove may still land, later: if we let go of MUTEX~c now, a reader could join the
+                # group before it lands and read beside the writer who adds MUTEX next. Keep both.
+                self._pending_close = group
+                raise self._close_error(error) from error
             finally:
-                if joined is not None:
+                if joined is not None and joined is not self._pending_close:
                     self._extra_calls += joined.calls
             rw.logger.info("cloudshell-mutex: closed the read group of %s (%s)", rw.name, holder.token)
             return None
         return group
 
+    def _finish_close(self) -> None:
+        """Continue a close whose remove kept failing (the group object remembers what it sent), then give
+        ``MUTEX~c`` back. Raises :class:`MutexReleaseError` again while the server keeps failing."""
+        group = self._pending_close
+        if group is None:
+            return
+        try:
+            group.release()
+        except MutexLostError as error:
+            # Gone, or someone else's, with no remove of ours that could have done it: nothing to remove.
+            self._rw.logger.warning(
+                "cloudshell-mutex: closing the read group of %s: %s", self._rw.name, error
+            )
+        except MutexReleaseError as error:
+            raise self._close_error(error) from error
+        self._pending_close = None
+        self._extra_calls += group.calls
+        self._closer.release()
+
+    def _close_error(self, error: MutexReleaseError) -> MutexReleaseError:
+        rw = self._rw
+        closer = rw.name + CLOSER_SUFFIX
+        return MutexReleaseError(
+            f"could not close the read group of {rw.name!r} in reservation {rw.reservation_id}: "
+            f"{error.api_message or 'its remove could not be confirmed'}. "
+            f"This reader has stopped reading; it keeps {closer!r} so that no reader joins the group while "
+            "its remove may still land: call release() again once the server answers, to finish the close. "
+            f"Do not remove {rw.name!r} by hand: other readers may share the group. If this process ends "
+            f"first, {closer!r} ends with its lease and the next reader or a waiting writer settles it",
+            reservation_id=rw.reservation_id,
+            alias=rw.name,
+            code=error.code,
+            api_message=error.api_message,
+        )
+
     def _close_timeout(self) -> float:
-        # Closers wait only for closers, which never wait for anything else; a crashed closer's MUTEX~c is
-        # broken after its lease + margin, so wait a little longer than that.
+        # Long enough to break a crashed closer's MUTEX~c (lease + margin). A live closer may hold it longer
+        # (its remove of the group may land up to request_lifetime later); giving up on it is safe: it saw no
+        # reader slot and is removing the group (docs/protocol.md, "Why every group closes").
         lease_seconds = self._rw.options.lease
         return 2 * lease_seconds + 10.0 if lease_seconds > 0 else 60.0
 
