@@ -378,3 +378,40 @@ def test_an_on_lost_callback_may_release_from_the_heartbeat(clock):
     api.services.clear()
     assert mutex.renew() is False
     assert not mutex.locked()
+
+
+def test_a_release_whose_remove_may_still_land_keeps_the_lease_alive_until_it_is_settled(clock):
+    """A remove of unknown outcome can land up to request_lifetime later. Were the heartbeat silent
+    meanwhile, a waiter could break the lock after lease + margin and take it, and our remove would then
+    delete the waiter's lock. So the heartbeat goes on until the release is settled, and the remove of our
+    own that lands is not reported as a loss."""
+    api = leased_api()
+    api.clock = clock
+    lost = []
+    mutex = make(api, clock, lease=3, on_lost=lost.append)
+    mutex.acquire()
+    beat = mutex._heartbeat
+    seen = []
+
+    def heartbeat_thread(method: str) -> None:
+        # The daemon thread's stand-in on virtual time: it beats every second while it has not been stopped.
+        if method != "SetServiceAttributesValues" and not beat._stop.is_set() and clock.now - beat_at[0] >= 1:
+            beat_at[0] = clock.now
+            beat.beat()
+            service = api.services.get(protocol.DEFAULT_ALIAS)
+            if service is not None:
+                seen.append(service[protocol.ATTR_HEARTBEAT])
+
+    beat_at = [clock.now]
+
+    def reset_after_commit(reservation_id, aliases) -> bool:
+        api.late_remove(clock.now + 10 * 3)  # lands well after lease + margin
+        raise ProtocolError("Connection aborted.", ConnectionResetError())
+
+    api.faults["RemoveServicesFromReservation"] = [reset_after_commit]
+    api.on_call = heartbeat_thread
+    mutex.release()
+    assert not api.services  # our remove landed; release waited for it and sent no second one
+    assert api.calls.count("RemoveServicesFromReservation") == 1
+    assert len(set(seen)) >= 10, "the lease must stay alive while our remove may still land"
+    assert beat._stop.is_set() and not lost  # stopped once settled; our own remove is no loss

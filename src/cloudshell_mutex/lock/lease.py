@@ -219,6 +219,9 @@ class Heartbeat:
         self.lost = False
         self.lost_to: Optional[Holder] = None
         self.in_danger = False
+        #: Set by a release in progress: the alias going away is then most likely our own remove landing,
+        #: and the release itself reports what it finds, so neither a loss nor danger is signalled here.
+        self.releasing = False
         self._clock = clock
         self._rng = rng or random.Random()
         self._on_lost = on_lost
@@ -265,7 +268,7 @@ class Heartbeat:
             message,
             silent,
         )
-        if silent >= danger_after(self.lease) and not self.in_danger:
+        if silent >= danger_after(self.lease) and not self.in_danger and not self.releasing:
             self.in_danger = True
             _call(self._on_danger, silent, self.logger)
         return BeatResult(error=message)
@@ -274,7 +277,8 @@ class Heartbeat:
         self.lost = True
         self.lost_to = holder
         self._stop.set()
-        _call(self._on_lost, holder, self.logger)
+        if not self.releasing:
+            _call(self._on_lost, holder, self.logger)
 
     def lapsed(self, now: float) -> bool:
         """True when no heartbeat was confirmed for a whole lease: a waiter may be about to break it."""

@@ -443,13 +443,18 @@ class ReservationMutex:
             self._depth -= 1
             return
         beat = self._heartbeat
+        earlier_remove = self._release_op is not None and self._release_op.remove_may_have_landed
         if beat is not None:
-            beat.stop()
-            if beat.lost:
+            if beat.lost and not earlier_remove:
                 # The heartbeat saw the lock taken: nothing of ours is there to remove.
+                beat.stop()
                 error = self._lost_notice(beat.lost_to, report=False)
                 self._forget()
                 raise error
+            # The heartbeat goes on until the release is settled (_forget stops it): a remove of ours whose
+            # outcome is unknown may land up to request_lifetime later, and a lease left silent meanwhile
+            # would let a waiter break the lock and take it, only for our remove to delete the waiter's.
+            beat.releasing = True
         # A release() after a failed one continues it: what the first learned (a remove of ours that
         # may still land) must not be forgotten, or the next remove could delete a successor's lock.
         op = self._release_op or self._operation(self._token)
