@@ -248,3 +248,33 @@ def test_the_watcher_never_removes_on_a_read_that_may_lag_behind_a_removal_of_ou
     clock.now += 1.0
     late.sweep()
     assert owner(api) == OTHER and api.count("RemoveServicesFromReservation") == 1
+
+
+def test_the_watcher_ends_a_watch_only_on_a_read_sent_after_the_add_can_no_longer_land(clock):
+    """The watch of a late add ends once the add can no longer land; what a read shows is the server's state
+    when the read was *made* (minus the lag of a fresh read), not when its answer came back. A slow read
+    sent just before the add lands, and answered after ``lands_by``, does not show it: ending the watch on
+    it left the add on the server for good (every later acquirer then waits until its timeout)."""
+    api = FakeApi(clock=clock)
+    late = LateAdds(clock)
+    mutex = make(api, clock, late_adds=late, request_lifetime=30)
+    api.faults["AddServiceToReservation"] = [delayed_add(api, clock, 29.9)]  # lands within its lifetime
+    mutex.acquire()
+    token = mutex.token
+    mutex.release()
+    (entry,) = late.pending()
+    clock.now = entry.lands_by - 0.2
+
+    def slow_read(*args):  # made before the add lands, answered after it can no longer land
+        clock.now = entry.lands_by + 0.5
+
+    api.faults["GetReservationDetails"] = [slow_read]
+    late.sweep()
+    assert owner(api) is None  # the read showed nothing ...
+    api.land_due()
+    assert owner(api) == token  # ... but the add had landed meanwhile: it must still be watched
+    for _ in range(5):
+        clock.now += 1.0
+        late.sweep()
+    assert MUTEX not in api.services
+    assert late.pending() == []
