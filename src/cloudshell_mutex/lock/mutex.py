@@ -421,7 +421,13 @@ class ReservationMutex:
                     continue
                 op.still_ours_at(now)
             # The remove, sent once: the client's own re-send could delete a successor's lock.
-            result = self._alias.remove_once()
+            try:
+                result = self._alias.remove_once()
+            except BaseException:
+                # Ctrl-C (or SystemExit) while the remove was on its way: it may still land. A release()
+                # after this one continues this operation, so it waits for that instead of removing again.
+                op.remove_unsettled(True, self._clock() + self.options.request_lifetime)
+                raise
             if result.ok:
                 return self._released(op)
             if result.status is Status.MISSING:
