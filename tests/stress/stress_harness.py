@@ -551,6 +551,8 @@ def run(
     # releases it. A MUTEX without a lease that nobody holds would stop it: a leak.
     leftover = _final_acquire(emu, rid, lifetime, lease)
     events = emu.control.events(rid)
+    # Kept for a post-mortem with the journals: what each client did, and the server's order.
+    (folder / "events.json").write_text(json.dumps(events))
     if leftover.get("hold") is not None:
         holds.append(leftover.pop("hold"))
     verdict = history.check(holds, events)
@@ -592,6 +594,7 @@ def run(
         "server_calls": sum(counts.values()),
         "lock_calls_per_acquisition": round(lock_calls / max(1, len(holds)), 2),
         "seconds": round(elapsed, 1),
+        "journals": str(folder),
         "acquisitions_per_second": round(len(holds) / elapsed, 1) if elapsed else 0.0,
     }
 
