@@ -330,17 +330,16 @@ class Chaos:
     their MUTEX has no lease, and nothing but an administrator could remove it).
 
     Every ``gap`` seconds (uniform) one of our running workers is picked (a holder, with probability
-    ``holder_share``, when one is found within 2 s): with probability ``kill_share``
-    it is killed (SIGKILL) and started again for its remaining rounds, otherwise it is stopped (SIGSTOP)
-    for ``pause`` seconds (uniform) and continued (SIGCONT). Nothing is done once half of the workers have
-    finished, so that the last holders have waiters left to break them.
+    ``holder_share``, when one is found within 2 s) and, kills and pauses taking turns in proportion to how
+    many of each are asked for (a kill first), killed (SIGKILL) and started again for its remaining rounds,
+    or stopped (SIGSTOP) for ``pause`` seconds (uniform) and continued (SIGCONT). Nothing is done once half
+    of the workers have finished, so that the last holders have waiters left to break them.
     """
 
     kills: int = 0
     pauses: int = 0
     gap: Tuple[float, float] = (2.0, 8.0)
     pause: Tuple[float, float] = (1.0, 25.0)
-    kill_share: float = 0.5
     holder_share: float = 0.5
     seed: int = 1
 
@@ -518,7 +517,7 @@ def run(
                 )
                 slot = rng.choice(holders or ours)
                 inc = current[slot]
-                kill = pauses >= chaos.pauses or (kills < chaos.kills and rng.random() < chaos.kill_share)
+                kill = kills < chaos.kills and kills * chaos.pauses <= pauses * chaos.kills
                 if kill:
                     inc.killed_at = time.monotonic()
                     inc.process.kill()
