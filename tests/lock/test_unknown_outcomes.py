@@ -278,3 +278,37 @@ def test_the_watcher_ends_a_watch_only_on_a_read_sent_after_the_add_can_no_longe
         late.sweep()
     assert MUTEX not in api.services
     assert late.pending() == []
+
+
+def test_a_holder_resolved_by_a_read_after_a_long_wait_starts_its_lease_at_the_unknown_add_not_at_the_wait(
+    clock,
+):
+    """Found by the stress run (30 of 6,400 acquisitions): a waiter waits longer than its lease, then an add
+    gets no answer but commits, and a read shows our token. The lease was counted from the start of the
+    *wait*, so the new holder's first ensure_held() said it may have lost the lock it had just taken, and it
+    gave it up. Only adds whose outcome is unknown can have created the service: the lease counts from the
+    first of those."""
+    from cloudshell_mutex.lock import catalog
+
+    api = FakeApi(attributes=[protocol.ATTR_OWNER, *sorted(catalog.FULL)], clock=clock)
+    other_holds(api)
+    mutex = make(api, clock, lease=10, holder_check_interval=1)
+
+    def freed_then_reset(reservation_id, model, alias, attributes):
+        del api.services[MUTEX]  # the holder left; our add commits, its reply is lost
+        api.commit_add(reservation_id, model, alias, list(attributes))
+        clock.now += 0.05
+        raise reset()
+
+    api.on_call = lambda method: (
+        api.faults.setdefault("AddServiceToReservation", [freed_then_reset])
+        if method == "AddServiceToReservation" and clock.now - 1000.0 > 30 and MUTEX in api.services
+        and api.services[MUTEX][protocol.ATTR_OWNER] == OTHER
+        else None
+    )  # fmt: skip
+    mutex.acquire()
+    assert clock.now - 1000.0 > 30  # it waited three leases
+    assert owner(api) == mutex.token
+    mutex.ensure_held()  # held, and no waiter can have judged it stale yet
+    mutex.release()
+    assert MUTEX not in api.services

@@ -474,6 +474,8 @@ class ReservationMutex:
                 deadline=op.deadline,
             )
             op.add_returned()
+            if not add.ok and add.may_have_committed:
+                op.add_unknown(add.sent_at)
             if add.may_land_later:
                 lands_by = add.sent_at + add.elapsed + self.options.request_lifetime
                 op.add_in_flight(lands_by, add.unanswered_copies)
@@ -619,9 +621,12 @@ class ReservationMutex:
         self._token = op.token
         self._depth = 1
         self._confirmed_at = confirmed_at
-        # A waiter saw our service no earlier than the add that made it was sent; of an add that was resolved
-        # by a read, only the start of the acquisition is known for sure.
-        self._start_heartbeat(op.token, op.start if lease_from is None else lease_from)
+        # A waiter saw our service no earlier than the add that made it was sent. One resolved by a read was
+        # made by an add whose outcome we did not see, the first of which is known (counting from the start
+        # of the whole wait gave up, as lapsed, a lock just taken after waiting longer than the lease).
+        if lease_from is None:
+            lease_from = op.start if op.unknown_add_since is None else op.unknown_add_since
+        self._start_heartbeat(op.token, lease_from)
         self._late_add_by = op.add_lands_by if op.add_can_land(self._clock()) else None
         self._late_copies = op.add_unanswered
         if resolved:
