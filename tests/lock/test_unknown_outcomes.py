@@ -312,3 +312,38 @@ def test_a_holder_resolved_by_a_read_after_a_long_wait_starts_its_lease_at_the_u
     mutex.ensure_held()  # held, and no waiter can have judged it stale yet
     mutex.release()
     assert MUTEX not in api.services
+
+
+def test_release_never_calls_its_late_remove_landed_on_a_read_that_may_lag_behind_it(clock):
+    """Found by make stress (the second run with kills and pauses: one overlap). The remove was reset and
+    applied 1.2 s later; the release's next read lagged and showed the holder *before* us, so the release
+    called its remove landed and returned. Our service was still there: the late-add watcher (an earlier add
+    of the same acquisition had got no answer) took it for that add and removed it, a waiter took the lock,
+    and our remove, landing at last, deleted the waiter's lock. A read that shows the lock is not ours proves
+    our remove landed only when it was sent FRESH_READ_LAG after that remove."""
+    api = FakeApi(clock=clock)
+    mutex = make(api, clock)
+    mutex.acquire()
+    start = clock.now
+
+    def delayed_and_reset(reservation_id, aliases):
+        api.late_remove(clock.now + 1.2)
+        clock.now += 0.05
+        raise reset()
+
+    def lagging_read(*args):  # shows the lock as it was before we held it
+        current = api.services
+        api.services = {MUTEX: {protocol.ATTR_OWNER: OTHER}}
+        api.later(clock.now, lambda: setattr(api, "services", current))
+
+    api.faults["RemoveServicesFromReservation"] = [delayed_and_reset]
+    api.faults["GetReservationDetails"] = [lambda *args: None, lagging_read]
+    mutex.release()
+    assert not mutex.locked()
+    assert api.scheduled == []  # our remove had landed when release() returned ...
+    assert clock.now - start >= 1.2
+    assert api.count("RemoveServicesFromReservation") == 1  # ... and it was never sent twice
+    other_holds(api)
+    clock.now += 600
+    api.land_due()
+    assert owner(api) == OTHER

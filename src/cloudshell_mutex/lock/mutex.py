@@ -406,6 +406,12 @@ class ReservationMutex:
                     # Gone, or someone else's: a remove of ours took effect, or the lock was taken
                     # from us. Either way nothing of ours is left to remove.
                     if op.remove_may_have_landed:
+                        # Unless the read may lag behind that remove: then it may show the lock as it was
+                        # before we held it, while our remove is still on its way (found by make stress).
+                        settled_at = (op.remove_sent_at or float("-inf")) + FRESH_READ_LAG
+                        if op.remove_can_land(self._clock()) and read.sent_at < settled_at:
+                            self._sleep(max(0.0, settled_at - self._clock()))
+                            continue
                         return self._released(op)
                     if not op.lag_checked:
                         # A fresh read may lag behind the commits: ask once more before calling it lost.
@@ -421,6 +427,7 @@ class ReservationMutex:
                     continue
                 op.still_ours_at(now)
             # The remove, sent once: the client's own re-send could delete a successor's lock.
+            op.remove_sent_at = self._clock()
             try:
                 result = self._alias.remove_once()
             except BaseException:

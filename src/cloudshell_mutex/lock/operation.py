@@ -46,6 +46,7 @@ class Operation:
         self.add_lands_by: Optional[float] = None
         self.add_unanswered = 0  # copies of our adds that got no answer and have not been seen to land
         self.remove_lands_by: Optional[float] = None
+        self.remove_sent_at: Optional[float] = None  # the last remove of ours whose outcome is not known
         # True once a remove of ours may have taken effect (its reply was lost, or it may still land).
         self.remove_may_have_landed = False
         self.awaiting_add = False  # an add is on the wire and its call has not returned
