@@ -216,6 +216,9 @@ def worker(
                     outcome = f"lost before the write: {lost}"[:200]
                 finally:
                     release_invoked = time.monotonic()
+                    # Before the release: a kill during it must end the hold here, where the client stopped
+                    # believing it held, not at the kill.
+                    journal.write(t="releasing", token=token, ri=release_invoked)
                     while True:
                         try:
                             lock.release()
@@ -385,6 +388,8 @@ def read_journals(incarnations: List[Incarnation]) -> Dict[str, Any]:
                     safe[entry["token"]] = entry["safe"]
             elif kind == "safe" and entry["safe"] is not None:
                 safe[entry["token"]] = entry["safe"]
+            elif kind == "releasing" and open_hold is not None:
+                open_hold["releasing"] = entry["ri"]
             elif kind == "rel" and open_hold is not None:
                 holds.append(
                     _hold(open_hold, safe.get(open_hold["token"]), entry["ri"], entry["rc"], entry["outcome"])
@@ -398,7 +403,14 @@ def read_journals(incarnations: List[Incarnation]) -> Dict[str, Any]:
                     {"client": f"{inc.kind}-{inc.slot}#{inc.number}", "error": "exited while holding"}
                 )
             holds.append(
-                _hold(open_hold, safe.get(open_hold["token"]), inc.killed_at, inc.killed_at, "killed")
+                # Believed until its release call, if it made one before the kill.
+                _hold(
+                    open_hold,
+                    safe.get(open_hold["token"]),
+                    open_hold.get("releasing", inc.killed_at),
+                    inc.killed_at,
+                    "killed",
+                )
             )
         elif inc.killed_at is None and not any(
             e["client"] == f"{inc.kind}-{inc.slot}#{inc.number}" for e in ends

@@ -80,6 +80,11 @@ def test_journals_end_a_killed_hold_at_the_kill_and_a_leased_hold_at_its_lease_s
     killed.write_text(
         '{"t": "acq", "client": "ours-0", "token": "k", "ai": 1.0, "ac": 2.0, "safe": 12.0}\n{"t": "sa'
     )  # the kill cut the last line short
+    releasing = tmp_path / "ours-2-0.jsonl"
+    releasing.write_text(
+        '{"t": "acq", "client": "ours-2", "token": "r", "ai": 1.0, "ac": 2.0, "safe": 12.0}\n'
+        '{"t": "releasing", "token": "r", "ri": 3.0}\n'
+    )  # killed inside release(): its remove may land after the kill, and that is no cut hold
     paused = tmp_path / "ours-1-0.jsonl"
     paused.write_text(
         '{"t": "acq", "client": "ours-1", "token": "p", "ai": 1.0, "ac": 2.0, "safe": 12.0}\n'
@@ -89,10 +94,12 @@ def test_journals_end_a_killed_hold_at_the_kill_and_a_leased_hold_at_its_lease_s
     incarnations = [
         Incarnation(0, "ours", 0, None, killed, killed_at=5.0),
         Incarnation(1, "ours", 0, None, paused, pauses=[(3.0, 39.0)]),
+        Incarnation(2, "ours", 0, None, releasing, killed_at=4.0),
     ]
     found = read_journals(incarnations)
     holds = {h.token: h for h in found["holds"]}
     assert holds["k"].release_invoked == 5.0 and holds["k"].release_outcome == "killed"
+    assert holds["r"].release_invoked == 3.0  # believed until its release call, not until the kill
     assert holds["p"].release_invoked == 12.0  # believed only up to its lease-safe point
     assert found["ends"] == [{"t": "end", "error": None, "unsettled": 0, "calls": 9, "client": "ours-1#0"}]
 
