@@ -35,7 +35,7 @@ help:
 	@echo "make test       lint, the whole test suite, and the unit tests under Python 3.9"
 	@echo "make test-live  the contract suite (tests/contract) against a real CloudShell server (CLOUDSHELL_TEST_*)"
 	@echo "make package    build dist/Mutex_Package.zip and the library wheel (both reproducible)"
-	@echo "make stress     32 processes x 200 acquisitions under faults; checks exclusion and the history"
+	@echo "make stress     32 processes x 200 acquisitions under faults, kills and pauses; checks exclusion and the history"
 	@echo "make lint       ruff"
 	@echo "make clean      remove the virtualenvs and build outputs"
 
@@ -103,8 +103,9 @@ test-oldest-client: $(VENV_OLDEST)/bin/.installed
 	$(VENV_OLDEST)/bin/python -m pip install --quiet --no-deps --force-reinstall .
 	$(VENV_OLDEST)/bin/python -m pytest -p no:cacheprovider -q $(OLDEST_CLIENT_TESTS)
 
-# 32 processes x 200 acquisitions under every fault, with original-protocol peers; figures as JSON
-# (docs/reliability.md). STRESS_ARGS="--processes 8 --rounds 20" for a shorter one.
+# 32 processes x 200 acquisitions under every fault, with original-protocol peers, our lock processes killed
+# and paused at random; figures as JSON (docs/reliability.md). STRESS_ARGS="--processes 8 --rounds 20" for a
+# shorter one (--help for the rest).
 STRESS_ARGS ?=
 stress: venv
 	$(BIN)/python tests/stress/stress_harness.py $(STRESS_ARGS)

@@ -248,3 +248,102 @@ def test_the_watcher_never_removes_on_a_read_that_may_lag_behind_a_removal_of_ou
     clock.now += 1.0
     late.sweep()
     assert owner(api) == OTHER and api.count("RemoveServicesFromReservation") == 1
+
+
+def test_the_watcher_ends_a_watch_only_on_a_read_sent_after_the_add_can_no_longer_land(clock):
+    """The watch of a late add ends once the add can no longer land; what a read shows is the server's state
+    when the read was *made* (minus the lag of a fresh read), not when its answer came back. A slow read
+    sent just before the add lands, and answered after ``lands_by``, does not show it: ending the watch on
+    it left the add on the server for good (every later acquirer then waits until its timeout)."""
+    api = FakeApi(clock=clock)
+    late = LateAdds(clock)
+    mutex = make(api, clock, late_adds=late, request_lifetime=30)
+    api.faults["AddServiceToReservation"] = [delayed_add(api, clock, 29.9)]  # lands within its lifetime
+    mutex.acquire()
+    token = mutex.token
+    mutex.release()
+    (entry,) = late.pending()
+    clock.now = entry.lands_by - 0.2
+
+    def slow_read(*args):  # made before the add lands, answered after it can no longer land
+        clock.now = entry.lands_by + 0.5
+
+    api.faults["GetReservationDetails"] = [slow_read]
+    late.sweep()
+    assert owner(api) is None  # the read showed nothing ...
+    api.land_due()
+    assert owner(api) == token  # ... but the add had landed meanwhile: it must still be watched
+    for _ in range(5):
+        clock.now += 1.0
+        late.sweep()
+    assert MUTEX not in api.services
+    assert late.pending() == []
+
+
+def test_a_holder_resolved_by_a_read_after_a_long_wait_starts_its_lease_at_the_unknown_add_not_at_the_wait(
+    clock,
+):
+    """Found by the stress run (30 of 6,400 acquisitions): a waiter waits longer than its lease, then an add
+    gets no answer but commits, and a read shows our token. The lease was counted from the start of the
+    *wait*, so the new holder's first ensure_held() said it may have lost the lock it had just taken, and it
+    gave it up. Only adds whose outcome is unknown can have created the service: the lease counts from the
+    first of those."""
+    from cloudshell_mutex.lock import catalog
+
+    api = FakeApi(attributes=[protocol.ATTR_OWNER, *sorted(catalog.FULL)], clock=clock)
+    other_holds(api)
+    mutex = make(api, clock, lease=10, holder_check_interval=1)
+
+    def freed_then_reset(reservation_id, model, alias, attributes):
+        del api.services[MUTEX]  # the holder left; our add commits, its reply is lost
+        api.commit_add(reservation_id, model, alias, list(attributes))
+        clock.now += 0.05
+        raise reset()
+
+    api.on_call = lambda method: (
+        api.faults.setdefault("AddServiceToReservation", [freed_then_reset])
+        if method == "AddServiceToReservation" and clock.now - 1000.0 > 30 and MUTEX in api.services
+        and api.services[MUTEX][protocol.ATTR_OWNER] == OTHER
+        else None
+    )  # fmt: skip
+    mutex.acquire()
+    assert clock.now - 1000.0 > 30  # it waited three leases
+    assert owner(api) == mutex.token
+    mutex.ensure_held()  # held, and no waiter can have judged it stale yet
+    mutex.release()
+    assert MUTEX not in api.services
+
+
+def test_release_never_calls_its_late_remove_landed_on_a_read_that_may_lag_behind_it(clock):
+    """Found by make stress (the second run with kills and pauses: one overlap). The remove was reset and
+    applied 1.2 s later; the release's next read lagged and showed the holder *before* us, so the release
+    called its remove landed and returned. Our service was still there: the late-add watcher (an earlier add
+    of the same acquisition had got no answer) took it for that add and removed it, a waiter took the lock,
+    and our remove, landing at last, deleted the waiter's lock. A read that shows the lock is not ours proves
+    our remove landed only when it was sent FRESH_READ_LAG after that remove."""
+    api = FakeApi(clock=clock)
+    mutex = make(api, clock)
+    mutex.acquire()
+    start = clock.now
+
+    def delayed_and_reset(reservation_id, aliases):
+        api.late_remove(clock.now + 1.2)
+        clock.now += 0.05
+        raise reset()
+
+    def lagging_read(*args):  # shows the lock as it was before we held it
+        current = api.services
+        api.services = {MUTEX: {protocol.ATTR_OWNER: OTHER}}
+        api.later(clock.now, lambda: setattr(api, "services", current))
+
+    api.faults["RemoveServicesFromReservation"] = [delayed_and_reset]
+    api.faults["GetReservationDetails"] = [lambda *args: None, lagging_read]
+    mutex.release()
+    assert not mutex.locked()
+    assert api.scheduled == []  # our remove had landed when release() returned ...
+    assert clock.now - start >= 1.2
+    assert api.count("RemoveServicesFromReservation") == 1  # ... and it was never sent twice
+    other_holds(api)
+    clock.now += 600
+    api.land_due()
+    assert owner(api) == OTHER

@@ -121,7 +121,11 @@ class LateAdds:
                 return True
             return False
         if read.holder is None or read.holder.token != entry.token:
-            return now >= entry.lands_by and not _can_land(entry.remove_lands_by, now)
+            # A read shows the server as it was when the read was sent, less the lag of a fresh read: only
+            # one sent that long after lands_by proves the add did not land (stopping on the answer's time
+            # missed an add that landed while a slow read was on its way, and left it for good).
+            seen_up_to = read.sent_at - FRESH_READ_LAG
+            return seen_up_to >= entry.lands_by and not _can_land(entry.remove_lands_by, now)
         if _can_land(entry.remove_lands_by, now):
             return False  # our remove of it may still land: never send a second one meanwhile
         result = alias.remove_once()

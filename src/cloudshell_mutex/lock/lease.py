@@ -45,6 +45,9 @@ __all__ = ["DEFAULT_LEASE", "MIN_LEASE", "Heartbeat", "StaleWatch", "break_stale
 JITTER = 0.1
 #: The suffix of the breaker alias of a lock alias.
 BREAKER_SUFFIX = "~break"
+#: The longest wait between two heartbeats (seconds), whatever the lease: a thread cannot wait longer than
+#: threading.TIMEOUT_MAX, and an absurd lease (1e12 s) made the heartbeat thread die of an OverflowError.
+MAX_BEAT_INTERVAL = 3600.0
 
 
 def stale_margin(lease: float) -> float:
@@ -54,8 +57,9 @@ def stale_margin(lease: float) -> float:
 
 
 def beat_interval(lease: float, rng: random.Random) -> float:
-    """Seconds until the next heartbeat: lease/3 with jitter, so holders do not beat in lock-step."""
-    return lease / 3 * rng.uniform(1 - JITTER, 1 + JITTER)
+    """Seconds until the next heartbeat: lease/3 with jitter, so holders do not beat in lock-step (at most
+    :data:`MAX_BEAT_INTERVAL`: beating more often than lease/3 only costs calls)."""
+    return min(lease / 3, MAX_BEAT_INTERVAL) * rng.uniform(1 - JITTER, 1 + JITTER)
 
 
 def danger_after(lease: float) -> float:

@@ -478,6 +478,12 @@ class ReservationMutex:
                     # Gone, or someone else's: a remove of ours took effect, or the lock was taken
                     # from us. Either way nothing of ours is left to remove.
                     if op.remove_may_have_landed:
+                        # Unless the read may lag behind that remove: then it may show the lock as it was
+                        # before we held it, while our remove is still on its way (found by make stress).
+                        settled_at = (op.remove_sent_at or float("-inf")) + FRESH_READ_LAG
+                        if op.remove_can_land(self._clock()) and read.sent_at < settled_at:
+                            self._sleep(max(0.0, settled_at - self._clock()))
+                            continue
                         return self._released(op)
                     if not op.lag_checked:
                         # A fresh read may lag behind the commits: ask once more before calling it lost.
@@ -493,7 +499,14 @@ class ReservationMutex:
                     continue
                 op.still_ours_at(now)
             # The remove, sent once: the client's own re-send could delete a successor's lock.
-            result = self._alias.remove_once()
+            op.remove_sent_at = self._clock()
+            try:
+                result = self._alias.remove_once()
+            except BaseException:
+                # Ctrl-C (or SystemExit) while the remove was on its way: it may still land. A release()
+                # after this one continues this operation, so it waits for that instead of removing again.
+                op.remove_unsettled(True, self._clock() + self.options.request_lifetime)
+                raise
             if result.ok:
                 return self._released(op)
             if result.status is Status.MISSING:
@@ -562,6 +575,8 @@ class ReservationMutex:
                 deadline=op.deadline,
             )
             op.add_returned()
+            if not add.ok and add.may_have_committed:
+                op.add_unknown(add.sent_at)
             if add.may_land_later:
                 lands_by = add.sent_at + add.elapsed + self.options.request_lifetime
                 op.add_in_flight(lands_by, add.unanswered_copies)
@@ -710,9 +725,12 @@ class ReservationMutex:
         self._token = op.token
         self._depth = 1
         self._confirmed_at = confirmed_at
-        # A waiter saw our service no earlier than the add that made it was sent; of an add that was resolved
-        # by a read, only the start of the acquisition is known for sure.
-        self._start_heartbeat(op.token, op.start if lease_from is None else lease_from)
+        # A waiter saw our service no earlier than the add that made it was sent. One resolved by a read was
+        # made by an add whose outcome we did not see, the first of which is known (counting from the start
+        # of the whole wait gave up, as lapsed, a lock just taken after waiting longer than the lease).
+        if lease_from is None:
+            lease_from = op.start if op.unknown_add_since is None else op.unknown_add_since
+        self._start_heartbeat(op.token, lease_from)
         self._late_add_by = op.add_lands_by if op.add_can_land(self._clock()) else None
         self._late_copies = op.add_unanswered
         if resolved:

@@ -46,9 +46,12 @@ class Operation:
         self.add_lands_by: Optional[float] = None
         self.add_unanswered = 0  # copies of our adds that got no answer and have not been seen to land
         self.remove_lands_by: Optional[float] = None
+        self.remove_sent_at: Optional[float] = None  # the last remove of ours whose outcome is not known
         # True once a remove of ours may have taken effect (its reply was lost, or it may still land).
         self.remove_may_have_landed = False
         self.awaiting_add = False  # an add is on the wire and its call has not returned
+        # When the first add whose outcome is unknown was sent: no add before it can have created our service.
+        self.unknown_add_since: Optional[float] = None
         self.lag_checked = False  # a read that contradicted us was confirmed by a second one
         self.polls = 0  # reads made while waiting for a remove of ours that may still land
         self.poll_delay = 0.0
@@ -75,6 +78,11 @@ class Operation:
     def add_returned(self) -> None:
         """The add's call returned (with an answer or an error): it was not interrupted midway."""
         self.awaiting_add = False
+
+    def add_unknown(self, sent_at: float) -> None:
+        """The add sent at ``sent_at`` may have committed without our knowing (no answer, or a re-send)."""
+        if self.unknown_add_since is None or sent_at < self.unknown_add_since:
+            self.unknown_add_since = sent_at
 
     def read_tried(self, at: float) -> None:
         """A fresh read went out at ``at``."""
