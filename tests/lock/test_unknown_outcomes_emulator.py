@@ -124,7 +124,8 @@ def test_a_client_timeout_on_the_remove_is_a_request_that_may_land(emu):
 
 CHILD = textwrap.dedent(
     """
-    import sys, time
+    import faulthandler, sys, time
+    faulthandler.dump_traceback_later(45, exit=True)  # never hang the test run: say where it stuck
     from cloudshell.api.cloudshell_api import CloudShellAPISession
     from cloudshell_mutex import ReservationMutex
     host, port, user, password, domain, rid, stay = sys.argv[1:]
@@ -165,7 +166,10 @@ def test_ctrl_c_while_the_add_is_at_the_server(emu, stay):
         wait_until(lambda: emu.control.call_counts().get("AddServiceToReservation"))
         time.sleep(0.2)
         child.send_signal(signal.SIGINT)
-        assert child.stdout.readline().strip() == "interrupted"
+        said = child.stdout.readline().strip()
+        if said != "interrupted":  # the child died or was stopped by its watchdog: show why
+            child.kill()
+            pytest.fail(f"the child said {said!r}, not 'interrupted'; its stderr:\n{child.stderr.read()}")
         emu.control.land_late()
         token = lock_history(emu, rid)[-1][1]
         assert token.startswith("interrupted@")
