@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import signal
 import zipfile
 from pathlib import Path
 
@@ -13,6 +14,12 @@ from client_features import CLIENT_RESENDS, CLIENT_TAKES_TIMEOUT
 pytest_plugins = ["cloudshell_mutex.testing"]
 
 ASSETS = Path(__file__).parent / "assets"
+
+# A run started in the background by a non-interactive shell (`make test &`, nohup, some CI runners) has
+# SIGINT ignored, and an ignored signal stays ignored in every child: the Ctrl-C tests' children would never
+# see their SIGINT. A handler, unlike SIG_IGN, is reset to the default on exec, so children get Ctrl-C back.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def zip_folder(folder: Path) -> bytes:
