@@ -347,3 +347,28 @@ def test_release_never_calls_its_late_remove_landed_on_a_read_that_may_lag_behin
     clock.now += 600
     api.land_due()
     assert owner(api) == OTHER
+
+
+def test_release_never_calls_a_failed_remove_landed_on_a_read_that_may_lag_behind_it(clock):
+    """Found by the last make stress run (a live worker's lock left to a lease break): the remove failed in
+    a way that may or may not have committed (an HTTP 500), nothing of it could land later, and the next
+    read lagged, showing the holder before us. The release called the remove landed and returned while
+    our service stayed. Only a read sent FRESH_READ_LAG after the remove may prove it landed."""
+    api = FakeApi(clock=clock)
+    mutex = make(api, clock)
+    mutex.acquire()
+
+    def failed_without_committing(reservation_id, aliases):
+        raise http_500()
+
+    def lagging_read(*args):  # shows the lock as it was before we held it
+        current = api.services
+        api.services = {MUTEX: {protocol.ATTR_OWNER: OTHER}}
+        api.later(clock.now, lambda: setattr(api, "services", current))
+
+    api.faults["RemoveServicesFromReservation"] = [failed_without_committing]
+    api.faults["GetReservationDetails"] = [lambda *args: None, lagging_read]
+    mutex.release()
+    assert not mutex.locked()
+    assert MUTEX not in api.services  # our service is gone: release removed it after all
+    assert api.count("RemoveServicesFromReservation") == 2

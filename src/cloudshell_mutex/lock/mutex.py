@@ -480,8 +480,10 @@ class ReservationMutex:
                     if op.remove_may_have_landed:
                         # Unless the read may lag behind that remove: then it may show the lock as it was
                         # before we held it, while our remove is still on its way (found by make stress).
+                        # Also for a remove that failed without a later landing: it may not have
+                        # committed at all (found by make stress: a lock left behind until a lease break).
                         settled_at = (op.remove_sent_at or float("-inf")) + FRESH_READ_LAG
-                        if op.remove_can_land(self._clock()) and read.sent_at < settled_at:
+                        if read.sent_at < settled_at:
                             self._sleep(max(0.0, settled_at - self._clock()))
                             continue
                         return self._released(op)
