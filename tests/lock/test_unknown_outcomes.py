@@ -21,6 +21,13 @@ MUTEX = protocol.DEFAULT_ALIAS
 OTHER = "Other@host:1:deadbeef"
 
 
+def show_the_past(api: FakeApi, clock, past: dict) -> None:
+    """The read being answered shows ``past`` (a read that lags); the next call sees the present again."""
+    current = api.services
+    api.services = past
+    api.later(clock.now, lambda: setattr(api, "services", current))
+
+
 def reset() -> ProtocolError:
     return ProtocolError("Connection aborted.", ConnectionResetError())
 
@@ -236,9 +243,7 @@ def test_the_watcher_never_removes_on_a_read_that_may_lag_behind_a_removal_of_ou
 
     def lagging_read(*args):  # for up to a second, a read shows the past: our token, before our remove
         if clock.now - released_at < 1.0:
-            current = api.services
-            api.services = {MUTEX: {protocol.ATTR_OWNER: token}}
-            api.later(clock.now, lambda: setattr(api, "services", current))
+            show_the_past(api, clock, {MUTEX: {protocol.ATTR_OWNER: token}})
 
     api.faults["GetReservationDetails"] = [lagging_read] * 10
     late.sweep()  # at once: no read is trusted this soon after our removal
@@ -332,9 +337,7 @@ def test_release_never_calls_its_late_remove_landed_on_a_read_that_may_lag_behin
         raise reset()
 
     def lagging_read(*args):  # shows the lock as it was before we held it
-        current = api.services
-        api.services = {MUTEX: {protocol.ATTR_OWNER: OTHER}}
-        api.later(clock.now, lambda: setattr(api, "services", current))
+        show_the_past(api, clock, {MUTEX: {protocol.ATTR_OWNER: OTHER}})
 
     api.faults["RemoveServicesFromReservation"] = [delayed_and_reset]
     api.faults["GetReservationDetails"] = [lambda *args: None, lagging_read]
@@ -362,9 +365,7 @@ def test_release_never_calls_a_failed_remove_landed_on_a_read_that_may_lag_behin
         raise http_500()
 
     def lagging_read(*args):  # shows the lock as it was before we held it
-        current = api.services
-        api.services = {MUTEX: {protocol.ATTR_OWNER: OTHER}}
-        api.later(clock.now, lambda: setattr(api, "services", current))
+        show_the_past(api, clock, {MUTEX: {protocol.ATTR_OWNER: OTHER}})
 
     api.faults["RemoveServicesFromReservation"] = [failed_without_committing]
     api.faults["GetReservationDetails"] = [lambda *args: None, lagging_read]

@@ -356,7 +356,7 @@ class ReservationMutex:
         confirmed = self._cohort_confirmed_at()
         lease_seconds = beat.lease if beat is not None else 0.0
         op = self._operation(token)
-        self._forget()
+        self.detach()
         self._news.event(events.RELEASED, op, error="passed within the cohort")
         return token, confirmed, lease_seconds
 
