@@ -7,7 +7,7 @@ behaviour across OS processes against the emulator is in ``test_lease_processes.
 from __future__ import annotations
 
 import pytest
-from fakes import RES, FakeApi, api_error, make
+from fakes import RES, FakeApi, api_error, http_500, make
 from urllib3.exceptions import ProtocolError
 
 from cloudshell_mutex import MutexLostError, MutexTimeout, MutexUsageError, protocol
@@ -362,6 +362,75 @@ def test_a_breakers_remove_without_an_answer_is_waited_for_and_never_sent_twice(
     assert BREAKER not in api.services
     beats = api.calls.count("SetServiceAttributesValues")
     assert beats >= 1  # the breaker kept its alias alive while it waited
+
+
+def _sweeping(api: FakeApi, mutex, fail_first_breaker_remove: bool = False) -> list:
+    """The late-add watcher's daemon thread, on virtual time: it sweeps after every sleep of the waiter.
+    Returns the owner tokens of the breaker services removed, in order (a failed remove is not counted)."""
+    removed_breakers = []
+    failed = []
+    sleep = mutex._sleep
+
+    def sleep_and_sweep(seconds: float) -> None:
+        sleep(seconds)
+        mutex._late_adds.sweep()
+
+    def record(reservation_id, aliases) -> bool:
+        if aliases == [BREAKER] and BREAKER in api.services:
+            if fail_first_breaker_remove and not failed:
+                failed.append(api.services[BREAKER][protocol.ATTR_OWNER])
+                raise http_500()  # not applied
+            removed_breakers.append(api.services[BREAKER][protocol.ATTR_OWNER])
+        return False
+
+    mutex._sleep = sleep_and_sweep
+    api.faults["RemoveServicesFromReservation"] = [record] * 1000
+    return removed_breakers
+
+
+def test_a_breaker_add_without_an_answer_that_lands_late_is_removed_by_the_watcher(clock):
+    """Found by make stress: a breaker add whose reply was lost landed after the breaker gave up, and stayed
+    until another waiter judged it a crashed breaker a lease + margin later, holding up the break. Now the
+    watcher removes it once it lands, and the next attempt, with a token of its own, breaks at once."""
+    api = leased_api()
+    hold(api)
+    landed = []
+
+    def lost_reply(reservation_id, model, alias, attributes) -> bool:
+        if alias == BREAKER and not landed:
+            landed.append({a.Name: a.Value for a in attributes}[protocol.ATTR_OWNER])
+            api.later(clock.now + 0.2, lambda: api.commit_add(reservation_id, model, alias, list(attributes)))
+            raise ProtocolError("Connection aborted.", ConnectionResetError())
+        return False
+
+    api.faults["AddServiceToReservation"] = [lost_reply] * 1000
+    mutex = make(api, clock, lease=2, holder_check_interval=0.5, timeout=60)
+    removed_breakers = _sweeping(api, mutex)
+    start = clock.now
+    assert mutex.acquire() is True
+    # The leftover was removed by the watcher soon after it landed, then a new breaker broke the holder: no
+    # second wait of lease + margin for a "crashed breaker" that was our own lost add.
+    assert clock.now - start < 2 * (2 + stale_margin(2))
+    assert len(removed_breakers) == 2
+    assert removed_breakers[0] == landed[0] and removed_breakers[1] != landed[0]  # each attempt its own token
+    assert BREAKER not in api.services and not mutex._late_adds.pending()
+    assert api.services[protocol.DEFAULT_ALIAS][protocol.ATTR_OWNER] == mutex.token
+
+
+def test_a_breaker_alias_whose_remove_failed_is_removed_by_the_watcher(clock):
+    """The breaker's remove of its own alias fails (HTTP 500, not applied): the alias would stay until a
+    waiter judged it a crashed breaker. The watcher removes it."""
+    api = leased_api()
+    hold(api)
+    mutex = make(api, clock, lease=2, holder_check_interval=0.5, timeout=60)
+    removed_breakers = _sweeping(api, mutex, fail_first_breaker_remove=True)
+    assert mutex.acquire() is True
+    assert BREAKER in api.services and not removed_breakers  # left behind by the failed remove
+    for _ in range(3):
+        clock.sleep(1.0)
+        mutex._late_adds.sweep()
+    assert BREAKER not in api.services and len(removed_breakers) == 1
+    mutex.release()
 
 
 def test_an_on_lost_callback_may_release_from_the_heartbeat(clock):

@@ -420,11 +420,13 @@ def read_journals(incarnations: List[Incarnation]) -> Dict[str, Any]:
 
 
 def broken_grants(events: List[Dict[str, Any]], holds: List[history.Hold], excused: set) -> Dict[str, Any]:
-    """Grants of MUTEX that a waiter broke (removed while a breaker alias was held). Those of killed or
-    paused workers are what leases are for. One whose acquisition had already been released (an add that
-    landed after its release) of a worker that was neither killed nor paused is a lock its own process left
-    behind and its late-add watcher missed: without a lease nobody could ever remove it, so it is counted
-    as a leak (``of_live_workers``)."""
+    """Grants of MUTEX that a waiter broke: removed while a breaker alias was held, at least its lease
+    after it was added (a waiter breaks only a service it has seen unchanged for lease + margin; without
+    that rule, a late add that its own watcher removed a second after it landed counted as broken whenever
+    some breaker alias happened to be there). Those of killed or paused workers are what leases are for.
+    One whose acquisition had already been released (an add that landed after its release) of a worker that
+    was neither killed nor paused is a lock its own process left behind and its late-add watcher missed:
+    without a lease nobody could ever remove it, so it is counted as a leak (``of_live_workers``)."""
     breaker = MUTEX + BREAKER_SUFFIX
     released: Dict[str, float] = {}
     for hold in holds:
@@ -432,6 +434,7 @@ def broken_grants(events: List[Dict[str, Any]], holds: List[history.Hold], excus
             released[hold.token] = max(released.get(hold.token, 0.0), hold.release_completed)
     breaking = False
     holder: Optional[str] = None
+    added_at, lease = 0.0, LEASE
     broken: List[str] = []
     left: List[str] = []
     for event in sorted(events, key=lambda e: e["seq"]):
@@ -439,13 +442,24 @@ def broken_grants(events: List[Dict[str, Any]], holds: List[history.Hold], excus
             breaking = event["op"] == "service_added"
         elif event["alias"] == MUTEX and event["op"] == "service_added":
             holder = event["attributes"].get(protocol.ATTR_OWNER, "")
+            added_at, lease = event["monotonic"], lease_of_attributes(event["attributes"])
         elif event["alias"] == MUTEX and event["op"] == "service_removed":
-            if breaking and holder is not None and event.get("user") != LEGACY_USER:
+            old_enough = event["monotonic"] - added_at >= lease
+            if breaking and old_enough and holder is not None and event.get("user") != LEGACY_USER:
                 broken.append(holder)
                 if released.get(holder, float("inf")) < event["monotonic"] and holder not in excused:
                     left.append(holder)
             holder = None
     return {"total": len(broken), "of_live_workers": len(left), "tokens": left[:5]}
+
+
+def lease_of_attributes(attributes: Dict[str, str]) -> float:
+    """The lease a MUTEX service was added with (our workers': LEASE; none: never broken, so infinite)."""
+    try:
+        seconds = float(attributes.get(protocol.ATTR_LEASE_SECONDS, ""))
+    except ValueError:
+        return float("inf")
+    return seconds if seconds > 0 else float("inf")
 
 
 def _hold(acq: Dict[str, Any], safe: Optional[float], ri: Optional[float], rc: Optional[float], outcome: str):

@@ -104,20 +104,41 @@ def test_journals_end_a_killed_hold_at_the_kill_and_a_leased_hold_at_its_lease_s
     assert found["ends"] == [{"t": "end", "error": None, "unsettled": 0, "calls": 9, "client": "ours-1#0"}]
 
 
+A_LEASED = {"Mutex Owner": "a", "Mutex Lease Seconds": "10"}
+
+
 def test_a_released_acquisitions_leftover_that_only_a_breaker_removed_is_a_leak():
     breaker = {"Mutex Owner": "w"}
     log = [
-        ev(1, "MUTEX", "service_added", 1.0, **{"Mutex Owner": "a"}),
-        ev(2, "MUTEX", "service_removed", 2.0, **{"Mutex Owner": "a"}),  # a's release
-        ev(3, "MUTEX", "service_added", 3.0, **{"Mutex Owner": "a"}),  # a's add, landing late
+        ev(1, "MUTEX", "service_added", 1.0, **A_LEASED),
+        ev(2, "MUTEX", "service_removed", 2.0, **A_LEASED),  # a's release
+        ev(3, "MUTEX", "service_added", 3.0, **A_LEASED),  # a's add, landing late
         ev(4, "MUTEX~break", "service_added", 20.0, **breaker),
-        ev(5, "MUTEX", "service_removed", 21.0, **{"Mutex Owner": "a"}),
+        ev(5, "MUTEX", "service_removed", 21.0, **A_LEASED),
         ev(6, "MUTEX~break", "service_removed", 22.0, **breaker),
     ]
     holds = [Hold("A", "a", 0.5, 1.5, 1.8, 2.1)]
     assert broken_grants(log, holds, set())["of_live_workers"] == 1
     assert broken_grants(log, holds, {"a"})["of_live_workers"] == 0  # a's process was killed or paused
     assert broken_grants(log, holds, set())["total"] == 1
+
+
+def test_a_late_add_its_own_watcher_removed_under_a_leftover_breaker_is_not_counted_as_broken():
+    """The sixth full run: a breaker alias left behind for minutes, and meanwhile a late add of a released
+    acquisition, removed by its own watcher one second after it landed. No waiter breaks a service younger
+    than its lease, so that remove is not a break; a service without a lease is never broken at all."""
+    breaker = {"Mutex Owner": "w"}
+    log = [
+        ev(1, "MUTEX~break", "service_added", 0.5, **breaker),  # left behind
+        ev(2, "MUTEX", "service_added", 1.0, **A_LEASED),
+        ev(3, "MUTEX", "service_removed", 2.0, **A_LEASED),  # a's release
+        ev(4, "MUTEX", "service_added", 3.0, **A_LEASED),  # a's add, landing late
+        ev(5, "MUTEX", "service_removed", 4.0, **A_LEASED),  # its watcher removes it
+        ev(6, "MUTEX", "service_added", 5.0, **{"Mutex Owner": "b"}),  # no lease
+        ev(7, "MUTEX", "service_removed", 60.0, **{"Mutex Owner": "b"}),
+    ]
+    holds = [Hold("A", "a", 0.5, 1.5, 1.8, 2.1), Hold("B", "b", 4.5, 5.5, 59.0, 60.5)]
+    assert broken_grants(log, holds, set()) == {"total": 0, "of_live_workers": 0, "tokens": []}
 
 
 @pytest.mark.client_timeout

@@ -73,9 +73,18 @@ class LateAdds:
         self._wake = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
-    def watch(self, alias: LockAlias, token: str, lands_by: float, lifetime: float, copies: int = 1) -> None:
+    def watch(
+        self,
+        alias: LockAlias,
+        token: str,
+        lands_by: float,
+        lifetime: float,
+        copies: int = 1,
+        removing_until: Optional[float] = None,
+    ) -> None:
         """Watch an add of ``token`` that may land until ``lands_by``; nothing to do once that passed.
-        ``lifetime`` is how long a request without an answer may still land (a remove this makes)."""
+        ``lifetime`` is how long a request without an answer may still land (a remove this makes).
+        ``removing_until``: a remove of ours without an answer may land until then; no second one before."""
         if lands_by <= self._clock():
             return
         with self._lock:
@@ -83,8 +92,10 @@ class LateAdds:
                 if entry.alias is alias and entry.token == token:
                     entry.lands_by = max(entry.lands_by, lands_by)
                     entry.copies = max(entry.copies, copies)
+                    if removing_until is not None:
+                        entry.remove_lands_by = max(entry.remove_lands_by or removing_until, removing_until)
                     return
-            entry = LateAdd(alias, token, lands_by, lifetime, max(1, copies))
+            entry = LateAdd(alias, token, lands_by, lifetime, max(1, copies), remove_lands_by=removing_until)
             entry.read_after = self._clock() + FRESH_READ_LAG
             self._entries.append(entry)
             if self._background and self._thread is None:
@@ -190,6 +201,12 @@ def _can_land(lands_by: Optional[float], now: float) -> bool:
 
 _process_late_adds: Optional[LateAdds] = None
 _process_lock = threading.Lock()
+
+
+def late_adds_for(clock: Callable[[], float], logger: Optional[logging.Logger] = None) -> LateAdds:
+    """The watcher a lock uses unless given one: this process's on the real clock; on a virtual clock
+    (tests), a watcher of its own that sweeps only when told to."""
+    return process_late_adds() if clock is time.monotonic else LateAdds(clock, logger)
 
 
 def process_late_adds() -> LateAdds:

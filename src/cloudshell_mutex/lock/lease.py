@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Mapping, Optional, Tuple
 
 from . import protocol
-from .alias import LockAlias, Status
-from .holder import Holder, parse_token
+from .alias import CallResult, LockAlias, Status
+from .holder import Holder, make_token, parse_token
+from .late_adds import LateAdds
 from .options import DEFAULT_LEASE, FRESH_READ_LAG, MIN_LEASE
 
 __all__ = ["DEFAULT_LEASE", "MIN_LEASE", "Heartbeat", "StaleWatch", "break_stale", "lease_of"]
@@ -347,17 +348,17 @@ def break_stale(
     breaker: LockAlias,
     watch: StaleWatch,
     breaker_watch: StaleWatch,
-    token: str,
     label: str,
     breaker_lease: float,
     request_lifetime: float,
+    late_adds: LateAdds,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> BreakResult:
     """Remove the holder ``watch`` judged stale, as the only breaker at work.
 
-    1. Add the breaker alias (``Mutex Owner`` = ``token``, leased ``breaker_lease``). Busy: another
-       breaker is at work; its service is itself removed once this waiter has seen it unchanged for
+    1. Add the breaker alias (``Mutex Owner``: a new token of ``label``; leased ``breaker_lease``). Busy:
+       another breaker is at work; its service is itself removed once this waiter has seen it unchanged for
        breaker lease + margin (a crashed breaker), after a re-read shows it is still the same one.
     2. Wait ``FRESH_READ_LAG``, then re-read the lock: the holder must still be the stale one (same token,
        same heartbeat). The wait makes the read show any break done by the previous breaker (done before
@@ -368,11 +369,24 @@ def break_stale(
        remove without an answer is never sent again: the breaker keeps its alias alive (heartbeats) and
        reads until the stale holder is gone or the remove can no longer land.
     4. Remove the breaker alias (after a read shows it is still ours).
+
+    A breaker alias of ours that may be left behind (an add without an answer, a remove that failed, a read
+    that could not tell) goes to the late-add watcher ``late_adds``, which removes it while it shows its
+    token: forgotten, it stayed until another waiter judged it a crashed breaker, lease + margin later, and
+    held up the next break meanwhile (found by make stress). Each attempt has a token of its own, so the
+    watcher can never take a later attempt's live breaker for the leftover it watches.
     """
+    token = make_token(label)
     add = breaker.add_owner(token, label, lease=breaker_lease)
-    if add.status is Status.BUSY:
-        return _other_breaker(breaker, breaker_watch, clock)
     if not add.ok:
+        # Even "busy" may be our own first copy, re-sent by the client after it had committed.
+        if add.may_land_later:
+            lands_by = _lands_by(add, request_lifetime)
+            late_adds.watch(breaker, token, lands_by, request_lifetime, add.unanswered_copies)
+        elif add.may_have_committed:
+            late_adds.watch(breaker, token, clock() + 2 * FRESH_READ_LAG, request_lifetime)
+        if add.status is Status.BUSY:
+            return _other_breaker(breaker, breaker_watch, clock)
         return BreakResult(False, f"could not take the breaker ({_why(add)})")
     try:
         sleep(FRESH_READ_LAG)
@@ -397,9 +411,41 @@ def break_stale(
             return BreakResult(False, f"the remove failed ({_why(removed)})")
         return _await_remove(lock, breaker, watch, token, removed.sent_at + request_lifetime, clock, sleep)
     finally:
-        mine = breaker.read()
-        if mine.ok and mine.holder is not None and mine.holder.token == token:
-            breaker.remove_once()
+        _drop_breaker(breaker, add, token, request_lifetime, late_adds, clock)
+
+
+def _lands_by(result: CallResult, request_lifetime: float) -> float:
+    """Until when a request that got no answer may still land."""
+    return result.sent_at + result.elapsed + request_lifetime
+
+
+def _drop_breaker(
+    breaker: LockAlias,
+    add: CallResult,
+    token: str,
+    request_lifetime: float,
+    late_adds: LateAdds,
+    clock: Callable[[], float],
+) -> None:
+    """Remove our breaker alias (sent once, after a read shows it is still ours). What cannot be settled
+    here goes to the watcher: the alias when the read or the remove failed, or when the read may lag behind
+    our add; a copy of the add that may still land (the client re-sent it), which would land after the
+    remove."""
+    mine = breaker.read()
+    shown = mine.ok and mine.holder is not None and mine.holder.token == token
+    may_lag = mine.ok and mine.holder is None and mine.sent_at - FRESH_READ_LAG < add.sent_at + add.elapsed
+    unsettled = not mine.ok or may_lag
+    removing_until: Optional[float] = None
+    if shown:
+        removed = breaker.remove_once()
+        unsettled = not (removed.ok or removed.status is Status.MISSING)
+        if removed.may_land_later:
+            removing_until = _lands_by(removed, request_lifetime)
+    lifetime = request_lifetime
+    if unsettled:  # committed: one read that does not lag settles it (after our remove, if one may land)
+        late_adds.watch(breaker, token, clock() + 2 * FRESH_READ_LAG, lifetime, removing_until=removing_until)
+    if add.may_land_later:
+        late_adds.watch(breaker, token, _lands_by(add, lifetime), lifetime, add.unanswered_copies)
 
 
 def _group_company(

@@ -32,7 +32,7 @@ from .errors import MutexError, MutexLostError, MutexUsageError
 from .events import Reporter
 from .handle import HandleInfo, make_handle, parse_handle
 from .holder import Holder, make_token, sanitize_label
-from .late_adds import LateAdds, process_late_adds
+from .late_adds import LateAdds, late_adds_for
 from .lease import Heartbeat, StaleWatch
 from .operation import Operation
 from .options import FRESH_READ_LAG, MutexOptions, check_duration
@@ -101,10 +101,7 @@ class ReservationMutex:
         self._clock = clock
         self._sleep = sleep
         self._rng = rng if rng is not None else random.Random()
-        if late_adds is None:
-            # A virtual clock (tests) gets a watcher of its own that only sweeps when told to.
-            late_adds = process_late_adds() if clock is time.monotonic else LateAdds(clock, self.logger)
-        self._late_adds = late_adds
+        self._late_adds = late_adds if late_adds is not None else late_adds_for(clock, self.logger)
         self._news = Reporter(self._alias, self.logger, self.options.on_event, clock)
         # Leases: the breaker alias (one breaker at a time), this waiter's judgement of the holder and of a
         # breaker, and the held acquisition's heartbeat (None: no lease).
@@ -137,7 +134,7 @@ class ReservationMutex:
                 self._alias,
                 label=self.owner,
                 request_lifetime=self.options.request_lifetime,
-                late_adds=late_adds,
+                late_adds=self._late_adds,
                 clock=clock,
                 sleep=sleep,
                 rng=self._rng,
@@ -923,10 +920,10 @@ class ReservationMutex:
             self._breaker,
             self._watch,
             self._breaker_watch,
-            op.token,
             self.owner,
             max(self.options.lease, lease.MIN_LEASE) if self.options.lease > 0 else lease.DEFAULT_LEASE,
             self.options.request_lifetime,
+            self._late_adds,
             self._clock,
             self._sleep,
         )

@@ -675,10 +675,10 @@ class FairQueue:
             breaker,
             watch,
             self._breaker_watch,
-            op.token,
             self.label,
             self.ticket_lease,
             self.request_lifetime,
+            self._late_adds,
             self._clock,
             self._sleep,
         )

@@ -31,7 +31,7 @@ from .alias import LockAlias, Status
 from .errors import MutexError, MutexLostError, MutexReleaseError, MutexTimeout, MutexUsageError
 from .handle import HandleInfo, make_handle
 from .holder import Holder, make_token, parse_token, sanitize_label
-from .late_adds import LateAdds
+from .late_adds import LateAdds, late_adds_for
 from .lease import StaleWatch
 from .mutex import LOGGER_NAME, ReservationMutex
 from .operation import Operation
@@ -178,6 +178,8 @@ class ReservationRWLock:
         self._clock = clock
         self._sleep = sleep
         self._rng = rng if rng is not None else random.Random()
+        # Watches the breaker adds of this lock's breaks (each alias's mutex has its own for its adds).
+        self._late_adds = late_adds if late_adds is not None else late_adds_for(clock, self.logger)
         # The snapshot reader: checks the reservation id and the name (no call is made here).
         self._lock_alias = LockAlias(
             api,
@@ -858,10 +860,10 @@ class ReadLock:
                 self._breakers[alias],
                 watch,
                 self._breaker_watches.setdefault(alias, StaleWatch()),
-                make_token(rw.owner),
                 rw.owner,
                 max(rw.options.lease, lease.MIN_LEASE) if rw.options.lease > 0 else lease.DEFAULT_LEASE,
                 rw.options.request_lifetime,
+                rw._late_adds,
                 rw._clock,
                 rw._sleep,
             )
