@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from fakes import RES, FakeApi, make
+from fakes import RES, FakeApi, http_500, make
 
 from cloudshell_mutex import MutexHandleError, MutexLostError, MutexUsageError, ReservationMutex, protocol
 from cloudshell_mutex.lock import catalog
 from cloudshell_mutex.lock.handle import HandleInfo, make_handle, parse_handle
+from cloudshell_mutex.lock.options import FRESH_READ_LAG
 
 LEASED_MODEL = (protocol.ATTR_OWNER, *protocol.LEASE_ATTRIBUTES)
 TOKEN = "Orchestrator@exec-01:77:0123abcd"
@@ -76,6 +77,7 @@ def test_both_sides_heartbeat_the_same_lease_and_a_release_by_one_is_noticed_by_
     assert len(parts) == 2  # each side writes its own part: the value changes with every beat of either
     driver.release()
     assert protocol.DEFAULT_ALIAS not in api.services
+    clock.sleep(FRESH_READ_LAG)  # a read sooner may lag behind the lock: it would prove no loss
     assert orchestrator.renew() is False  # the other side notices
     with pytest.raises(MutexLostError):
         orchestrator.ensure_held()
@@ -83,6 +85,30 @@ def test_both_sides_heartbeat_the_same_lease_and_a_release_by_one_is_noticed_by_
     with pytest.raises(MutexLostError):
         orchestrator.release()
     assert api.calls == []
+
+
+def test_an_adopters_failed_first_beat_is_tried_again_at_once(clock):
+    """Until its own first heartbeat lands, an adopter cannot tell when the service was last confirmed, so
+    ensure_held() treats the lease as lapsing. One failed write must not leave it so until the thread's next
+    beat, lease/3 later (a reader that joined a read group on a flaky server was told at its release that
+    its lock may be lost)."""
+    api = FakeApi(attributes=LEASED_MODEL, clock=clock)
+    orchestrator = make(api, clock, lease=3)
+    orchestrator.acquire()
+    failed = []
+
+    def http_500_once(*args) -> bool:
+        if not failed:
+            failed.append(clock.now)
+            raise http_500()
+        return False
+
+    api.faults["SetServiceAttributesValues"] = [http_500_once] * 10
+    driver = adopt(api, clock, orchestrator.export())
+    assert failed, "the first beat failed"
+    driver.ensure_held()  # raised "no heartbeat was confirmed since it was adopted" without the retry
+    assert clock.now - failed[0] < 3 / 3  # retried before the thread's next beat
+    driver.release()
 
 
 def test_adopt_of_a_lock_without_a_lease_joins_without_heartbeat(clock):

@@ -125,6 +125,7 @@ def test_a_heartbeat_that_finds_the_lock_taken_reports_the_loss_and_release_remo
     mutex = make(api, clock, lease=3, on_lost=lost.append, on_event=events.append)
     mutex.acquire()
     hold(api, "Next@exec-02:7:0badf00d", beat="0badf00d:bb02:0")  # broken and taken meanwhile
+    clock.sleep(FRESH_READ_LAG)  # (a read sooner may lag: it proves no loss)
     api.calls.clear()
     assert mutex.renew() is False
     assert api.calls == ["GetReservationDetails"]  # no write onto the successor's service
@@ -445,8 +446,48 @@ def test_an_on_lost_callback_may_release_from_the_heartbeat(clock):
     holder_box.append(mutex)
     mutex.acquire()
     api.services.clear()
+    clock.sleep(FRESH_READ_LAG)
     assert mutex.renew() is False
     assert not mutex.locked()
+
+
+def _lagging_once(api: FakeApi, clock):
+    """A fault for one read: it shows the reservation as it was before the lock was taken (lagging)."""
+
+    def lagging(*args) -> bool:
+        service = api.services.pop(protocol.DEFAULT_ALIAS)
+        api.later(clock.now, lambda: api.services.__setitem__(protocol.DEFAULT_ALIAS, service))
+        return False
+
+    return lagging
+
+
+def test_a_heartbeat_read_that_may_lag_behind_the_lock_reports_no_loss(clock):
+    """Right after the lock is taken (or adopted: a reader joining a read group beats at once), a fresh read
+    may show the reservation as it was before: that is no loss. The next beat, later, asks again."""
+    api = leased_api()
+    lost = []
+    mutex = make(api, clock, lease=3, on_lost=lost.append)
+    mutex.acquire()
+    api.faults["GetReservationDetails"] = [_lagging_once(api, clock)]
+    assert mutex.renew() is False  # not confirmed ...
+    assert not lost and mutex.locked()  # ... and not lost
+    clock.sleep(FRESH_READ_LAG)
+    assert mutex.renew() is True
+    mutex.ensure_held()
+    mutex.release()
+
+
+def test_ensure_held_with_a_read_asks_again_when_the_read_may_lag(clock):
+    api = leased_api()
+    mutex = make(api, clock, lease=3)
+    mutex.acquire()
+    api.faults["GetReservationDetails"] = [_lagging_once(api, clock)]
+    api.calls.clear()
+    mutex.ensure_held(read=True)  # raised MutexLostError on the one lagging read
+    assert api.calls == ["GetReservationDetails", "GetReservationDetails"]
+    assert mutex.renew() is True
+    mutex.release()
 
 
 def test_a_release_whose_remove_may_still_land_keeps_the_lease_alive_until_it_is_settled(clock):

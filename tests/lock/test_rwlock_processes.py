@@ -23,7 +23,7 @@ from cloudshell_mutex.lock import queue
 from cloudshell_mutex.lock.holder import make_token
 from cloudshell_mutex.lock.lease import stale_margin
 from cloudshell_mutex.lock.pacing import DefaultPacing
-from cloudshell_mutex.lock.rwlock import WRITER_SUFFIX
+from cloudshell_mutex.lock.rwlock import READ_GROUP_MARK, WRITER_SUFFIX
 from original_protocol import OriginalMutex
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -205,9 +205,11 @@ def collect(processes: List[multiprocessing.Process], results, timeout: float = 
 # ---------------------------------------------------------------- the check
 
 
-def check_history(emu, rid: str) -> Dict[str, Any]:
+def check_history(emu, rid: str, open_group_allowed: bool = False) -> Dict[str, Any]:
     """Walk the ordered log: readers inside only under their group's MUTEX and never with a writer; anyone
-    else inside alone under its own MUTEX; MUTEX never added while held nor removed with anyone inside."""
+    else inside alone under its own MUTEX; MUTEX never added while held nor removed with anyone inside.
+    ``open_group_allowed``: MUTEX may end held by a read group nobody reads in (returned as ``left_open``),
+    which under lost replies is documented (docs/protocol.md: a group left to the next reader or lease)."""
     holder = None  # Mutex Owner of MUTEX, or None while free
     inside: Dict[str, Tuple[str, str]] = {}
     most_readers = 0
@@ -239,8 +241,9 @@ def check_history(emu, rid: str) -> Dict[str, Any]:
             inside[who] = (kind, token)
             most_readers = max(most_readers, sum(k == "reader" for k, _ in inside.values()))
     assert not inside, f"{sorted(inside)} never left"
-    assert holder is None, f"MUTEX still held at the end by {holder!r}"
-    return {"most_readers": most_readers, "entries": entries, "groups": len(groups)}
+    left_open = open_group_allowed and holder is not None and holder.startswith(READ_GROUP_MARK)
+    assert holder is None or left_open, f"MUTEX still held at the end by {holder!r}"
+    return {"most_readers": most_readers, "entries": entries, "groups": len(groups), "left_open": left_open}
 
 
 def left_behind(emu, rid: str) -> List[str]:
@@ -304,17 +307,25 @@ def test_writers_never_overlap_anyone_under_lost_replies_late_requests_and_laggi
     reports = collect(processes, results, timeout=400)
     emu.control.configure(random_faults=None)
     emu.control.land_late()
-    outcome = check_history(emu, rid)
+    # A reader's slot add whose reply was lost may land just as the last reader leaves: it sees "another
+    # reader" and leaves the group open, and the slot's watcher then removes the slot (not the group).
+    outcome = check_history(emu, rid, open_group_allowed=True)
     injected = emu.control.faults_injected()
     assert outcome["entries"] == len(kinds) * 4
     assert len(injected) >= 10, "the run met faults"
     assert sum(r["unsettled"] for r in reports) == 0
+    if outcome["left_open"]:
+        # Left to the lease, as documented: a writer breaks it after lease + margin, and nothing else is left.
+        final = ReservationRWLock(emu.session(), rid, owner="final writer", timeout=4 * LEASE + 10, **FAST)
+        with final.write():
+            pass
     # Nothing is left behind but what the lease rules clean up: a lock of a process that already exited
     # would be a leak (their heartbeats have stopped; nobody else is left to break it).
     assert left_behind(emu, rid) == [], left_behind(emu, rid)
     print(
         f"\nunder {len(injected)} faults: {outcome['entries']} sections, "
         f"at most {outcome['most_readers']} readers"
+        + ("; a read group was left open to the lease" if outcome["left_open"] else "")
     )
 
 

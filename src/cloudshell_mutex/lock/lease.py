@@ -219,6 +219,10 @@ class Heartbeat:
         self.part = part or new_part()
         self.lease = lease
         self.confirmed_at = confirmed_at
+        #: When the lock was last known to be ours (made now, once it is; then each read that shows our
+        #: token, by its sent time). A fresh read may lag (FRESH_READ_LAG) and show the past: one that does
+        #: not show our token proves a loss only when sent that long after this.
+        self.seen_at = clock()
         self.count = 0
         self.beats = 0  # rounds made (each a read, and a write while ours)
         self.lost = False
@@ -250,8 +254,13 @@ class Heartbeat:
             if not read.ok:
                 return self._failed(read.failure.message if read.failure else "read failed")
             if read.holder is None or read.holder.token != self.token:
+                if read.sent_at - FRESH_READ_LAG < self.seen_at:
+                    # It may show the lock as it was before it was ours (a lagging read, found when a reader
+                    # that had just joined a read group was told its lock was lost): the next beat asks again.
+                    return self._failed("a read that may lag behind the lock did not show it")
                 self._mark_lost(read.holder)
                 return BeatResult(lost=True, holder=read.holder)
+            self.seen_at = max(self.seen_at, read.sent_at)
             self.count += 1
             write = self.alias.set_attributes([(protocol.ATTR_HEARTBEAT, self.value())])
             if write.ok:
@@ -267,11 +276,11 @@ class Heartbeat:
     def _failed(self, message: str) -> BeatResult:
         silent = self._clock() - self.confirmed_at
         self.logger.warning(
-            "cloudshell-mutex: heartbeat of %r in reservation %s failed (%s); last confirmed %.1f s ago",
+            "cloudshell-mutex: heartbeat of %r in reservation %s failed (%s); %s",
             self.alias.alias,
             self.alias.reservation_id,
             message,
-            silent,
+            "none of ours confirmed yet" if math.isinf(silent) else f"last confirmed {silent:.1f} s ago",
         )
         if silent >= danger_after(self.lease) and not self.in_danger and not self.releasing:
             self.in_danger = True

@@ -21,6 +21,7 @@ one acquire or release, :mod:`.diagnosis` words the errors.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from typing import Any, Callable, Optional, Tuple
@@ -41,6 +42,9 @@ from .queue import FairQueue
 
 #: The suffix of the alias of a lock's generation counter service.
 GENERATION_SUFFIX = "~generation"
+
+#: How many times an adopted lock tries its first heartbeat of its own before leaving it to the thread.
+ADOPTED_BEAT_TRIES = 3
 
 #: The logger the lock writes to unless it is given one.
 LOGGER_NAME = "cloudshell_mutex"
@@ -199,7 +203,8 @@ class ReservationMutex:
     def ensure_held(self, read: bool = False) -> None:
         """Raise :class:`~.errors.MutexLostError` unless this object still holds the lock, as far as it can
         tell: the heartbeat has not seen it taken, and (with a lease) a heartbeat was confirmed less than a
-        lease ago, so no waiter can have broken it yet. ``read=True`` adds one fresh read of the owner.
+        lease ago, so no waiter can have broken it yet. ``read=True`` adds one fresh read of the owner (and
+        one more a second later when it does not show ours: a fresh read may lag behind the server).
 
         Call it right before each side effect of a long critical section: it costs no call by default.
         """
@@ -214,9 +219,14 @@ class ReservationMutex:
         if beat is not None and beat.lost:
             raise self._lost_notice(beat.lost_to)
         if beat is not None and beat.lapsed(self._clock()):
+            silent = self._clock() - beat.confirmed_at
+            how_long = (
+                f"since it was adopted (lease {beat.lease:g} s)"
+                if math.isinf(silent)
+                else f"for {silent:.1f} s, longer than the lease ({beat.lease:g} s)"
+            )
             raise MutexLostError(
-                f"{self.name!r} in reservation {self.reservation_id}: no heartbeat was confirmed for "
-                f"{self._clock() - beat.confirmed_at:.1f} s, longer than the lease ({beat.lease:g} s); "
+                f"{self.name!r} in reservation {self.reservation_id}: no heartbeat was confirmed {how_long}; "
                 "a waiter may have broken the lock. Stop the work done under it; release() tells whether "
                 "it was",
                 reservation_id=self.reservation_id,
@@ -224,6 +234,11 @@ class ReservationMutex:
             )
         if read:
             result = self._alias.read()
+            if result.ok and (result.holder is None or result.holder.token != self._token):
+                # A fresh read may lag and show the lock as it was before it was ours: ask once more,
+                # FRESH_READ_LAG later, before calling it lost (as release() does).
+                self._sleep(FRESH_READ_LAG)
+                result = self._alias.read()
             if not result.ok:
                 raise self._diagnose(result.failure, "checking the lock owner")
             if result.holder is None or result.holder.token != self._token:
@@ -313,11 +328,24 @@ class ReservationMutex:
             and protocol.ATTR_HEARTBEAT in holder.attributes
         ):
             self._start_heartbeat(token, float("-inf"), holder_lease)
-            self.renew()  # its own first beat: until it lands, assume the lease may lapse any moment
+            self._first_own_beat(holder_lease)
         self._news.event(events.ACQUIRED, op, error="adopted")
         self._news.log(
             logging.INFO, "adopted %s in reservation %s (%s)", self.name, self.reservation_id, token
         )
+
+    def _first_own_beat(self, holder_lease: float) -> None:
+        """An adopted lock's first heartbeat of our own. Until one lands we cannot tell when the service's
+        last heartbeat was written, so the lease counts as lapsing any moment (ensure_held() raises), and the
+        thread's next try is lease/3 away: a failed one is tried again at once, a few times (without this, a
+        reader that joined a read group on a flaky server was told its lock may be lost at its release)."""
+        pause = holder_lease / 30
+        for _ in range(ADOPTED_BEAT_TRIES):
+            result = self._heartbeat.beat() if self._heartbeat is not None else None
+            if result is None or result.ok or result.lost:
+                return
+            self._sleep(pause)
+            pause *= 2
 
     # ------------------------------------------------------------------ cohort hand-off (lock/cohort.py)
 
@@ -896,7 +924,8 @@ class ReservationMutex:
     def _on_danger(self, silent: float) -> None:
         op = self._operation(self._token or "")
         message = (
-            f"no heartbeat of {self.name!r} confirmed for {silent:.1f} s (lease "
+            f"no heartbeat of {self.name!r} confirmed "
+            f"{'since it was adopted' if math.isinf(silent) else f'for {silent:.1f} s'} (lease "
             f"{self.options.lease:g} s): the lease may lapse; finish or stop the work done under the lock"
         )
         self._news.event(events.DANGER, op, error=message)
