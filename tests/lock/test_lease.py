@@ -434,6 +434,36 @@ def test_a_breaker_alias_whose_remove_failed_is_removed_by_the_watcher(clock):
     mutex.release()
 
 
+def test_a_breakers_own_remove_that_lands_late_is_waited_for_by_the_watcher_and_never_sent_twice(clock):
+    """The breaker's remove of its own alias commits 3 s late and its connection is reset: the watcher
+    takes the alias over but sends no second remove while the first may still land (a second one could
+    land after another breaker took the alias, and remove that breaker's)."""
+    api = leased_api()
+    hold(api)
+    mutex = make(api, clock, lease=2, holder_check_interval=0.5, timeout=60)
+    removed_breakers = _sweeping(api, mutex)
+    record = api.faults["RemoveServicesFromReservation"][0]
+    late = []
+
+    def late_and_reset(reservation_id, aliases) -> bool:
+        if aliases == [BREAKER] and not late:
+            late.append(api.services[BREAKER][protocol.ATTR_OWNER])
+            api.later(clock.now + 3.0, lambda: record(reservation_id, aliases) or api.services.pop(BREAKER))
+            raise ProtocolError("Connection aborted.", ConnectionResetError())
+        return record(reservation_id, aliases)
+
+    api.faults["RemoveServicesFromReservation"] = [late_and_reset] * 1000
+    assert mutex.acquire() is True
+    assert late and BREAKER in api.services and mutex._late_adds.pending()
+    for _ in range(130):  # the watch ends once our remove can no longer land (request_lifetime, 120 s)
+        clock.sleep(1.0)
+        mutex._late_adds.sweep()
+    assert BREAKER not in api.services and not mutex._late_adds.pending()
+    assert removed_breakers == late  # removed once: by the late remove, not by a second one
+    assert api.calls.count("RemoveServicesFromReservation") == 2  # the holder's, and the breaker's once
+    mutex.release()
+
+
 def test_an_on_lost_callback_may_release_from_the_heartbeat(clock):
     api = leased_api()
     holder_box = []

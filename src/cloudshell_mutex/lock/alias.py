@@ -86,6 +86,10 @@ class CallResult:
         its way or queued in the server, and be applied later than this result."""
         return self.unanswered_copies > 0
 
+    def lands_by(self, request_lifetime: float) -> float:
+        """Until when (monotonic) the request, if it got no answer, may still be applied."""
+        return self.sent_at + self.elapsed + request_lifetime
+
     @property
     def may_have_committed(self) -> bool:
         """True when the call failed but may have taken effect anyway: the server applied it and the

@@ -390,7 +390,7 @@ def break_stale(
     if not add.ok:
         # Even "busy" may be our own first copy, re-sent by the client after it had committed.
         if add.may_land_later:
-            lands_by = _lands_by(add, request_lifetime)
+            lands_by = add.lands_by(request_lifetime)
             late_adds.watch(breaker, token, lands_by, request_lifetime, add.unanswered_copies)
         elif add.may_have_committed:
             late_adds.watch(breaker, token, clock() + 2 * FRESH_READ_LAG, request_lifetime)
@@ -423,11 +423,6 @@ def break_stale(
         _drop_breaker(breaker, add, token, request_lifetime, late_adds, clock)
 
 
-def _lands_by(result: CallResult, request_lifetime: float) -> float:
-    """Until when a request that got no answer may still land."""
-    return result.sent_at + result.elapsed + request_lifetime
-
-
 def _drop_breaker(
     breaker: LockAlias,
     add: CallResult,
@@ -449,12 +444,12 @@ def _drop_breaker(
         removed = breaker.remove_once()
         unsettled = not (removed.ok or removed.status is Status.MISSING)
         if removed.may_land_later:
-            removing_until = _lands_by(removed, request_lifetime)
+            removing_until = removed.lands_by(request_lifetime)
     lifetime = request_lifetime
     if unsettled:  # committed: one read that does not lag settles it (after our remove, if one may land)
         late_adds.watch(breaker, token, clock() + 2 * FRESH_READ_LAG, lifetime, removing_until=removing_until)
     if add.may_land_later:
-        late_adds.watch(breaker, token, _lands_by(add, lifetime), lifetime, add.unanswered_copies)
+        late_adds.watch(breaker, token, add.lands_by(lifetime), lifetime, add.unanswered_copies)
 
 
 def _group_company(

@@ -339,10 +339,10 @@ class ReservationMutex:
         last heartbeat was written, so the lease counts as lapsing any moment (ensure_held() raises), and the
         thread's next try is lease/3 away: a failed one is tried again at once, a few times (without this, a
         reader that joined a read group on a flaky server was told its lock may be lost at its release)."""
-        pause = holder_lease / 30
-        for _ in range(ADOPTED_BEAT_TRIES):
-            result = self._heartbeat.beat() if self._heartbeat is not None else None
-            if result is None or result.ok or result.lost:
+        beat, pause = self._heartbeat, holder_lease / 30
+        for _ in range(ADOPTED_BEAT_TRIES if beat is not None else 0):
+            result = beat.beat()
+            if result.ok or result.lost:
                 return
             self._sleep(pause)
             pause *= 2
@@ -605,7 +605,7 @@ class ReservationMutex:
             if not add.ok and add.may_have_committed:
                 op.add_unknown(add.sent_at)
             if add.may_land_later:
-                lands_by = add.sent_at + add.elapsed + self.options.request_lifetime
+                lands_by = add.lands_by(self.options.request_lifetime)
                 op.add_in_flight(lands_by, add.unanswered_copies)
             if add.ok:
                 if not self.options.verify or self._verified(op):

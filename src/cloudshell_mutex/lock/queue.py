@@ -601,7 +601,7 @@ class FairQueue:
                 [AttributeNameValue(protocol.ATTR_OWNER, value)], paced=op.polling, deadline=op.deadline
             )
             if result.may_land_later or result.may_have_committed:
-                lands_by = result.sent_at + result.elapsed + self.request_lifetime
+                lands_by = result.lands_by(self.request_lifetime)
                 self._unsettled.append((alias, lands_by, max(1, result.unanswered_copies)))
             if result.ok:
                 self.ticket, self._beats, self._beat_at = alias, 0, result.sent_at
