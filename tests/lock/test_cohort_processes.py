@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Tuple
 import pytest
 from cloudshell.api.cloudshell_api import AttributeNameValue, CloudShellAPISession
 
-from cloudshell_mutex import ReservationMutex, protocol
+from cloudshell_mutex import MutexTimeout, ReservationMutex, protocol
 from cloudshell_mutex.lock.cohort import CohortMutex
 from cloudshell_mutex.lock.pacing import DefaultPacing
 from original_protocol import OriginalMutex
@@ -326,3 +326,124 @@ def test_the_checks_catch_a_cohort_whose_local_lock_excludes_nobody(
     with pytest.raises(AssertionError, match=r"at once|lost update|MUTEX"):
         race(emu, rid, addr, plan, rounds=6)
         check_history(emu.control.events(rid))
+
+
+def releasing_victim(addr: Address, rid: str, cohort_dir: str, results) -> None:
+    """Take the cohort lock, say so, then release it to the server (the test holds that remove on the wire)
+    and be killed while it is there."""
+    api = CloudShellAPISession(addr[0], addr[2], addr[3], addr[4], port=addr[1])
+    lock = CohortMutex(api, rid, owner="victim", cohort_dir=cohort_dir, lease=LEASE, timeout=60, **FAST)
+    lock.acquire()
+    results.put(("held", lock.token, os.getpid()))
+    lock.release()  # hangs: its remove is held by the emulator until the test lands it
+    results.put(("released", lock.token, os.getpid()))
+
+
+def cohort_holder(addr: Address, rid: str, cohort_dir: str, options: Dict[str, Any], events, go) -> None:
+    """Take the cohort lock (blocking), say so, wait for ``go``, write the counter under it, release."""
+    try:
+        api = CloudShellAPISession(addr[0], addr[2], addr[3], addr[4], port=addr[1])
+        lock = CohortMutex(api, rid, owner="successor", cohort_dir=cohort_dir, timeout=60, **FAST, **options)
+        with lock:
+            events.put(("held", lock.token, lock.passed))
+            go.wait(60)
+            lock.ensure_held()
+            _critical_section(api, rid, f"{lock.token}|successor")
+        events.put(("released", lock.token, lock.passed))
+    except BaseException as error:  # report, never hang the parent
+        events.put(("error", f"{type(error).__name__}: {error}", False))
+
+
+def _spawn(target, *args) -> multiprocessing.Process:
+    process = multiprocessing.get_context("spawn").Process(target=target, args=args, daemon=True)
+    process.start()
+    return process
+
+
+def test_a_local_holder_killed_while_its_remove_is_on_the_wire_is_never_carried_on_under(
+    cloudshell_emulator_factory, tmp_path
+):
+    """H releases to the server and its remove is slow; L, in the same cohort folder, waits; H is killed. L
+    must not carry on under H's token (the remove lands later, and a plain lock elsewhere would then get
+    MUTEX while L holds): it acquires from the server."""
+    emu = cloudshell_emulator_factory(packages=[our_package()])
+    rid, addr = prepare(emu)
+    ctx = multiprocessing.get_context("spawn")
+    here = str(tmp_path / "exec-1")
+    victim_events, events, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    victim = _spawn(releasing_victim, addr, rid, here, victim_events)
+    successor = None
+    try:
+        kind, token, _pid = victim_events.get(timeout=60)
+        assert kind == "held"
+        emu.control.inject_fault("RemoveServicesFromReservation", "apply_late", delay=None, reply="hang")
+        deadline = time.monotonic() + 30
+        while not emu.control.faults_injected():  # the victim's remove is on the wire, held by the server
+            assert time.monotonic() < deadline, "the victim never sent its remove"
+            time.sleep(0.02)
+        successor = _spawn(cohort_holder, addr, rid, here, {"lease": LEASE}, events, go)
+        time.sleep(0.5)  # the successor waits for the local lock
+        victim.kill()
+        victim.join(10)
+        time.sleep(0.5)
+        assert emu.control.land_late() == 1  # the dead holder's remove lands now
+        kind, held_token, passed = events.get(timeout=60)
+        assert kind == "held", held_token
+        plain = ReservationMutex(emu.session(), rid, owner="plain elsewhere", **FAST)
+        got_it = plain.acquire(blocking=False)
+        if got_it:
+            plain.release()
+        go.set()
+        assert events.get(timeout=60)[0] == "released"
+    finally:
+        go.set()
+        for process in (victim, successor):
+            if process is not None and process.is_alive():
+                process.kill()
+            if process is not None:
+                process.join(10)
+    assert not got_it, "a plain lock elsewhere got MUTEX while the successor held the cohort lock"
+    assert held_token != token and not passed  # acquired from the server, not carried on under the victim's
+    check_history(emu.control.events(rid))
+
+
+def test_a_lease_0_member_that_carries_on_under_a_leased_lock_heartbeats_it(
+    cloudshell_emulator_factory, tmp_path
+):
+    """A cohort member with lease=0 that carries on under a dead member's leased lock must heartbeat that
+    lease, or a waiter elsewhere breaks the lock under it."""
+    emu = cloudshell_emulator_factory(packages=[our_package()])
+    rid, addr = prepare(emu)
+    ctx = multiprocessing.get_context("spawn")
+    here = str(tmp_path / "exec-1")
+    barrier, results = ctx.Barrier(1), ctx.Queue()
+    victim = ctx.Process(
+        target=worker, args=("victim", 0, addr, rid, here, 1, {"lease": LEASE}, barrier, results)
+    )
+    victim.start()
+    events, go = ctx.Queue(), ctx.Event()
+    successor = None
+    try:
+        held = results.get(timeout=120)
+        successor = _spawn(cohort_holder, addr, rid, here, {"lease": 0}, events, go)
+        time.sleep(0.5)
+        victim.kill()  # mid-hold: the successor carries on under its lease
+        victim.join(10)
+        kind, token, passed = events.get(timeout=60)
+        assert (kind, token, passed) == ("held", held["held"], True)
+        waiter = ReservationMutex(
+            emu.session(), rid, owner="waiter elsewhere", lease=LEASE, timeout=4 * LEASE, **FAST
+        )
+        with pytest.raises(MutexTimeout):
+            waiter.acquire()  # the lease is kept alive: it is never judged stale
+        go.set()
+        kind, detail, _ = events.get(timeout=60)
+        assert kind == "released", detail
+    finally:
+        go.set()
+        for process in (victim, successor):
+            if process is not None and process.is_alive():
+                process.kill()
+            if process is not None:
+                process.join(10)
+    check_history(emu.control.events(rid))

@@ -135,11 +135,13 @@ def orchestrator_worker(addr: Address, rid: str, lease: float, handles, adopted)
     os._exit(0)  # the orchestrator's script ends; its heartbeat thread dies with it
 
 
-def driver_worker(addr: Address, handle: str, lease: float, hold: float, adopted, results) -> None:
+def driver_worker(
+    addr: Address, handle: str, lease: float, hold: float, adopted, results, options: Dict[str, Any]
+) -> None:
     """Adopt the exported lock, keep it past several leases (checking it before each step), release it."""
     report: Dict[str, Any] = {"error": None}
     try:
-        mutex = ReservationMutex.adopt(session(addr), handle, owner="driver", **FAST)
+        mutex = ReservationMutex.adopt(session(addr), handle, owner="driver", **FAST, **options)
         adopted.put("adopted")
         started = time.monotonic()
         while time.monotonic() - started < hold:
@@ -338,14 +340,22 @@ def test_heartbeat_cost_in_calls_per_second_per_held_lock(emu):
     assert 0.5 * 6 / LEASE <= rate <= 1.5 * 6 / LEASE
 
 
-def test_an_orchestrator_exports_a_driver_adopts_and_keeps_the_lock_past_several_leases(emu):
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"lease": 0}],
+    ids=[
+        "adopter with the default lease",
+        "adopter with lease=0 heartbeats the lock's own lease all the same",
+    ],
+)
+def test_an_orchestrator_exports_a_driver_adopts_and_keeps_the_lock_past_several_leases(emu, options):
     rid = emu.create_reservation()
     ctx = multiprocessing.get_context("spawn")
     handles, adopted, results = ctx.Queue(), ctx.Queue(), ctx.Queue()
     orchestrator = start(orchestrator_worker, address(emu), rid, LEASE, handles, adopted)
     handle = handles.get(timeout=60)
     hold = 4 * LEASE
-    driver = start(driver_worker, address(emu), handle, LEASE, hold, adopted, results)
+    driver = start(driver_worker, address(emu), handle, LEASE, hold, adopted, results, options)
     try:
         orchestrator.join(60)
         assert orchestrator.exitcode == 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import random
 import time
 from typing import Any, Dict, List, Tuple
 
@@ -515,3 +516,58 @@ def test_list_locks_and_status_show_readers_writer_waiting_and_internal_services
             if process.is_alive():
                 process.kill()
     config.release()
+
+
+class LastChoice(random.Random):
+    """Picks the last free reader slot: a reader with many slots then reads on one a reader with few lacks."""
+
+    def choice(self, seq):  # type: ignore[override]
+        return seq[-1]
+
+
+def wide_reader(addr: Address, rid: str, inside, leave, results) -> None:
+    """Read on the last of 8 slots (``MUTEX~r8``), say so, and keep reading until ``leave``."""
+    report: Dict[str, Any] = {"index": 0, "error": None}
+    try:
+        api = session(addr)
+        rw = ReservationRWLock(
+            api, rid, owner="wide reader", max_readers=8, rng=LastChoice(), timeout=60, **FAST
+        )
+        with rw.read() as side:
+            journal(api, rid, f"enter|reader|wide|{side.token}")
+            report["slot"] = side._slot.name if side._slot else None
+            inside.set()
+            leave.wait(60)
+            side.ensure_held(read=True)
+            journal(api, rid, f"exit|reader|wide|{side.token}")
+    except BaseException as error:
+        report["error"] = f"{type(error).__name__}: {error}"
+    results.put(report)
+
+
+def test_readers_with_different_max_readers_see_each_others_slots(emu):
+    """A reader with max_readers=2 that leaves a group a reader with max_readers=8 reads in (on MUTEX~r8) must
+    leave the group open: neither its "others?" read nor its close may look only at MUTEX~r1..~r2."""
+    rid = reservation(emu)
+    ctx = multiprocessing.get_context("spawn")
+    inside, leave, results = ctx.Event(), ctx.Event(), ctx.Queue()
+    wide = start(wide_reader, address(emu), rid, inside, leave, results)
+    try:
+        assert inside.wait(60), "the wide reader never read"
+        api = emu.session()
+        narrow = ReservationRWLock(api, rid, owner="narrow reader", max_readers=2, timeout=60, **FAST)
+        with narrow.read() as side:
+            journal(api, rid, f"enter|reader|narrow|{side.token}")
+            journal(api, rid, f"exit|reader|narrow|{side.token}")
+        plain = ReservationMutex(api, rid, owner="plain", **FAST)
+        if plain.acquire(blocking=False):  # the overlap the journal check then reports
+            journal(api, rid, f"enter|plain|plain|{plain.token}")
+            journal(api, rid, f"exit|plain|plain|{plain.token}")
+            plain.release()
+    finally:
+        leave.set()
+    [report] = collect([wide], results)
+    assert report["slot"] == f"{protocol.DEFAULT_ALIAS}~r8"
+    history = check_history(emu, rid)
+    assert history["most_readers"] == 2
+    assert left_behind(emu, rid) == []

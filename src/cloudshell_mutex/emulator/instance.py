@@ -29,8 +29,9 @@ class Emulator:
     GetServices lists only those in a category, admin-only ones to admins only; ``"permissive"``: every
     service model),
     ``ended_reservations`` (``"readable"``: reads of an ended reservation answer and changes fail;
-    ``"closed"``: every call fails) and ``header_timeout`` (seconds a connection may take to send its
-    request headers or sit idle).
+    ``"closed"``: every call fails), ``alias_case`` (``"exact"``: service aliases differ by letter case;
+    ``"insensitive"``: ``mutex`` and ``MUTEX`` are one alias) and ``header_timeout`` (seconds a connection
+    may take to send its request headers or sit idle).
     """
 
     def __init__(
@@ -50,6 +51,7 @@ class Emulator:
         reword_errors: bool = False,
         catalog: str = "strict",
         ended_reservations: str = "readable",
+        alias_case: str = "exact",
         header_timeout: float = DEFAULT_HEADER_TIMEOUT,
     ) -> None:
         self.host = host
@@ -70,6 +72,7 @@ class Emulator:
             reword_errors=reword_errors,
             catalog=catalog,
             ended_reservations=ended_reservations,
+            alias_case=alias_case,
             header_timeout=header_timeout,
         )
         self._api: Optional[ApiServer] = None

@@ -10,7 +10,7 @@ from .faults import Fault, FaultPlan, LateCalls, LatencyModel, RandomFaults, num
 from .messages import ApiError
 from .methods import CallContext, execute, outcome
 from .quali import register_package
-from .state import CATALOG_MODES, ENDED_RESERVATION_MODES, EVENT_TAGS, EmulatorState
+from .state import ALIAS_CASE_MODES, CATALOG_MODES, ENDED_RESERVATION_MODES, EVENT_TAGS, EmulatorState
 from .wire import Params
 
 #: The CloudShell version the emulator claims; a package whose metadata names a newer one is refused.
@@ -76,6 +76,7 @@ _CHECKS: Dict[str, Callable[[Any], Any]] = {
     "reword_errors": _checked_flag("reword_errors"),
     "catalog": _checked_choice("catalog", CATALOG_MODES),
     "ended_reservations": _checked_choice("ended_reservations", ENDED_RESERVATION_MODES),
+    "alias_case": _checked_choice("alias_case", ALIAS_CASE_MODES),
     "header_timeout": _checked_positive("header_timeout"),
 }
 
@@ -108,7 +109,8 @@ class Runtime:
         :class:`~.faults.RandomFaults` dict, or None for none), ``reword_errors`` (True: every error
         text but the documented one in its alternative wording, see :mod:`.messages`), ``catalog``
         (``"permissive"`` or ``"strict"``), ``ended_reservations`` (``"readable"`` or ``"closed"``),
-        ``header_timeout`` (seconds; applies to connections opened afterwards).
+        ``alias_case`` (``"exact"`` or ``"insensitive"``), ``header_timeout`` (seconds; applies to
+        connections opened afterwards).
         """
         unknown = set(settings) - set(_CHECKS)
         if unknown:
@@ -127,6 +129,8 @@ class Runtime:
                 self.state.catalog_mode = value
             elif name == "ended_reservations":
                 self.state.ended_reservations = value
+            elif name == "alias_case":
+                self.state.alias_case = value
             else:  # reword_errors, header_timeout
                 setattr(self, name, value)
         return self.settings()
@@ -141,6 +145,7 @@ class Runtime:
             "reword_errors": self.reword_errors,
             "catalog": self.state.catalog_mode,
             "ended_reservations": self.state.ended_reservations,
+            "alias_case": self.state.alias_case,
             "header_timeout": self.header_timeout,
             "server_version": self.server_version,
         }

@@ -39,6 +39,11 @@ CATALOG_MODES = (PERMISSIVE, STRICT)
 READABLE, CLOSED = "readable", "closed"
 ENDED_RESERVATION_MODES = (READABLE, CLOSED)
 
+#: ``alias_case`` modes: service aliases compared ``exact`` (as given) or ``insensitive`` to letter case (a
+#: real server's behaviour is not known; its database's usual collation ignores case: docs/emulator.md).
+EXACT, INSENSITIVE = "exact", "insensitive"
+ALIAS_CASE_MODES = (EXACT, INSENSITIVE)
+
 #: How far back a reservation's versions are kept for ``stale_fresh_read`` (seconds).
 HISTORY_SECONDS = 30.0
 
@@ -184,6 +189,8 @@ class EmulatorState:
         self.catalog_mode = STRICT
         #: Ended reservations: reads still answer (readable) or every call fails (closed).
         self.ended_reservations = READABLE
+        #: Service aliases: told apart by letter case (exact) or not (insensitive).
+        self.alias_case = EXACT
         self.catalog: OrderedDict[str, CatalogModel] = OrderedDict()
         self.drivers: Dict[str, int] = {}  # driver name -> zip size
         self.resources: OrderedDict[str, ResourceRecord] = OrderedDict()
@@ -334,7 +341,7 @@ class EmulatorState:
             model = self.service_model(model_name)
             self._check_attributes(model, (name for name, _ in attributes))
             alias = alias or model.name
-            if alias in reservation.services:
+            if self._stored_alias(reservation, alias) is not None:
                 raise ApiError.of("duplicate_alias")
             values = OrderedDict((name, spec.default) for name, spec in model.attributes.items())
             values.update(attributes)
@@ -348,8 +355,16 @@ class EmulatorState:
             self._record("service_added", reservation, service, user)
             return service
 
+    def _stored_alias(self, reservation: Reservation, alias: str) -> Optional[str]:
+        """The alias the service ``alias`` names is stored under (None: none), by the ``alias_case`` mode."""
+        if alias in reservation.services or self.alias_case == EXACT:
+            return alias if alias in reservation.services else None
+        wanted = alias.casefold()
+        return next((stored for stored in reservation.services if stored.casefold() == wanted), None)
+
     def _service(self, reservation: Reservation, alias: str) -> ServiceRecord:
-        service = reservation.services.get(alias)
+        stored = self._stored_alias(reservation, alias)
+        service = None if stored is None else reservation.services[stored]
         if service is None:
             raise ApiError.of("service_not_found", alias=alias, reservation_id=reservation.id)
         return service

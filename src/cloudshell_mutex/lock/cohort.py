@@ -18,6 +18,9 @@ The cohort's files, in the cohort directory (local disk; default: a per-user fol
   time, label) and the local waiters.
 * ``<key>.w.<id>.lock``: one per waiting process, held while it waits: a waiter whose process died is
   found by its lock being free, without trusting pids (reused) or process tables (not OS-neutral).
+* ``<key>.releasing.json``: the token of the server lock the local holder is releasing to the server,
+  written *before* its first remove is sent: a remove of a holder that dies meanwhile may still land, so
+  the next local holder never carries on under that token (it acquires from the server instead).
 
 ``key`` is a hash of the server, the reservation and the alias.
 """
@@ -92,6 +95,12 @@ DEFAULT_YIELD_SECONDS = 2.5
 DEFAULT_LOCAL_POLL = 0.005
 #: How often the state lock is tried (it is held for a file read and write only).
 STATE_POLL = 0.001
+#: Seconds a step without a caller's deadline (a release, a status read) waits for the state lock. Longer, a
+#: process is stopped or hung inside it (SIGSTOP, a debugger), and the step goes on without the state; each
+#: such step says what that costs. An acquire waits only until its own deadline.
+STATE_WAIT = 5.0
+#: ... and a step after an acquire gave up (taking its registration back): the deadline has passed already.
+STATE_GRACE = 0.1
 #: Without a lease, a passed lock is taken without a read only while its last confirmation is this recent;
 #: older, one read checks it (a party that breaks the protocol may have removed it meanwhile).
 TRUST_WITHOUT_LEASE = 5.0
@@ -160,6 +169,11 @@ class CohortState:
         return json.dumps(asdict(self), sort_keys=True)
 
 
+class CohortStateBusy(MutexTimeout):
+    """The cohort's state file stayed locked by another process of this machine (one stopped or hung inside
+    it: the lock is held for a file read and write only) for as long as the caller could wait."""
+
+
 class CohortFiles:
     """The files of one cohort: the local lock, the state (under its own short lock), the waiters' locks."""
 
@@ -175,6 +189,7 @@ class CohortFiles:
         self.key = key
         self.lock_path = self.directory / f"{key}.lock"
         self.state_path = self.directory / f"{key}.json"
+        self.releasing_path = self.directory / f"{key}.releasing.json"
         self._state_lock = new_file_lock(self.directory / f"{key}.state.lock")
 
     def local_lock(self) -> filelock.BaseFileLock:
@@ -186,17 +201,42 @@ class CohortFiles:
         return self.directory / f"{self.key}.w.{waiter}.lock"
 
     @contextlib.contextmanager
-    def state(self) -> Iterator[CohortState]:
-        """The state, under the state lock; written back (atomically) when the block ends without error."""
-        with self._state_lock.acquire(timeout=-1, poll_interval=STATE_POLL):
+    def state(self, timeout: float = STATE_WAIT) -> Iterator[CohortState]:
+        """The state, under the state lock; written back (atomically) when the block ends without error.
+
+        The lock is waited for at most ``timeout`` seconds (-1: forever), then :class:`CohortStateBusy`."""
+        try:
+            self._state_lock.acquire(timeout=timeout, poll_interval=STATE_POLL)
+        except filelock.Timeout:
+            raise CohortStateBusy(
+                f"the cohort's state file {self.state_path} stayed locked by another process on this "
+                f"machine for {max(timeout, 0.0):.1f} s (a process stopped or hung inside it: that lock is "
+                "held for a file read and write only)",
+                waited=max(timeout, 0.0),
+            ) from None
+        try:
             try:
                 state = CohortState.from_text(self.state_path.read_text(encoding="utf-8"))
             except FileNotFoundError:
                 state = CohortState()
             yield state
-            temporary = self.state_path.with_name(f"{self.state_path.name}.{os.getpid()}.tmp")
-            temporary.write_text(state.to_text(), encoding="utf-8")
-            os.replace(temporary, self.state_path)
+            _write_atomically(self.state_path, state.to_text())
+        finally:
+            self._state_lock.release()
+
+    def mark_releasing(self, token: str) -> None:
+        """Record, before the first remove is sent, that the local holder releases ``token`` to the server.
+        Only the local lock's holder writes or reads it, so it needs no state lock."""
+        _write_atomically(self.releasing_path, json.dumps({"token": token, "pid": os.getpid()}))
+
+    def releasing(self) -> Optional[str]:
+        """The token a local holder was releasing to the server when it last let go (None: none)."""
+        try:
+            record = json.loads(self.releasing_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        token = record.get("token") if isinstance(record, dict) else None
+        return token if isinstance(token, str) else None
 
     def live_waiters(self, state: CohortState) -> int:
         """How many registered waiters are alive (their lock is held); drops dead ones from ``state``."""
@@ -214,6 +254,17 @@ class CohortFiles:
             with contextlib.suppress(OSError):
                 self.waiter_path(waiter).unlink()
         return alive
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(text, encoding="utf-8")
+    os.replace(temporary, path)
+
+
+def _left(deadline: Optional[float], now: float) -> float:
+    """Seconds to wait for the state lock until ``deadline`` (-1: no deadline), at least STATE_GRACE."""
+    return -1.0 if deadline is None else max(STATE_GRACE, deadline - now)
 
 
 def new_file_lock(path: Path) -> filelock.BaseFileLock:
@@ -312,6 +363,7 @@ class CohortMutex:
         self._where = (server, self._mutex.reservation_id, name)
         self._local = self._files.local_lock()
         self._held = False
+        self._holder_written = False
         self.passed = False
         self.predecessor: Optional[Dict[str, Any]] = None
 
@@ -399,7 +451,8 @@ class CohortMutex:
         )
 
     def local_state(self) -> CohortState:
-        """The cohort's state as this machine's files show it now."""
+        """The cohort's state as this machine's files show it now (:class:`CohortStateBusy` when another
+        process keeps the state file locked)."""
         with self._files.state() as state:
             return state
 
@@ -425,18 +478,24 @@ class CohortMutex:
             )
         start = self._clock()
         deadline = start if not blocking else (None if timeout is None else start + timeout)
-        if not self._take_local(deadline):
-            self._tidy_orphan()
-            if not blocking:
-                return False
-            raise self._local_timeout(start)
+        try:
+            if not self._take_local(deadline):
+                self._tidy_orphan()
+                if not blocking:
+                    return False
+                raise self._local_timeout(start)
+        except CohortStateBusy as busy:
+            raise self._state_timeout(start, busy) from None
         try:
             acquired = self._take_server(blocking, deadline)
+        except CohortStateBusy as busy:
+            self._leave(clear_holder=self._holder_written, timeout=STATE_GRACE)
+            raise self._state_timeout(start, busy) from None
         except BaseException:
-            self._leave(clear_holder=True)
+            self._leave(clear_holder=True, timeout=STATE_GRACE)
             raise
         if not acquired:
-            self._leave(clear_holder=True)
+            self._leave(clear_holder=True, timeout=STATE_GRACE)
         return acquired
 
     def _take_local(self, deadline: Optional[float]) -> bool:
@@ -450,7 +509,7 @@ class CohortMutex:
         mark = new_file_lock(self._files.waiter_path(waiter))
         mark.acquire(timeout=-1)  # its own file: free at once
         try:
-            with self._files.state() as state:
+            with self._files.state(_left(deadline, self._clock())) as state:
                 state.waiters[waiter] = {"pid": os.getpid(), "since": self._clock()}
             try:
                 remaining = -1.0 if deadline is None else max(0.0, deadline - self._clock())
@@ -459,14 +518,17 @@ class CohortMutex:
             except filelock.Timeout:
                 return False
         finally:
-            with self._files.state() as state:
+            # Best effort: a registration left behind is dropped by the next count, its lock being free.
+            with contextlib.suppress(CohortStateBusy), self._files.state(STATE_GRACE) as state:
                 state.waiters.pop(waiter, None)
             mark.release()
             with contextlib.suppress(OSError):
                 self._files.waiter_path(waiter).unlink()
 
     def _take_server(self, blocking: bool, deadline: Optional[float]) -> bool:
-        with self._files.state() as state:
+        self._holder_written = False
+        with self._files.state(_left(deadline, self._clock())) as state:
+            self._holder_written = True
             state.server, state.reservation_id, state.alias = self._where
             dead = state.holder  # a live holder clears it before it lets go of the local lock
             token, lease_seconds, confirmed_at = state.token, state.lease, state.confirmed_at
@@ -479,6 +541,11 @@ class CohortMutex:
             }
         self.passed = False
         self.predecessor = dead
+        releasing = token is not None and token == self._files.releasing()
+        if releasing:
+            # The holder that let go of it was releasing it to the server (and may have died doing so): its
+            # remove may still land, so nobody here carries on under this token. Acquire from the server.
+            token = None
         if dead is not None:
             self.logger.warning(
                 "cloudshell-mutex: the local holder of %s in reservation %s (pid %s, %s) died holding it; "
@@ -489,6 +556,9 @@ class CohortMutex:
                 dead.get("owner"),
                 "Carrying on under the cohort's server lock after checking it"
                 if token
+                else "It was releasing the server lock, whose remove may still land: acquiring it from the "
+                "server"
+                if releasing
                 else "The cohort held no server lock",
             )
         if token is not None and self._join(token, lease_seconds, confirmed_at, verify=dead is not None):
@@ -501,15 +571,21 @@ class CohortMutex:
         else:
             acquired = self._mutex.acquire(False)
         if acquired:
-            beat = self._mutex._heartbeat
-            with self._files.state() as state:
-                state.token = self._mutex.token
-                state.lease = beat.lease if beat is not None else 0.0
-                state.confirmed_at = self._mutex._cohort_confirmed_at()
-                state.since = self._clock()
-                state.passes = 0
-                state.yielded_at = None
             self._held = True
+            beat = self._mutex._heartbeat
+            try:
+                with self._files.state(_left(deadline, self._clock())) as state:
+                    state.token = self._mutex.token
+                    state.lease = beat.lease if beat is not None else 0.0
+                    state.confirmed_at = self._mutex._cohort_confirmed_at()
+                    state.since = self._clock()
+                    state.passes = 0
+                    state.yielded_at = None
+            except CohortStateBusy as busy:
+                # Held all the same; unrecorded, it is never passed on (release() finds another token there).
+                self.logger.warning(
+                    "cloudshell-mutex: %s; %s is released to the server, not passed", busy, self.name
+                )
         return acquired
 
     def _yield_turn(self, yielded_at: float, deadline: Optional[float]) -> None:
@@ -539,7 +615,7 @@ class CohortMutex:
             else:
                 self._mutex._adopt(token)  # one read; raises MutexLostError when it is not ours
         except MutexLostError:
-            with self._files.state() as state:
+            with contextlib.suppress(CohortStateBusy), self._files.state() as state:
                 state.token = state.confirmed_at = state.since = None
                 state.passes = 0
             self.logger.warning(
@@ -550,7 +626,7 @@ class CohortMutex:
             )
             return False
         if not fresh or verify:
-            with self._files.state() as state:
+            with contextlib.suppress(CohortStateBusy), self._files.state() as state:
                 state.confirmed_at = self._mutex._cohort_confirmed_at()
         self.passed = True
         self._held = True
@@ -564,8 +640,11 @@ class CohortMutex:
             self._local.acquire(timeout=0)
         except filelock.Timeout:
             return  # someone holds it: they release it
-        with self._files.state() as state:
-            orphan = state.token is not None and state.holder is None
+        try:
+            with self._files.state(STATE_GRACE) as state:
+                orphan = state.token is not None and state.holder is None
+        except CohortStateBusy:
+            orphan = False  # tidying is a courtesy: the next acquire or the lease deals with it
         if not orphan:
             self._let_go()
             return
@@ -580,8 +659,11 @@ class CohortMutex:
                 self._leave(clear_holder=True)
 
     def _local_timeout(self, start: float) -> MutexTimeout:
-        with self._files.state() as state:
-            holder = state.holder
+        try:
+            with self._files.state(STATE_GRACE) as state:
+                holder = state.holder
+        except CohortStateBusy:
+            holder = None
         waited = self._clock() - start
         who = f"pid {holder.get('pid')} ({holder.get('owner')})" if holder else "another process"
         return MutexTimeout(
@@ -589,6 +671,17 @@ class CohortMutex:
             f"{who} on this machine holds it in cohort mode (local lock {self._files.lock_path}). "
             "Wait longer (timeout=...), or find out why that process holds it so long",
             holder=who,
+            waited=waited,
+            reservation_id=self.reservation_id,
+            alias=self.name,
+        )
+
+    def _state_timeout(self, start: float, busy: CohortStateBusy) -> MutexTimeout:
+        waited = self._clock() - start
+        return MutexTimeout(
+            f"timed out after {waited:.1f} s waiting for {self.name!r} in reservation {self.reservation_id}: "
+            f"{busy}. Find that process (another command on this execution server) and let it go on, or use "
+            "cohort=False",
             waited=waited,
             reservation_id=self.reservation_id,
             alias=self.name,
@@ -606,39 +699,67 @@ class CohortMutex:
         if self._mutex._depth > 1:
             self._mutex.release()  # nested: counted down, no call
             return
-        with self._files.state() as state:
-            waiting = self._files.live_waiters(state)
-            now = self._clock()
-            within = state.passes < self.max_passes and (
-                state.since is None or now - state.since < self.max_pass_seconds
-            )
+        token = self._mutex.token
+        waiting, within, wait = 0, False, STATE_WAIT
+        try:
+            with self._files.state() as state:
+                waiting = self._files.live_waiters(state)
+                now = self._clock()
+                # Only a lock the state records as the cohort's is passed on (not one whose record failed).
+                within = state.token == token and (
+                    state.passes < self.max_passes
+                    and (state.since is None or now - state.since < self.max_pass_seconds)
+                )
+        except CohortStateBusy as busy:
+            self.logger.warning("cloudshell-mutex: %s; releasing %s to the server", busy, self.name)
+            wait = STATE_GRACE  # once is enough: the release goes on without the state
         passed = self._mutex._cohort_pass() if waiting and within else None
         if passed is not None:
             token, confirmed_at, lease_seconds = passed
-            with self._files.state() as state:
-                state.token, state.lease = token, lease_seconds
-                state.confirmed_at = confirmed_at if math.isfinite(confirmed_at) else None
-                state.passes += 1
-                state.holder = None
+            try:
+                with self._files.state() as state:
+                    state.token, state.lease = token, lease_seconds
+                    state.confirmed_at = confirmed_at if math.isfinite(confirmed_at) else None
+                    state.passes += 1
+                    state.holder = None
+            except CohortStateBusy as busy:
+                # The state still names the token and this process as its holder: the next local holder takes
+                # it for a holder that died and carries on after a verifying read (no call of ours pending).
+                self.logger.warning("cloudshell-mutex: %s; passed %s without recording it", busy, self.name)
             self._let_go()
             return
+        if token is not None:
+            # Before any remove is sent: should this process die with the remove on its way, the next local
+            # holder must not carry on under the token (the remove would land under it).
+            self._files.mark_releasing(token)
         try:
             self._mutex.release()
         except BaseException:
             if self._mutex.locked():  # a failed release: still held, call release() again
                 raise
-            self._leave(clear_holder=True, clear_token=True)
+            self._leave(clear_holder=True, clear_token=True, timeout=wait)
             raise
-        self._leave(clear_holder=True, clear_token=True, yielded=bool(waiting) and not within)
+        self._leave(clear_holder=True, clear_token=True, yielded=bool(waiting) and not within, timeout=wait)
 
-    def _leave(self, clear_holder: bool, clear_token: bool = False, yielded: bool = False) -> None:
-        with self._files.state() as state:
-            if clear_holder:
-                state.holder = None
-            if clear_token:
-                state.token = state.confirmed_at = state.since = None
-                state.passes = 0
-                state.yielded_at = self._clock() if yielded else None
+    def _leave(
+        self,
+        clear_holder: bool,
+        clear_token: bool = False,
+        yielded: bool = False,
+        timeout: float = STATE_WAIT,
+    ) -> None:
+        try:
+            with self._files.state(timeout) as state:
+                if clear_holder:
+                    state.holder = None
+                if clear_token:
+                    state.token = state.confirmed_at = state.since = None
+                    state.passes = 0
+                    state.yielded_at = self._clock() if yielded else None
+        except CohortStateBusy as busy:
+            # Left as it was: the next local holder finds this process's holder record (a holder that died)
+            # and, for a released token, the releasing record, so it acquires from the server.
+            self.logger.warning("cloudshell-mutex: %s; left the cohort's state as it was", busy)
         self._let_go()
 
     def _let_go(self) -> None:

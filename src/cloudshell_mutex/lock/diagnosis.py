@@ -20,6 +20,7 @@ from .errors import (
     MutexPermissionError,
     MutexReleaseError,
     MutexTimeout,
+    MutexUsageError,
     ReservationNotActive,
 )
 from .operation import Operation
@@ -173,6 +174,19 @@ def lost_error(op: Operation, reservation_id: str, alias: str, by_heartbeat: boo
         "the work done under it may not have been exclusive"
     )
     return MutexLostError(message, reservation_id=reservation_id, alias=alias)
+
+
+def namesake_error(reservation_id: str, alias: str, other: str) -> MutexUsageError:
+    """The add of ``alias`` said "already exists" while a read shows only ``other``, a spelling of it in other
+    letter cases: this server takes aliases alike whatever their case, and the two names are one lock."""
+    return MutexUsageError(
+        f"the server refuses to add {alias!r} in reservation {reservation_id} ('already exists') while the "
+        f"reservation shows only {other!r}, which differs from {alias!r} only in letter case: this server "
+        "takes aliases alike whatever their case, so both names are one lock. Use one spelling everywhere "
+        f"(the one the lock's other users use, e.g. {other!r})",
+        reservation_id=reservation_id,
+        alias=alias,
+    )
 
 
 def release_error(

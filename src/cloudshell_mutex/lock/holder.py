@@ -13,7 +13,7 @@ import re
 import secrets
 import socket
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Mapping, Optional
 
 from . import protocol
 
@@ -103,6 +103,15 @@ def holders_in(details: Any, alias: Optional[str] = None) -> Dict[str, Holder]:
         if alias is None or service.Alias == alias:
             found.setdefault(service.Alias, _holder_of(service))
     return found
+
+
+def namesake(services: Mapping[str, Holder], alias: str) -> Optional[str]:
+    """An alias among ``services`` that differs from ``alias`` only in letter case (None: none, or ``alias``
+    itself is there). A server that takes aliases alike whatever their case refuses ``alias`` for it."""
+    if alias in services:
+        return None
+    wanted = alias.casefold()
+    return next((other for other in sorted(services) if other.casefold() == wanted), None)
 
 
 def _holder_of(service: Any) -> Holder:

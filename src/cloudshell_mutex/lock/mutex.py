@@ -24,7 +24,7 @@ import logging
 import math
 import random
 import time
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Mapping, Optional, Tuple
 
 from . import diagnosis, events, fencing, lease, protocol
 from .alias import CallResult, LockAlias, Status
@@ -32,7 +32,7 @@ from .classify import Classification, ErrorKind
 from .errors import MutexError, MutexLostError, MutexUsageError
 from .events import Reporter
 from .handle import HandleInfo, make_handle, parse_handle
-from .holder import Holder, make_token, sanitize_label
+from .holder import Holder, make_token, namesake, sanitize_label
 from .late_adds import LateAdds, late_adds_for
 from .lease import Heartbeat, StaleWatch
 from .operation import Operation
@@ -64,7 +64,14 @@ class ReservationMutex:
     validated here. Without ``logger`` the lock logs to ``logging.getLogger("cloudshell_mutex")``.
 
     One object is one lock handle: do not share it between threads; give each thread its own.
+
+    ``name`` must be a lock's own name (:func:`~.protocol.check_lock_name`): not blank-padded, without the
+    ``~`` of the services a lock derives from its name, and ``MUTEX`` only in that spelling.
     """
+
+    #: True for the internal locks on aliases derived from a lock's name (a read-write lock's reader slots,
+    #: closer and writer-waiting marker), which no public lock may be named.
+    _derived_name = False
 
     def __init__(
         self,
@@ -84,6 +91,8 @@ class ReservationMutex:
     ) -> None:
         if options is not None and not isinstance(options, MutexOptions):
             raise TypeError(f"options must be a MutexOptions, got {type(options).__name__}")
+        if not self._derived_name:
+            protocol.check_lock_name(name)
         if timeout is not _UNSET:
             tuning["timeout"] = timeout
         base = options if options is not None else MutexOptions()
@@ -158,6 +167,8 @@ class ReservationMutex:
         self._late_copies = 0
         # A release that raised MutexReleaseError: the next release() continues it, knowing what it knew.
         self._release_op: Optional[Operation] = None
+        # Every service of the last fresh read (a case-blind server shows our lock under another spelling).
+        self._last_services: Mapping[str, Holder] = {}
 
     # ------------------------------------------------------------------ public API
 
@@ -293,8 +304,9 @@ class ReservationMutex:
         """Join the acquisition another process exported (:meth:`export`); returns a held lock object.
 
         The handle is parsed strictly (:class:`~.errors.MutexHandleError`). One fresh read checks that the
-        lock still carries the handle's token (else :class:`~.errors.MutexLostError`); with a lease, this
-        object writes a heartbeat at once and keeps heartbeating. ``kwargs`` are the constructor's options.
+        lock still carries the handle's token (else :class:`~.errors.MutexLostError`); when its service has
+        a lease, this object writes a heartbeat at once and keeps heartbeating that lease (whatever its own
+        ``lease`` option: ``lease=0`` cannot unlease a lock). ``kwargs`` are the constructor's options.
         """
         info = parse_handle(handle)
         kwargs.setdefault("model", info.model)
@@ -322,11 +334,9 @@ class ReservationMutex:
         self._depth = 1
         self._confirmed_at = read.sent_at
         holder_lease = lease.lease_of(holder)
-        if (
-            holder_lease is not None
-            and self.options.lease > 0
-            and protocol.ATTR_HEARTBEAT in holder.attributes
-        ):
+        # The lease is the service's, whatever this object's own ``lease`` option says: a party that holds a
+        # leased lock and never heartbeats would have it broken under it by the first waiter.
+        if holder_lease is not None and protocol.ATTR_HEARTBEAT in holder.attributes:
             self._start_heartbeat(token, float("-inf"), holder_lease)
             self._first_own_beat(holder_lease)
         self._news.event(events.ACQUIRED, op, error="adopted")
@@ -370,6 +380,8 @@ class ReservationMutex:
         the lease may have lapsed, or an add of it may still land): then release() it."""
         beat = self._heartbeat
         if self._token is None or self._depth != 1 or self._late_add_by is not None:
+            return None
+        if self._release_op is not None:  # a release that failed: its remove may still land
             return None
         if beat is not None and (beat.lost or beat.lapsed(self._clock())):
             return None
@@ -655,6 +667,8 @@ class ReservationMutex:
                 return False  # read again later
             if op.settled_by(holder):
                 return True
+            if holder is None:
+                self._refuse_namesake(op)
             self._note_holder(op, holder)
             self._watch.observe(holder, op.last_read_at)  # the lease judgement: this waiter's own clock
         if op.contentions == 1:
@@ -667,6 +681,14 @@ class ReservationMutex:
                 op.holder_label or "another owner",
             )
         return False
+
+    def _refuse_namesake(self, op: Operation) -> None:
+        """The add said "already exists" and a read shows no service under our alias: if it shows one under
+        another spelling of it, the server takes them alike (case-blind), and waiting would never end (each
+        read would show the lock free, each add would be refused)."""
+        other = namesake(self._last_services, self.name)
+        if other is not None:
+            raise self._news.error(diagnosis.namesake_error(self.reservation_id, self.name, other), op)
 
     def _on_transient(self, op: Operation, add: CallResult) -> bool:
         """Back off after a transient failure, then settle an unknown outcome with one fresh read."""
@@ -981,6 +1003,7 @@ class ReservationMutex:
         """One fresh read of the holder, recorded in ``op``; a read showing our token confirms that
         the lock is still ours."""
         result = self._alias.read(paced=op.polling, deadline=op.deadline)
+        self._last_services = result.services or {}
         op.read_tried(result.sent_at)
         if self._queue is not None:
             self._queue.saw(result)  # who waits, remembered for this process's next acquisition

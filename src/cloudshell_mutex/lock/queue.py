@@ -103,7 +103,11 @@ def ticket_number(ticket: str, alias: str) -> Optional[int]:
     if not ticket.startswith(prefix):
         return None
     digits = ticket[len(prefix) :]
-    return int(digits) if digits.isdigit() and len(digits) < 10 else None
+    # Any length (a number is never refused for its size: a waiter joins after the highest it sees, and must
+    # then see its own ticket), ASCII digits only, and written as ticket_alias writes it (no leading zero).
+    if not (digits.isascii() and digits.isdigit()) or (len(digits) > 1 and digits[0] == "0"):
+        return None
+    return int(digits)
 
 
 def ticket_value(token: str, lease_seconds: float, count: int) -> str:

@@ -70,6 +70,10 @@ CLOSER_POLL = 0.05
 CLOSER_PACING = DefaultPacing(first=0.02, base=0.05, cap=0.25)
 #: Reads a closer makes under ``MUTEX~c`` before it gives up (each after a stale slot broken or a lag).
 CLOSE_ROUNDS = 6
+#: Seconds a release waits for another closer's ``MUTEX~c`` before it leaves the group to that closer (a live
+#: one holds it for a few calls; one that holds it longer saw no reader and is removing the group) or, when
+#: that closer crashed, to the next reader or a writer's lease break. A release has no caller's deadline.
+RELEASE_CLOSE_WAIT = 5.0
 
 _UNSET: Any = object()
 #: "The last read did not tell who holds MUTEX" (None means: nobody).
@@ -108,6 +112,13 @@ class _GroupAdds:
             alias.alias,
             token,
         )
+
+
+class _PartMutex(ReservationMutex):
+    """A ReservationMutex on an alias this lock derives from its name: a reader slot, the closer, the writer
+    waiting (names no public lock may have)."""
+
+    _derived_name = True
 
 
 class _GroupMutex(ReservationMutex):
@@ -167,6 +178,7 @@ class ReservationRWLock:
             raise ValueError(f"max_readers must be from 1 to {MAX_READERS_LIMIT}, got {max_readers}")
         if options is not None and not isinstance(options, MutexOptions):
             raise TypeError(f"options must be a MutexOptions, got {type(options).__name__}")
+        protocol.check_lock_name(name)
         if timeout is not _UNSET:
             tuning["timeout"] = timeout
         base = options if options is not None else MutexOptions()
@@ -248,7 +260,7 @@ class ReservationRWLock:
             sleep=self._sleep,
         )
 
-    def _mutex(self, alias: str, kind: type = ReservationMutex) -> ReservationMutex:
+    def _mutex(self, alias: str, kind: type = _PartMutex) -> ReservationMutex:
         return kind(self.api, self.reservation_id, owner=self.owner, name=alias, **self._common)
 
     def _deadline(self, blocking: bool, timeout: Any) -> Optional[float]:
@@ -278,7 +290,7 @@ class WriteLock:
 
     def __init__(self, rw: ReservationRWLock) -> None:
         self._rw = rw
-        self._mutex = rw._mutex(rw.name)
+        self._mutex = rw._mutex(rw.name, ReservationMutex)
         self._waiting = rw._mutex(rw.name + WRITER_SUFFIX)
 
     @property
@@ -363,15 +375,15 @@ class ReadLock:
         self._slot_names = [slot_alias(name, index + 1) for index in range(rw.max_readers)]
         self._slots = [rw._mutex(alias) for alias in self._slot_names]
         # Closers hold MUTEX~c for a few calls and never wait inside: poll it quickly.
-        self._closer = ReservationMutex(
+        self._closer = _PartMutex(
             rw.api, rw.reservation_id, owner=rw.owner, name=name + CLOSER_SUFFIX,
             **{**rw._common, "options": rw.options.replace(pacing=CLOSER_PACING)},
         )  # fmt: skip
-        # For breaking a crashed reader's slot: the slot's alias and its breaker, judged on this reader's
-        # clock from every snapshot it reads (lease.StaleWatch), as a waiting mutex judges its holder.
-        breakable = [*self._slot_names, name]
-        self._slot_aliases = {alias: rw._alias(alias) for alias in breakable}
-        self._breakers = {alias: rw._alias(lease.breaker_alias(alias)) for alias in breakable}
+        # For breaking a crashed reader's slot (any reader's: others may have more slots than this one) or a
+        # crashed writer: the alias and its breaker, made when first needed, judged on this reader's clock
+        # from every snapshot it reads (lease.StaleWatch), as a waiting mutex judges its holder.
+        self._slot_aliases: Dict[str, LockAlias] = {}
+        self._breakers: Dict[str, LockAlias] = {}
         self._watches: Dict[str, StaleWatch] = {}
         self._breaker_watches: Dict[str, StaleWatch] = {}
         self._slot: Optional[ReservationMutex] = None
@@ -383,6 +395,8 @@ class ReadLock:
         # reader keeps the group object (it remembers the remove) and MUTEX~c (its heartbeat keeps joiners
         # out) until release() or acquire() finishes the close.
         self._pending_close: Optional[ReservationMutex] = None
+        # What the current acquire() last waited for besides the snapshot's blocker (its timeout says so).
+        self._waited_for: Optional[str] = None
 
     # ------------------------------------------------------------------ public
 
@@ -436,10 +450,11 @@ class ReadLock:
                 reservation_id=rw.reservation_id,
                 alias=rw.name,
             )
+        self._deadline = deadline
+        self._waited_for = None
         self._finish_close()  # a release that raised left a close unfinished: finish it first
         if self._slot is not None:  # a release that raised left a slot: finish giving it back first
-            self._give_back()
-        self._deadline = deadline
+            self._give_back(self._close_by(deadline))
         start = rw._clock()
         attempt, delay = 0, 0.0
         blocker: Optional[str] = None
@@ -455,7 +470,7 @@ class ReadLock:
                 if why is not None and self._abandoned_group(snap):
                     # A group with no reader left (its readers' last close was skipped on a lagging read, or
                     # an add of it landed late) would keep a waiting writer out until its lease ends.
-                    self._close(None)
+                    self._close(None, self._close_by(deadline))
                 if why is None and self._enter(snap):
                     rw.logger.info(
                         "cloudshell-mutex: reading %s in reservation %s (slot %s, group %s) after %.2f s",
@@ -471,10 +486,14 @@ class ReadLock:
                 return False
             if deadline is not None and now >= deadline:
                 waited = now - start
-                what = blocker or (
-                    "the reservation could not be read"
-                    if snap is None
-                    else "other readers kept taking the free slots first, or a closer was at work"
+                what = (
+                    blocker
+                    or self._waited_for
+                    or (
+                        "the reservation could not be read"
+                        if snap is None
+                        else "other readers kept taking the free slots first"
+                    )
                 )
                 raise MutexTimeout(
                     f"could not read-lock {rw.name!r} in reservation {rw.reservation_id} within "
@@ -517,7 +536,8 @@ class ReadLock:
             # heartbeat must not take that for a loss.
             group.stop_heartbeat()
         self._saw_group = False  # the member closes below, with its share
-        self._give_back()  # raises MutexReleaseError when the slot's remove kept failing: call again
+        close_by = self._rw._clock() + RELEASE_CLOSE_WAIT
+        self._give_back(close_by)  # raises MutexReleaseError when the slot's remove kept failing: call again
         self._group = None
         if group is not None and self._others_read():
             group.detach()  # another reader reads: it closes the group when it leaves
@@ -525,7 +545,7 @@ class ReadLock:
             group = None
         if group is not None:
             try:
-                self._close(group)
+                self._close(group, close_by)
             except MutexLostError as error:
                 lost = lost or error
             finally:
@@ -544,7 +564,7 @@ class ReadLock:
             snap = self._snapshot(paced=False)
             if snap is None:
                 return False  # cannot tell: close
-            readers = [alias for alias in self._slot_names if alias in snap]
+            readers = self._readers(snap)
             # A crashed reader's slot would make every reader leave the group to it: break it first.
             if not readers or not self._break_stale(snap, readers):
                 return bool(readers)
@@ -569,9 +589,15 @@ class ReadLock:
                 return None
             raise rw._fatal(result.failure, "reading the reservation's lock services")
         services = result.services or {}
-        for alias in [*self._slot_names, rw.name, rw.name + WRITER_SUFFIX, lease.breaker_alias(rw.name)]:
+        watched = {rw.name, rw.name + WRITER_SUFFIX, rw.name + CLOSER_SUFFIX, lease.breaker_alias(rw.name)}
+        watched.update(protocol.reader_slots(services, rw.name), self._watches)
+        for alias in watched:
             self._watch(alias).observe(services.get(alias), result.sent_at)
         return services
+
+    def _readers(self, snap: Dict[str, Holder]) -> List[str]:
+        """Every reader slot the snapshot shows, whatever ``max_readers`` the reader that took it had."""
+        return protocol.reader_slots(snap, self._rw.name)
 
     def _watch(self, alias: str) -> StaleWatch:
         return self._watches.setdefault(alias, StaleWatch())
@@ -613,11 +639,7 @@ class ReadLock:
     def _abandoned_group(self, snap: Dict[str, Holder]) -> bool:
         """A writer waits, and this read shows a read group with no reader slot held."""
         holder = snap.get(self._rw.name)
-        return (
-            is_read_group(holder)
-            and self._writer_waiting(snap) is not None
-            and not any(alias in snap for alias in self._slot_names)
-        )
+        return is_read_group(holder) and self._writer_waiting(snap) is not None and not self._readers(snap)
 
     def _enter(self, snap: Dict[str, Holder]) -> bool:
         """Take a slot the snapshot shows free; then open the group or join it. True when reading."""
@@ -636,10 +658,10 @@ class ReadLock:
             group = self._open_or_join(slot, snap.get(self._rw.name))
         except BaseException:
             self._saw_group = True  # unknown: close to be safe (a close removes only a group without readers)
-            self._give_back()
+            self._give_back(self._close_by(self._deadline))
             raise
         if group is None:
-            self._give_back()
+            self._give_back(self._close_by(self._deadline))
             return False
         self._group = group
         return True
@@ -674,10 +696,14 @@ class ReadLock:
                 continue
             if not is_read_group(holder) or self._writer_waiting(snap) is not None:
                 return None
-            if rw.name + CLOSER_SUFFIX in snap or self._breaker_at_work(snap):
+            busy = snap.get(rw.name + CLOSER_SUFFIX)
+            if busy is None and self._breaker_at_work(snap):
+                busy = snap.get(lease.breaker_alias(rw.name))
+            if busy is not None:
                 # A closer is at work: it may have counted the slots before ours. Keep the slot (the closer
                 # then leaves the group to us) and look again when it is done: it never waits for anything.
                 # A breaker likewise: it breaks the group only when its re-read shows no slot held.
+                self._waited_for = f"{busy.alias} (held by {busy.label}) was at work on the read group"
                 if self._deadline is not None and rw._clock() >= self._deadline:
                     return None
                 rounds -= 1
@@ -700,9 +726,9 @@ class ReadLock:
         group = _GroupMutex.adopt(rw.api, make_handle(info), owner=rw.owner, options=rw.options, **common)
         return group
 
-    def _give_back(self) -> None:
+    def _give_back(self, close_by: float) -> None:
         """Release the slot held (if any); after seeing a group, try to close it (this slot may be what
-        a closer saw when it decided to leave the group open)."""
+        a closer saw when it decided to leave the group open), waiting for ``MUTEX~c`` until ``close_by``."""
         slot = self._slot
         if slot is not None:
             with contextlib.suppress(MutexLostError):  # broken meanwhile: nothing of ours to remove
@@ -710,20 +736,22 @@ class ReadLock:
             self._slot = None
         if self._saw_group:
             self._saw_group = False
-            self._close(None)
+            self._close(None, close_by)
 
     # ------------------------------------------------------------------ closing
 
-    def _close(self, group: Optional[ReservationMutex]) -> None:
+    def _close(self, group: Optional[ReservationMutex], close_by: float) -> None:
         """Remove the group's ``MUTEX`` if no reader slot is held, as the only closer at work.
 
-        ``group`` is this reader's share (or None). Raises :class:`MutexLostError` when that share turns
-        out lost at its removal."""
+        ``group`` is this reader's share (or None). ``MUTEX~c`` is waited for until ``close_by`` (monotonic);
+        then the group is left to the closer at work, the next closer or its lease. Raises
+        :class:`MutexLostError` when that share turns out lost at its removal."""
         rw = self._rw
         closer = self._closer
         try:
-            closer.acquire(timeout=self._close_timeout())
+            closer.acquire(timeout=max(0.0, close_by - rw._clock()))
         except MutexTimeout as error:
+            self._waited_for = f"{closer.name} (held by {error.holder or 'another reader'}) was at work"
             rw.logger.warning(
                 "cloudshell-mutex: could not take %s to close the read group of %s (%s); the group is left "
                 "to the next closer or its lease",
@@ -756,7 +784,7 @@ class ReadLock:
                 rw._sleep(FRESH_READ_LAG / 4)  # lags behind our closer's add: shows too little
                 continue
             holder = snap.get(rw.name)
-            readers = [alias for alias in self._slot_names if alias in snap]
+            readers = self._readers(snap)
             if readers and self._break_stale(snap, readers):
                 continue  # a crashed reader's slot was removed: look again
             if readers or not is_read_group(holder):
@@ -764,6 +792,13 @@ class ReadLock:
             if self._breaker_at_work(snap):
                 # A breaker's re-read may have shown the group before our MUTEX~c: its remove may land after
                 # ours, on a group opened meanwhile. Leave the group to it (it sees our MUTEX~c, or breaks).
+                return group
+            try:
+                # No call: a closer paused past its lease may have lost MUTEX~c to a breaker, and a reader may
+                # have joined since; its snapshot then proves nothing.
+                closer.ensure_held()
+            except MutexLostError as error:
+                rw.logger.warning("cloudshell-mutex: not closing the read group of %s: %s", rw.name, error)
                 return group
             if group is None or group.token != holder.token:
                 if group is not None:
@@ -834,12 +869,14 @@ class ReadLock:
             api_message=error.api_message,
         )
 
-    def _close_timeout(self) -> float:
-        # Long enough to break a crashed closer's MUTEX~c (lease + margin). A live closer may hold it longer
-        # (its remove of the group may land up to request_lifetime later); giving up on it is safe: it saw no
-        # reader slot and is removing the group (docs/protocol.md, "Why every group closes").
+    def _close_by(self, deadline: Optional[float]) -> float:
+        """Until when a close inside ``acquire()`` waits for ``MUTEX~c``: the caller's deadline, and at most
+        long enough to break a crashed closer's ``MUTEX~c`` (lease + margin). A live closer may hold it
+        longer (its remove of the group may land up to request_lifetime later); giving up on it is safe: it
+        saw no reader slot and is removing the group (docs/protocol.md, "Why every group closes")."""
         lease_seconds = self._rw.options.lease
-        return 2 * lease_seconds + 10.0 if lease_seconds > 0 else 60.0
+        longest = self._rw._clock() + (2 * lease_seconds + 10.0 if lease_seconds > 0 else 60.0)
+        return longest if deadline is None else min(deadline, longest)
 
     # ------------------------------------------------------------------ crashed readers
 
@@ -855,9 +892,10 @@ class ReadLock:
             if holder is None or not watch.stale(rw._clock()):
                 continue
             seen = watch.unchanged_for(rw._clock())
+            target = self._part_alias(alias)
             result = lease.break_stale(
-                self._slot_aliases[alias],
-                self._breakers[alias],
+                target,
+                self._breaker_of(alias),
                 watch,
                 self._breaker_watches.setdefault(alias, StaleWatch()),
                 rw.owner,
@@ -878,8 +916,18 @@ class ReadLock:
                 f"{seen:.1f} s on this reader's own clock"
             )
             rw.logger.warning("cloudshell-mutex: %s", message)
-            self._slot_aliases[alias].write_output(message)
+            target.write_output(message)
         return broken
+
+    def _part_alias(self, alias: str) -> LockAlias:
+        if alias not in self._slot_aliases:
+            self._slot_aliases[alias] = self._rw._alias(alias)
+        return self._slot_aliases[alias]
+
+    def _breaker_of(self, alias: str) -> LockAlias:
+        if alias not in self._breakers:
+            self._breakers[alias] = self._rw._alias(lease.breaker_alias(alias))
+        return self._breakers[alias]
 
 
 def _remaining(deadline: Optional[float], now: float) -> Optional[float]:
