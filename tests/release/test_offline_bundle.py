@@ -52,6 +52,19 @@ def test_a_driver_virtualenv_installs_from_the_bundle_alone(tmp_path: Path, bund
 
 
 @pytest.mark.dist
+def test_a_bundle_missing_a_wheel_does_not_install(tmp_path: Path, bundle: Path) -> None:
+    """The control: the install above has no other source to fall back on (no index, no pip settings, a
+    refusing proxy), so one wheel taken out of the bundle fails it."""
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    for path in bundle.glob("*.whl"):
+        if not path.name.startswith("urllib3-"):
+            (partial / path.name).write_bytes(path.read_bytes())
+    with pytest.raises(AssertionError, match="urllib3"):
+        offline_venv(tmp_path / "venv", partial, "cloudshell-mutex")
+
+
+@pytest.mark.dist
 @pytest.mark.parametrize("platform", TOOL.PLATFORMS, ids=lambda platform: platform.name)
 def test_the_bundle_alone_serves_each_execution_server_platform(bundle: Path, wheel: Path, platform) -> None:
     requirements = [f"{bundle / wheel.name}[driver]", *TOOL.driver_requirements(ROOT / "drivers.toml")]
