@@ -76,6 +76,13 @@ class Platform:
             **self.markers,
         }
 
+    def pip_options(self) -> List[str]:
+        """pip's options for wheels of CPython 3.9 on this platform (binary wheels only, as pip requires)."""
+        version = "".join(map(str, PYTHON_VERSION))
+        tags = [option for tag in self.tags for option in ("--platform", tag)]
+        return ["--only-binary=:all:", *tags, "--python-version", version, "--implementation", "cp",
+                "--abi", f"cp{version}"]  # fmt: skip
+
     def supported(self) -> FrozenSet[Tag]:
         """Every wheel tag CPython 3.9 accepts on this platform."""
         abis = [f"cp{PYTHON_VERSION[0]}{PYTHON_VERSION[1]}", "abi3", "none"]
@@ -186,52 +193,22 @@ def build_pure_wheels(python: str, packages: Iterable[dict], out: Path) -> List[
 
 def download(python: str, platform: Platform, requirements: Sequence[str], out: Path) -> None:
     """Binary wheels of ``requirements`` and their dependencies for ``platform`` into ``out``."""
-    tags = [arg for tag in platform.tags for arg in ("--platform", tag)]
-    version = "".join(map(str, PYTHON_VERSION))
-    pip(
-        python,
-        "download",
-        "--only-binary=:all:",
-        *tags,
-        "--python-version",
-        version,
-        "--implementation",
-        "cp",
-        "--abi",
-        f"cp{version}",
-        "--find-links",
-        str(out),
-        "-d",
-        str(out),
-        *requirements,
-    )
+    pip(python, "download", *platform.pip_options(), "--find-links", str(out), "-d", str(out), *requirements)
 
 
 def offline_resolves(python: str, platform: Platform, requirements: Sequence[str], out: Path) -> None:
     """pip itself resolves ``requirements`` for ``platform`` from ``out`` alone (no index)."""
-    tags = [arg for tag in platform.tags for arg in ("--platform", tag)]
-    version = "".join(map(str, PYTHON_VERSION))
     with tempfile.TemporaryDirectory() as target:
-        pip(
-            python,
-            "install",
+        options = [
             "--dry-run",
             "--ignore-installed",
             "--no-index",
             "--find-links",
             str(out),
-            "--only-binary=:all:",
-            *tags,
-            "--python-version",
-            version,
-            "--implementation",
-            "cp",
-            "--abi",
-            f"cp{version}",
             "--target",
             target,
-            *requirements,
-        )
+        ]
+        pip(python, "install", *options, *platform.pip_options(), *requirements)
 
 
 def missing_requirements(
