@@ -8,6 +8,8 @@ PYTHON ?= python3
 PYTHON39 ?= $(shell for p in $(wildcard $(HOME)/.pyenv/versions/3.9*/bin/python3.9) python3.9; do \
 	$$p -c 'import sys; sys.exit(sys.version_info[:2] != (3, 9))' 2>/dev/null && { echo $$p; break; }; done)
 VENV := .venv
+# The one version source (pyproject.toml reads it through hatch; so does drivers.toml's {project_version}).
+VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' src/cloudshell_mutex/__init__.py)
 VENV39 := .venv39
 # The oldest cloudshell-automation-api that pyproject.toml allows: no re-send, no socket timeout, no 401
 # handling. The lock's emulator tests also run with it, under Python 3.9 (docs/protocol.md).
@@ -16,8 +18,8 @@ VENV_OLDEST := .venv-oldest-client
 OLDEST_CLIENT_TESTS := tests/lock/test_mutex_emulator.py tests/lock/test_alias.py \
 	tests/lock/test_unknown_outcomes_emulator.py tests/lock/test_exclusion.py tests/contract
 BIN := $(VENV)/bin
-# cloudshell-orch-core 4.5 pins old automation-api/logging; it is installed without its pins for the tests
-# of the real Sandbox class (see ../shared/cloudshell-facts.md).
+# cloudshell-orch-core 4.5 pins old automation-api/logging (pip cannot install it beside shell-core 6); it is
+# installed without its pins for the tests of the real Sandbox class, whose imports work with the new ones.
 ORCH_CORE := cloudshell-orch-core==4.5.0.5000
 PYTEST_ARGS ?=
 # make bench: the quick plan (about ten minutes, plus the cohort and readers-and-writers benches) by default;
@@ -26,7 +28,7 @@ BENCH ?= quick
 # ... and the cohort benchmark's plan (bench/cohort.py: quick, full, slice, smoke).
 COHORT_BENCH ?= quick
 
-.PHONY: help venv venv39 test test-py39 test-oldest-client test-live stress lint clean emulator package demo bench
+.PHONY: help venv venv39 test test-py39 test-oldest-client test-live test-dist stress lint clean emulator package dist demo bench
 
 help:
 	@echo "make demo       two drivers race to rewire one sandbox, without and with the lock (under a minute)"
@@ -35,6 +37,8 @@ help:
 	@echo "make test       lint, the whole test suite, and the unit tests under Python 3.9"
 	@echo "make test-live  the contract suite (tests/contract) against a real CloudShell server (CLOUDSHELL_TEST_*)"
 	@echo "make package    build dist/Mutex_Package.zip and the library wheel (both reproducible)"
+	@echo "make dist       everything a site needs: package, wheel, sdist, and the offline bundle (docs/deploy.md)"
+	@echo "make test-dist  make dist in a fresh clone, then install from its bundle with no index"
 	@echo "make stress     32 processes x 200 acquisitions under faults, kills and pauses; checks exclusion and the history"
 	@echo "make lint       ruff"
 	@echo "make clean      remove the virtualenvs and build outputs"
@@ -42,7 +46,7 @@ help:
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[cli,driver]' --group dev
 	$(BIN)/python -m pip install --quiet --no-deps $(ORCH_CORE)
 	touch $@
 
@@ -52,7 +56,7 @@ $(VENV39)/bin/.installed: pyproject.toml
 	@test -n "$(PYTHON39)" || { echo "Python 3.9 not found: install it (pyenv install 3.9) or set PYTHON39=/path/to/python3.9"; exit 1; }
 	$(PYTHON39) -m venv $(VENV39)
 	$(VENV39)/bin/python -m pip install --quiet --upgrade pip
-	$(VENV39)/bin/python -m pip install --quiet '.[driver]' 'pytest>=8,<9' 'pytest-timeout>=2.2,<3' 'hypothesis>=6.100,<7'
+	$(VENV39)/bin/python -m pip install --quiet '.[cli,driver]' 'pytest>=8,<9' 'pytest-timeout>=2.2,<3' 'hypothesis>=6.100,<7'
 	touch $@
 
 venv39: $(VENV39)/bin/.installed
@@ -61,12 +65,12 @@ $(VENV_OLDEST)/bin/.installed: pyproject.toml
 	@test -n "$(PYTHON39)" || { echo "Python 3.9 not found: install it (pyenv install 3.9) or set PYTHON39=/path/to/python3.9"; exit 1; }
 	$(PYTHON39) -m venv $(VENV_OLDEST)
 	$(VENV_OLDEST)/bin/python -m pip install --quiet --upgrade pip
-	$(VENV_OLDEST)/bin/python -m pip install --quiet '.[driver]' '$(OLDEST_CLIENT)' 'pytest>=8,<9' 'pytest-timeout>=2.2,<3'
+	$(VENV_OLDEST)/bin/python -m pip install --quiet '.[cli,driver]' '$(OLDEST_CLIENT)' 'pytest>=8,<9' 'pytest-timeout>=2.2,<3'
 	touch $@
 
 lint: venv
-	$(BIN)/ruff check src tests examples drivers
-	$(BIN)/ruff format --check src tests examples drivers
+	$(BIN)/ruff check src tests examples drivers tools
+	$(BIN)/ruff format --check src tests examples drivers tools
 
 test: lint test-py39 test-oldest-client
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -95,7 +99,7 @@ test-live:
 # A non-editable install, so that what is tested is what a wheel ships.
 test-py39: venv39
 	$(VENV39)/bin/python -m pip install --quiet --no-deps --force-reinstall .
-	$(VENV39)/bin/python -m pytest -p no:cacheprovider -q -m "not integration" tests
+	$(VENV39)/bin/python -m pytest -p no:cacheprovider -q -m "not integration and not dist" tests
 
 # The lock's emulator tests with the oldest client the dependency range allows (tests that need a newer
 # client's re-send or socket timeout are skipped there, and say so).
@@ -129,6 +133,24 @@ package: venv
 	$(BIN)/cloudshell-mutex package --output dist/Mutex_Package.zip
 	SOURCE_DATE_EPOCH=$${SOURCE_DATE_EPOCH:-$$(git log -1 --format=%ct 2>/dev/null || echo 1580601600)} \
 		$(BIN)/python -m build --quiet --wheel --outdir dist .
+
+# What a release hands to sites and to PyPI (docs/deploy.md): the package and the wheel (make package), the
+# sdist, and dist/offline_requirements/, every wheel the execution servers need (CPython 3.9 on Windows x64
+# and Linux x86_64), checked to install from that folder alone; twine checks the wheel and the sdist.
+dist: package
+	@test -n "$(PYTHON39)" || { echo "Python 3.9 not found: install it (pyenv install 3.9) or set PYTHON39=/path/to/python3.9"; exit 1; }
+	SOURCE_DATE_EPOCH=$${SOURCE_DATE_EPOCH:-$$(git log -1 --format=%ct 2>/dev/null || echo 1580601600)} \
+		$(BIN)/python -m build --quiet --sdist --outdir dist .
+	$(BIN)/python tools/dist.py --python $(PYTHON39) --wheel dist/cloudshell_mutex-$(VERSION)-py3-none-any.whl
+	$(BIN)/twine check --strict dist/cloudshell_mutex-$(VERSION)-py3-none-any.whl dist/cloudshell_mutex-$(VERSION).tar.gz
+
+# The release path end to end, outside make test (it downloads every dependency): `make dist` in a fresh
+# clone of this commit, then the tests marked `dist` install from that clone's bundle with no index.
+test-dist: venv
+	rm -rf build/test-dist && git clone --quiet . build/test-dist
+	$(MAKE) --no-print-directory -C build/test-dist dist PYTHON39=$(PYTHON39)
+	CLOUDSHELL_MUTEX_DIST=$(CURDIR)/build/test-dist/dist PYTHON39=$(PYTHON39) \
+		$(BIN)/python -m pytest -p no:cacheprovider -m dist tests/release $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) $(VENV39) $(VENV_OLDEST) .venv-driver39 dist build .pytest_cache .ruff_cache

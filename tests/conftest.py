@@ -1,4 +1,4 @@
-"""Shared test fixtures. Must import on Python 3.9 with only the library and its [driver] extra."""
+"""Shared test fixtures. Must import on Python 3.9 with only the library and its [cli,driver] extras."""
 
 from __future__ import annotations
 

@@ -9,15 +9,29 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import sys
 from typing import Optional, Sequence
 
-from .emulator import command as emulator_command
-from .lock import command as lock_command
-from .packaging import command as packaging_command
-
 #: Modules that contribute subcommands, in help order.
-COMMAND_MODULES = (packaging_command, lock_command, emulator_command)
+COMMAND_MODULES = (
+    "cloudshell_mutex.packaging.command",
+    "cloudshell_mutex.lock.command",
+    "cloudshell_mutex.emulator.command",
+)
+#: What ``pip install 'cloudshell-mutex[cli]'`` adds to the runtime install (which drivers and scripts get):
+#: the Quali API client, YAML for cloudshell_config.yml, and TOML for drivers.toml before Python 3.11.
+CLI_EXTRA_MODULES = ("cloudshell.rest", "requests", "requests_toolbelt", "alive_progress", "yaml", "tomli")
+#: The exit code when the extra is missing: nothing was attempted (as for a bad command line).
+EXIT_MISSING_EXTRA = 2
+
+
+def missing_cli_extra(error: ModuleNotFoundError) -> Optional[str]:
+    """The missing module when ``error`` comes from the ``cli`` extra not being installed, else None."""
+    name = error.name or ""
+    if any(name == module or name.startswith(f"{module}.") for module in CLI_EXTRA_MODULES):
+        return name
+    return None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,12 +47,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers.required = True
     for module in COMMAND_MODULES:
-        module.register(subparsers)
+        importlib.import_module(module).register(subparsers)
     return parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run the CLI and return its exit code."""
+    """Run the CLI and return its exit code.
+
+    The commands need the ``cli`` extra, which a driver's or script's install leaves out: without it the
+    command says what to install and exits with 2, before any request is made.
+    """
+    try:
+        return _run(argv)
+    except ModuleNotFoundError as error:
+        missing = missing_cli_extra(error)
+        if missing is None:
+            raise
+        print(
+            f"error: the cloudshell-mutex command needs the 'cli' extra ({missing} is not installed): "
+            "pip install 'cloudshell-mutex[cli]'",
+            file=sys.stderr,
+        )
+        return EXIT_MISSING_EXTRA
+
+
+def _run(argv: Optional[Sequence[str]]) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:

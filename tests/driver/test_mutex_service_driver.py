@@ -11,7 +11,6 @@ here, and calls ``LockStatus`` and ``ForceRelease``.
 from __future__ import annotations
 
 import contextlib
-import glob
 import hashlib
 import io
 import json
@@ -30,6 +29,7 @@ from cloudshell_mutex import ReservationMutex
 from cloudshell_mutex.demo.contexts import resource_command_context
 from cloudshell_mutex.packaging.build import PackageSources, build_package_bytes
 from cloudshell_mutex.packaging.format import DRIVERS_FOLDER
+from python39 import python39
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -65,18 +65,6 @@ print(json.dumps({
     "results": results,
 }))
 """
-
-
-def python39() -> str:
-    """The interpreter the Makefile uses for .venv39 (PYTHON39, else pyenv's 3.9, else python3.9)."""
-    candidates = [os.environ.get("PYTHON39", "")]
-    candidates += sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.9*/bin/python3.9")))
-    candidates += [shutil.which("python3.9") or ""]
-    for candidate in filter(None, candidates):
-        probe = [candidate, "-c", "import sys; sys.exit(sys.version_info[:2] != (3, 9))"]
-        if subprocess.run(probe, capture_output=True).returncode == 0:
-            return candidate
-    pytest.fail("Python 3.9 not found: install it (pyenv install 3.9) or set PYTHON39=/path/to/python3.9")
 
 
 def driver_venv(requirements: bytes) -> Path:

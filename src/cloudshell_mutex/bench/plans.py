@@ -1,7 +1,7 @@
 """What a benchmark run measures: configurations (cells), contenders, windows and repeats.
 
 ``quick`` (the default of ``make bench``) runs in about ten minutes on 2 cores; ``full`` is the whole matrix
-of the roadmap and takes hours; ``targets`` adds to ``quick`` the cells of the roadmap's targets that it
+and takes hours; ``targets`` adds to ``quick`` the cells of the lock's targets (docs/benchmarks.md) that it
 leaves out (about 45 minutes); ``smoke`` takes seconds and only shows that the pipeline works. A plan
 is plain data, so tests and users can make their own.
 """
@@ -133,7 +133,7 @@ FULL = Plan(
 #: The contenders of the targets plan: the baseline, the default and the fair mode.
 TARGET_CONTENDERS = (BASELINE, "default", "fair")
 
-#: The cells of the roadmap's targets that the quick plan leaves out or measures in windows too short for
+#: The cells of the lock's targets that the quick plan leaves out or measures in windows too short for
 #: them (N=8 and 32 at hold 1 s and 10 s), for the baseline, the default and the fair mode, once, with
 #: shorter windows than the full plan: about 45 minutes.
 TARGETS = Plan(

@@ -1,4 +1,4 @@
-"""The benchmark's report: repeats summarised, ratios against the original, the roadmap's targets, plots.
+"""The benchmark's report: repeats summarised, ratios against the original, the lock's targets, plots.
 
 Everything here works on :class:`~.runner.RunResult` lists (no I/O but writing the files), so tests can
 feed it synthetic results. Plots need matplotlib (the ``dev`` extra); it is imported only to draw them.
@@ -137,7 +137,7 @@ def ratio(summaries: Dict[Tuple[Cell, str], Summary], cell: Cell, name: str, met
 
 @dataclass(frozen=True)
 class Verdict:
-    """One of the roadmap's targets for the default lock, what was measured, and whether it was met."""
+    """One of the targets for the default lock, what was measured, and whether it was met."""
 
     target: str
     measured: str
@@ -220,7 +220,7 @@ def _ratio_parts(
 
 
 def targets(summaries: Dict[Tuple[Cell, str], Summary]) -> List[Verdict]:
-    """The roadmap's targets for the default lock, judged on the measurements (honestly: met or missed)."""
+    """The targets for the default lock, judged on the measurements (honestly: met or missed)."""
     verdicts = [
         _uncontended_calls(summaries, "default", 3, "uncontended acquire + release = 3 API calls"),
         _uncontended_calls(
@@ -287,7 +287,7 @@ def targets(summaries: Dict[Tuple[Cell, str], Summary]) -> List[Verdict]:
     return verdicts
 
 
-#: The fair mode's targets (issue 13): at most this share of grants overtakes an earlier waiter ...
+#: The fair mode's targets: at most this share of grants overtakes an earlier waiter ...
 FAIR_MAX_INVERTED = 0.05
 #: ... and the p99 wait is at most this many times N x hold (a FIFO queue waits about (N - 1) holds).
 FAIR_WAIT_FACTOR = 1.5
@@ -657,7 +657,7 @@ def render(
         ),
         "## Targets for the default lock",
         "",
-        "The roadmap's targets, judged on this run (ratios against the original v1; where a configuration",
+        "The lock's targets, judged on this run (ratios against the original v1; where a configuration",
         "ran in windows of several lengths, the longest judges). A p99 wait or a gap p50 that includes",
         "waits still open when the window closed is a lower bound: such a ratio decides only one way, and",
         "is otherwise named and not judged (a longer window, as in the full plan, decides it).",

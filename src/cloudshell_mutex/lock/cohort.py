@@ -420,15 +420,20 @@ class CohortMutex:
         return self._mutex.token if self._held else None
 
     def locked(self) -> bool:
-        """True while this object holds the lock."""
+        """True while *this object* holds the lock (no call), as :meth:`ReservationMutex.locked`."""
         return self._held
+
+    def owned(self) -> bool:
+        """The same as :meth:`locked` (redis-py's name)."""
+        return self.locked()
 
     def ensure_held(self, read: bool = False) -> None:
         """As :meth:`ReservationMutex.ensure_held`."""
         self._mutex.ensure_held(read)
 
     def holder(self) -> Any:
-        """Who holds the server lock now (one fresh read)."""
+        """Who holds the server lock now, whoever it is (one fresh read), or None: as
+        :meth:`ReservationMutex.holder`."""
         return self._mutex.holder()
 
     def renew(self) -> bool:

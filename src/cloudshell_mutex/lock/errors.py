@@ -34,8 +34,11 @@ class MutexError(Exception):
         self.api_message = api_message
 
 
-class MutexTimeout(MutexError):
+class MutexTimeout(MutexError, TimeoutError):
     """The lock was not acquired before the deadline. Nothing was removed.
+
+    It is also a :class:`TimeoutError` (as filelock's ``Timeout`` and asyncio's are), so ``except
+    TimeoutError`` catches it; so does ``except OSError``, TimeoutError's base.
 
     ``holder`` is the owner label seen last (or None), ``held_for`` how long this waiter saw that
     holder keep the lock (seconds, on this process's monotonic clock), ``waited`` how long it waited.

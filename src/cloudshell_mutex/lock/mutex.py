@@ -203,8 +203,17 @@ class ReservationMutex:
         return self._token
 
     def locked(self) -> bool:
-        """True while this object holds the lock (as far as it knows; see docs/protocol.md)."""
+        """True while *this object* holds the lock, as far as it knows (no call; see docs/protocol.md).
+
+        threading's ``Lock.locked()`` and redis-py's ``Lock.locked()`` say whether *anyone* holds the lock;
+        this one is redis-py's ``owned()`` (also here, under that name). Whether anyone holds it:
+        ``holder() is not None``.
+        """
         return self._token is not None
+
+    def owned(self) -> bool:
+        """The same as :meth:`locked`: True while this object holds the lock (redis-py's name)."""
+        return self.locked()
 
     @property
     def leased(self) -> bool:
@@ -417,7 +426,8 @@ class ReservationMutex:
         return self._heartbeat.beat().ok
 
     def holder(self) -> Optional[Holder]:
-        """Who holds the lock now (one fresh, uncached read), or None when it is free."""
+        """Who holds the lock now, this object or anyone else (one fresh, uncached read), or None when it is
+        free: ``holder() is not None`` is what threading's and redis-py's ``locked()`` answer."""
         op = self._operation(self._token or "")
         result = self._read(op)
         if not result.ok:

@@ -304,8 +304,12 @@ class WriteLock:
         return self._mutex.token
 
     def locked(self) -> bool:
-        """True while this side holds the lock."""
+        """True while *this side* holds the lock (no call), as :meth:`ReservationMutex.locked`."""
         return self._mutex.locked()
+
+    def owned(self) -> bool:
+        """The same as :meth:`locked` (redis-py's name)."""
+        return self.locked()
 
     def ensure_held(self, read: bool = False) -> None:
         """As :meth:`ReservationMutex.ensure_held`: raise :class:`MutexLostError` unless still held."""
@@ -411,8 +415,12 @@ class ReadLock:
         return total + (self._group.calls if self._group is not None else 0)
 
     def locked(self) -> bool:
-        """True while this side reads (holds a slot and a share of the group)."""
+        """True while *this side* reads (holds a slot and a share of the group; no call)."""
         return self._group is not None
+
+    def owned(self) -> bool:
+        """The same as :meth:`locked` (redis-py's name)."""
+        return self.locked()
 
     @property
     def token(self) -> Optional[str]:

@@ -1,7 +1,7 @@
 """The CloudShell package format: one parser for building, validating and importing packages.
 
 A package is a zip with ``metadata.xml`` at its root, ``DataModel/datamodel.xml`` and optional
-``Resource Drivers - Python/<name>.zip`` driver zips (see ../shared/cloudshell-facts.md, "Packages").
+``Resource Drivers - Python/<name>.zip`` driver zips (docs/package.md, "What is in the zip").
 The emulator's import endpoint and the build's validation both use :func:`read_package`, so what
 ``make package`` accepts is exactly what the emulator imports.
 

@@ -5,15 +5,19 @@ Each ``[[driver]]`` table declares one ``Resource Drivers - Python/<name>.zip``:
     [[driver]]
     name = "Mutex Service Driver"          # the zip's name, drivermetadata.xml Name, <DriverName>
     source = "drivers/mutex_service"       # folder zipped as the driver, relative to drivers.toml
-    version = "1.0.0"
+    version = "{project_version}"          # or a fixed "1.0.0"
     python_version = "3"
     main_class = "driver.MutexServiceDriver"
     models = ["Mutex Service"]             # the data-model models this driver serves
-    requirements = ["cloudshell-mutex=={project_version}"]
+    requirements = ["{project_dependencies[driver]}"]   # or e.g. "cloudshell-mutex~={project_version}"
     bundle = ["cloudshell_mutex/lock"]     # optional: files or folders of src/ shipped in the zip
 
-``{project_version}`` in a requirement is replaced by the version in the ``pyproject.toml`` next to
-``drivers.toml``, so that a driver pins the library built from the same tree.
+The project is the ``pyproject.toml`` next to ``drivers.toml``. ``{project_version}`` in ``version`` or in a
+requirement is replaced by its version (static, or hatch's ``[tool.hatch.version] path``), so that a driver
+that bundles or pins the library changes version with it. A requirement that is exactly
+``{project_dependencies}`` stands for the project's runtime dependencies, ``{project_dependencies[x,y]}`` for
+those plus the extras ``x`` and ``y``: a driver that bundles the library then installs what the library
+needs, as the library declares it.
 
 ``bundle`` lists paths under the ``src/`` folder next to ``drivers.toml``; each is copied into the driver
 zip at the same path (``cloudshell_mutex/lock`` becomes importable from the zip root). It is for code that
@@ -26,9 +30,9 @@ import os
 import re
 import sys
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from cloudshell_mutex.packaging.format import PackageError, parse_version
 
@@ -39,6 +43,10 @@ else:  # pragma: no cover - exercised under Python 3.9/3.10
 
 MANIFEST_NAME = "drivers.toml"
 PROJECT_VERSION_PLACEHOLDER = "{project_version}"
+#: A requirement that is exactly ``{project_dependencies}`` or ``{project_dependencies[extra,...]}``.
+_DEPENDENCIES_PLACEHOLDER_RE = re.compile(r"^\{project_dependencies(?:\[([A-Za-z0-9_.,-]+)\])?\}$")
+#: hatch's default pattern for a version file: ``__version__ = "1.2.3"``.
+_VERSION_LINE_RE = re.compile(r"""(?im)^(?:__version__|VERSION) *= *(['"])v?(?P<version>.+?)\1""")
 
 #: CloudShell runs Python 3 drivers with PythonVersion="3"; this library needs Python 3.9+.
 SUPPORTED_PYTHON_VERSIONS = ("3",)
@@ -97,16 +105,68 @@ class Manifest:
         return tuple(driver.name for driver in self.drivers if model in driver.models)
 
 
-def project_version(folder: Path) -> Optional[str]:
-    """The ``[project] version`` of the ``pyproject.toml`` in ``folder``, if there is one."""
+@dataclass(frozen=True)
+class Project:
+    """What drivers.toml may take from the ``pyproject.toml`` next to it."""
+
+    version: Optional[str]
+    dependencies: Tuple[str, ...] = ()
+    extras: Mapping[str, Tuple[str, ...]] = field(default_factory=dict)
+    name: str = ""
+
+
+def _load_pyproject(folder: Path) -> Optional[Dict[str, Any]]:
     pyproject = folder / "pyproject.toml"
     if not pyproject.is_file():
         return None
     try:
-        version = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {}).get("version")
+        return tomllib.loads(pyproject.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as error:
         raise PackageError(f"{pyproject}: invalid TOML: {error}") from None
-    return version if isinstance(version, str) else None
+
+
+def _dynamic_version(folder: Path, data: Dict[str, Any]) -> Optional[str]:
+    """The version from hatch's ``[tool.hatch.version] path`` (a ``__version__ = "..."`` line)."""
+    path = data.get("tool", {}).get("hatch", {}).get("version", {}).get("path")
+    if not isinstance(path, str) or not _is_subpath(path):
+        return None
+    try:
+        text = (folder / path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise PackageError(
+            f"pyproject.toml: [tool.hatch.version] path {path} cannot be read: {error}"
+        ) from None
+    found = _VERSION_LINE_RE.search(text)
+    if found is None:
+        raise PackageError(
+            f'{path}: no __version__ = "..." line (the [tool.hatch.version] path of pyproject.toml)'
+        )
+    return found.group("version")
+
+
+def load_project(folder: Path) -> Optional[Project]:
+    """The project in ``folder`` (its ``pyproject.toml``), or None when there is none."""
+    data = _load_pyproject(folder)
+    if data is None:
+        return None
+    project = data.get("project", {})
+    version = project.get("version")
+    if not isinstance(version, str):
+        version = _dynamic_version(folder, data) if "version" in project.get("dynamic", []) else None
+    extras = project.get("optional-dependencies", {})
+    return Project(
+        version=version,
+        dependencies=tuple(project.get("dependencies", [])),
+        extras={name: tuple(items) for name, items in extras.items()},
+        name=str(project.get("name", "")),
+    )
+
+
+def project_version(folder: Path) -> Optional[str]:
+    """The version of the project in ``folder``: ``[project] version``, or the file that hatch's
+    ``[tool.hatch.version] path`` names when the version is dynamic; None without a pyproject.toml."""
+    project = load_project(folder)
+    return project.version if project is not None else None
 
 
 def _string(entry: Dict[str, Any], key: str, where: str, source: str) -> str:
@@ -168,7 +228,65 @@ def _check_requirement(requirement: str, where: str, source: str) -> None:
         )
 
 
-def _parse_driver(entry: Any, index: int, base: Path, version: Optional[str], source: str) -> DriverSpec:
+def _need_project(project: Optional[Project], where: str, source: str, what: str) -> Project:
+    if project is None or project.version is None:
+        raise PackageError(
+            f"{source}: {where}: {what} {PROJECT_VERSION_PLACEHOLDER} "
+            "but there is no pyproject.toml version next to the manifest"
+        )
+    return project
+
+
+def _expand_requirements(
+    items: Tuple[str, ...], project: Optional[Project], where: str, source: str
+) -> Tuple[str, ...]:
+    """Replace ``{project_version}`` and the ``{project_dependencies[...]}`` items (see the module doc)."""
+    expanded: List[str] = []
+    for item in items:
+        placeholder = _DEPENDENCIES_PLACEHOLDER_RE.match(item.strip())
+        if placeholder is None:
+            if PROJECT_VERSION_PLACEHOLDER in item:
+                version = _need_project(project, where, source, "requirements use").version or ""
+                item = item.replace(PROJECT_VERSION_PLACEHOLDER, version)
+            expanded.append(item)
+            continue
+        if project is None:
+            raise PackageError(
+                f"{source}: {where}: requirements use {item.strip()} but there is no pyproject.toml "
+                "next to the manifest"
+            )
+        expanded.extend(project.dependencies)
+        for extra in filter(None, (placeholder.group(1) or "").split(",")):
+            if extra not in project.extras:
+                known = ", ".join(sorted(project.extras)) or "none"
+                raise PackageError(
+                    f"{source}: {where}: requirements use {item.strip()} but pyproject.toml has no extra "
+                    f"{extra!r} (its extras: {known})"
+                )
+            for requirement in project.extras[extra]:
+                if _requirement_name(requirement) == _requirement_name(project.name):
+                    raise PackageError(
+                        f"{source}: {where}: the extra {extra!r} names the project itself ({requirement!r}); "
+                        "list the extras in the placeholder instead, e.g. {project_dependencies[a,b]}"
+                    )
+                expanded.append(requirement)
+    names = [_requirement_name(requirement) for requirement in expanded]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise PackageError(
+            f"{source}: {where}: requirements name {', '.join(twice)} more than once (after the "
+            "project's dependencies are filled in); list each package once"
+        )
+    return tuple(expanded)
+
+
+def _requirement_name(requirement: str) -> str:
+    """The normalised project name a requirement line starts with (PEP 503)."""
+    name = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", requirement)
+    return re.sub(r"[-_.]+", "-", name.group(1)).lower() if name else requirement
+
+
+def _parse_driver(entry: Any, index: int, base: Path, project: Optional[Project], source: str) -> DriverSpec:
     if not isinstance(entry, dict):
         raise PackageError(f"{source}: [[driver]] #{index} must be a table")
     named = entry.get("name")
@@ -183,6 +301,8 @@ def _parse_driver(entry: Any, index: int, base: Path, version: Optional[str], so
     where = f"driver {name!r}"
     _check_windows_name(name, where, source)
     driver_version = _string(entry, "version", where, source)
+    if driver_version == PROJECT_VERSION_PLACEHOLDER:
+        driver_version = _need_project(project, where, source, "version uses").version or ""
     try:
         parse_version(driver_version)
     except ValueError:
@@ -197,15 +317,9 @@ def _parse_driver(entry: Any, index: int, base: Path, version: Optional[str], so
     if not models:
         raise PackageError(f"{source}: {where}: models must name at least one model")
     requirements = _strings(entry, "requirements", where, source)
+    requirements = _expand_requirements(requirements, project, where, source)
     for requirement in requirements:
         _check_requirement(requirement, where, source)
-    if any(PROJECT_VERSION_PLACEHOLDER in requirement for requirement in requirements):
-        if version is None:
-            raise PackageError(
-                f"{source}: {where}: requirements use {PROJECT_VERSION_PLACEHOLDER} "
-                "but there is no pyproject.toml version next to the manifest"
-            )
-        requirements = tuple(r.replace(PROJECT_VERSION_PLACEHOLDER, version) for r in requirements)
     folder = _string(entry, "source", where, source)
     # A subfolder of the tree, so that a fresh clone holds every input of the build (on any OS).
     if not _is_subpath(folder):
@@ -251,11 +365,11 @@ def parse_manifest(text: str, base: Path, source: str = MANIFEST_NAME) -> Manife
     entries = data.get("driver", [])
     if not isinstance(entries, list):
         raise PackageError(f"{source}: driver must be an array of tables: write [[driver]]")
-    version = project_version(base)
+    project = load_project(base)
     drivers: List[DriverSpec] = []
     seen: Dict[str, str] = {}
     for index, entry in enumerate(entries, start=1):
-        driver = _parse_driver(entry, index, base, version, source)
+        driver = _parse_driver(entry, index, base, project, source)
         # Windows file systems fold case: two names differing only in case collide as zip files.
         key = driver.name.casefold()
         if key in seen:
