@@ -14,7 +14,6 @@ why it is a tool for people, on a lock that is stuck, and never silent.
 from __future__ import annotations
 
 import enum
-import re
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional
@@ -22,13 +21,12 @@ from typing import Any, Callable, Dict, Optional
 from .alias import CallResult, LockAlias, Status
 from .diagnosis import fatal_error, needs_state
 from .holder import Holder
+from .text import one_line
 
 #: A reason is one line in the sandbox output: longer text is cut.
 MAX_REASON_LENGTH = 500
 #: Seconds between two reads while ``lock_status`` watches the lock.
 WATCH_INTERVAL = 1.0
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
 
 
 class Outcome(enum.Enum):
@@ -106,15 +104,17 @@ class AdminReport:
 
 
 def clean_reason(reason: Optional[str]) -> str:
-    """``reason`` as one line of at most :data:`MAX_REASON_LENGTH` characters ("" when blank)."""
-    text = _CONTROL.sub(" ", reason or "").strip()
-    return text[:MAX_REASON_LENGTH]
+    """``reason`` as one line of visible text of at most :data:`MAX_REASON_LENGTH` characters ("" when
+    nothing visible is left: blanks, control or zero-width characters are no reason)."""
+    return one_line(reason or "", MAX_REASON_LENGTH)
 
 
 def describe_holder(holder: Holder) -> str:
-    """``<label> (Mutex Owner '<token>')``: who holds a lock, for people."""
-    token = holder.token or "(none written: original protocol v1?)"
-    return f"{holder.label} (Mutex Owner {token!r})" if holder.token else f"{holder.label} {token}"
+    """``<label> (Mutex Owner '<token>')``: who holds a lock, for people (an owner value written by other
+    code is cut to one short, visible line)."""
+    if not holder.token:
+        return f"{holder.label} (none written: original protocol v1?)"
+    return f"{holder.label} (Mutex Owner {one_line(holder.token)!r})"
 
 
 def _failure_report(
@@ -273,8 +273,9 @@ def force_release(alias: LockAlias, actor: str, reason: Optional[str]) -> AdminR
 def _recorded(
     alias: LockAlias, outcome: Outcome, record: str, holder: Optional[Holder], extra: Dict[str, Any]
 ) -> AdminReport:
-    """Write ``record`` to the reservation output and return it as the report's message."""
-    written = alias.write_output(record).ok
+    """Write ``record`` to the reservation output (a warning, unless nothing was there to remove) and return
+    it as the report's message."""
+    written = alias.write_output(record, warning=outcome is not Outcome.NO_LOCK).ok
     message = record if written else f"{record} (could not write this to the reservation output)"
     return AdminReport(
         outcome, alias.reservation_id, alias.alias, message, holder, output_written=written,

@@ -25,6 +25,7 @@ from .classify import ErrorKind, classify
 from .errors import MutexError
 from .listing import LockObserver
 from .protocol import DEFAULT_ALIAS
+from .text import MAX_OUTPUT_LENGTH, one_line
 
 #: Exit codes (docs/admin.md). argparse itself exits with 2 on a malformed command line.
 EXIT_OK = 0
@@ -170,7 +171,8 @@ def _show(report: AdminReport, as_json: bool) -> int:
         print(report.message)
         if report.holder is not None and report.outcome is Outcome.HELD:
             for name, value in sorted(report.holder.attributes.items()):
-                print(f"  {name}: {value}")
+                # Values written by other code: one visible line each (no terminal escapes), cut.
+                print(f"  {one_line(name)}: {one_line(value, MAX_OUTPUT_LENGTH)}")
     else:
         print(f"error: {report.message}", file=sys.stderr)
     return code
