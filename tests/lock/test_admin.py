@@ -32,7 +32,8 @@ def test_release_reads_removes_once_and_records_who_whose_and_why():
     (line,) = api.output
     assert line == WARNING_TEMPLATE.format(report.message)  # a forced release stands out in the output
     assert report.message.startswith(f"{ACTOR} force-released 'MUTEX' in reservation {RES}, held by Router A")
-    assert "Router A driver@exec-02:4711:9f3a1c2b" in line and report.message.endswith("Reason: driver crashed")
+    assert "Router A driver@exec-02:4711:9f3a1c2b" in line
+    assert report.message.endswith("Reason: driver crashed")
 
 
 MARKUP = '<script>alert("x")</script><img src=x onerror=boom()>&amp;\u202e\u2028\x1b[31m'
