@@ -45,6 +45,7 @@ import filelock
 
 from . import catalog
 from .errors import MutexError, MutexLostError, MutexTimeout, MutexUsageError
+from .holder import sanitize_label
 from .mutex import ReservationMutex
 from .options import check_duration
 
@@ -430,8 +431,16 @@ class CohortMutex:
             if not blocking:
                 return False
             raise self._local_timeout(start)
+        self._mutex._waited_before = self._clock() - start  # the local wait counts in "acquired after"
         try:
             acquired = self._take_server(blocking, deadline)
+            if acquired and self.passed:
+                self.logger.info(
+                    "cloudshell-mutex: acquired %s in reservation %s after %.2f s, passed within the cohort",
+                    self.name,
+                    self.reservation_id,
+                    self._clock() - start,
+                )
         except BaseException:
             self._leave(clear_holder=True)
             raise
@@ -452,9 +461,9 @@ class CohortMutex:
         try:
             with self._files.state() as state:
                 state.waiters[waiter] = {"pid": os.getpid(), "since": self._clock()}
+                holder = state.holder
             try:
-                remaining = -1.0 if deadline is None else max(0.0, deadline - self._clock())
-                self._local.acquire(timeout=remaining, poll_interval=self.local_poll)
+                self._wait_local(deadline, holder)
                 return True
             except filelock.Timeout:
                 return False
@@ -464,6 +473,43 @@ class CohortMutex:
             mark.release()
             with contextlib.suppress(OSError):
                 self._files.waiter_path(waiter).unlink()
+
+    def _wait_local(self, deadline: Optional[float], holder: Optional[Dict[str, Any]]) -> None:
+        """Wait for the local lock (``filelock.Timeout`` at the deadline) as a waiter for the server lock
+        does: a log line when the wait begins, and the progress line scripts write, at most every
+        ``progress_interval`` seconds when ``progress`` is on. The local wait runs on real time."""
+        options = self._mutex.options
+        who = "another process"
+        if holder:
+            here = "this process" if holder.get("pid") == os.getpid() else f"pid {holder.get('pid')}"
+            who = f"{holder.get('owner')} ({here} on this execution server)"
+        self.logger.info(
+            "cloudshell-mutex: %s in reservation %s is held by %s in cohort mode; waiting for it",
+            self.name,
+            self.reservation_id,
+            who,
+        )
+        start = time.monotonic()
+        end = math.inf if deadline is None else start + max(0.0, deadline - self._clock())
+        next_progress = start + options.progress_interval if options.progress else math.inf
+        while True:
+            until = min(end, next_progress)
+            try:
+                wait = -1.0 if math.isinf(until) else max(0.0, until - time.monotonic())
+                self._local.acquire(timeout=wait, poll_interval=self.local_poll)
+                return
+            except filelock.Timeout:
+                now = time.monotonic()
+                if now >= end:
+                    raise
+            if now >= next_progress:
+                next_progress = now + options.progress_interval
+                started = float(holder.get("started", 0)) if holder else 0.0
+                held = time.time() - started if started else now - start
+                label = sanitize_label(self.owner)
+                message = f"{label}: waiting for {self.name} held by {who} for {held:.0f} s"
+                if not self._mutex._alias.write_output(message, paced=True, deadline=deadline).ok:
+                    self.logger.debug("cloudshell-mutex: could not write progress to the reservation output")
 
     def _take_server(self, blocking: bool, deadline: Optional[float]) -> bool:
         with self._files.state() as state:
@@ -584,6 +630,8 @@ class CohortMutex:
             holder = state.holder
         waited = self._clock() - start
         who = f"pid {holder.get('pid')} ({holder.get('owner')})" if holder else "another process"
+        if holder and holder.get("pid") == os.getpid():
+            who = f"another command of this process (pid {holder.get('pid')}, {holder.get('owner')})"
         return MutexTimeout(
             f"timed out after {waited:.1f} s waiting for {self.name!r} in reservation {self.reservation_id}: "
             f"{who} on this machine holds it in cohort mode (local lock {self._files.lock_path}). "

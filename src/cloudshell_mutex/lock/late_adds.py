@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import contextvars
 import logging
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -186,14 +187,17 @@ class LateAdds:
         return entry.alias.logger or self.logger
 
     def _warn_unsettled(self, entry: LateAdd, why: str) -> None:
-        self._logger_of(entry).warning(
-            "cloudshell-mutex: an add of %r in reservation %s whose reply was lost may still land or have "
-            "landed (%s); %s",
-            entry.alias.alias,
-            entry.alias.reservation_id,
-            why,
-            removal_command(entry.alias, entry.token),
+        logger = self._logger_of(entry)
+        message = (
+            f"cloudshell-mutex: an add of {entry.alias.alias!r} in reservation {entry.alias.reservation_id} "
+            f"whose reply was lost may still land or have landed ({why}); "
+            + removal_command(entry.alias, entry.token)
         )
+        logger.warning("%s", message)
+        if not _heard(logger):
+            # The library's logger has only a NullHandler: an application that set up no logging would never
+            # see how to remove a lock left behind. Say it on stderr, as Python's last-resort handler would.
+            print(message, file=sys.stderr, flush=True)
 
     def _run(self) -> None:
         while True:
@@ -203,6 +207,17 @@ class LateAdds:
                 self.sweep()
             except Exception:  # never let the watcher die: it is the last line against a leaked lock
                 self.logger.exception("cloudshell-mutex: watching late adds failed")
+
+
+def _heard(logger: logging.Logger) -> bool:
+    """True when a WARNING on ``logger`` reaches a handler other than a NullHandler."""
+    current: Optional[logging.Logger] = logger
+    while current is not None:
+        for handler in current.handlers:
+            if not isinstance(handler, logging.NullHandler) and handler.level <= logging.WARNING:
+                return True
+        current = current.parent if current.propagate else None
+    return False
 
 
 def _can_land(lands_by: Optional[float], now: float) -> bool:
