@@ -17,7 +17,13 @@ from typing import Any, List
 from cloudshell.shell.core.resource_driver_interface import ResourceDriverInterface
 
 from cloudshell_mutex.driver import ReservationMutexMixin, context_reservation
-from cloudshell_mutex.lock.admin import AdminReport, Outcome, force_release, lock_status
+from cloudshell_mutex.lock.admin import (
+    AdminReport,
+    Outcome,
+    force_release,
+    force_release_permission,
+    lock_status,
+)
 from cloudshell_mutex.lock.alias import LockAlias
 from cloudshell_mutex.lock.errors import MutexError, MutexUsageError
 from cloudshell_mutex.lock.listing import list_locks
@@ -75,11 +81,18 @@ class MutexServiceDriver(ResourceDriverInterface, ReservationMutexMixin):
 
     def ForceRelease(self, context: Any, reason: str) -> str:  # CloudShell calls commands by name
         """Remove this service's lock, whoever holds it, and write who released whose lock and why to
-        the reservation output. ``reason`` is required."""
+        the reservation output. ``reason`` is required. Only system administrators and domain administrators
+        of the sandbox's domain may (the running user's ``GetUserDetails``); others are refused, told why."""
         reservation = context_reservation(context)
-        user = str(getattr(reservation, "running_user", "") or getattr(reservation, "owner_user", "") or "")
-        actor = f"{user or 'a user'} (Mutex Service command Force Release)"
-        report = force_release(self._lock_alias(context), actor, reason)
+        # The user who runs the command, as CloudShell names them (not the sandbox's owner): the driver itself
+        # runs with the context's admin token for whoever clicks, so the rule is checked here.
+        user = str(getattr(reservation, "running_user", "") or "").strip()
+        domain = str(getattr(reservation, "domain", "") or "Global")
+        actor = f"{user or 'an unnamed user'} (Mutex Service command Force Release)"
+        alias = self._lock_alias(context)
+        report = force_release(
+            alias, actor, reason, authorize=lambda: force_release_permission(alias.api, user, domain)
+        )
         return self._answer(report, report.message)
 
     def _lock_alias(self, context: Any) -> LockAlias:
