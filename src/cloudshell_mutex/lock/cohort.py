@@ -217,12 +217,141 @@ class CohortFiles:
         return alive
 
 
+class _NamedFileLock(filelock.FileLock):  # type: ignore[misc,valid-type]
+    """filelock's OS file lock, held only on the file its path names *now*.
+
+    Cohort files are removed when idle (:func:`sweep_cohort_dir`), under their locks. A process that opened
+    a file just before it was removed would then lock a file no path names, while the next one locks the new
+    file at that path: both would hold. So after each lock attempt the locked file is compared with what the
+    path names (device and inode), and an attempt on a removed file is let go and tried again, the way
+    filelock 4 does for its own removals (filelock 3, for Python 3.9, does not). Windows refuses to remove a
+    file that a process has open, so there the check is moot."""
+
+    def _acquire(self) -> None:
+        super()._acquire()
+        fd = getattr(getattr(self, "_context", None), "lock_file_fd", None)
+        if fd is not None and os.name != "nt" and not self._names_its_file(fd):
+            self._release()  # not locked: filelock's loop tries again, opening the path anew
+
+    def _names_its_file(self, fd: int) -> bool:
+        try:
+            held, named = os.fstat(fd), os.stat(self.lock_file)
+        except OSError:
+            return False
+        return held.st_nlink > 0 and (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino)
+
+
 def new_file_lock(path: Path) -> filelock.BaseFileLock:
     """An OS file lock (fcntl.flock, or msvcrt.locking on Windows) on ``path``, usable from any thread.
 
     Never a lock file that only exists: the OS must free the lock when its process dies (filelock 4 falls
-    back to such files on a file system without flock unless told not to; it then raises instead)."""
-    return filelock.FileLock(str(path), thread_local=False, **_NO_SOFT_FALLBACK)
+    back to such files on a file system without flock unless told not to; it then raises instead). Held
+    only on the file the path names (:class:`_NamedFileLock`), so that idle cohort files can be removed."""
+    return _NamedFileLock(str(path), thread_local=False, **_NO_SOFT_FALLBACK)
+
+
+#: Cohort files untouched for this long, of a cohort that holds nothing and has no holder and no waiter, are
+#: removed (reservations end; without this the folder grows by three files per lock used).
+IDLE_FILES_SECONDS = 3600.0
+#: A process sweeps the cohort folder at most this often (a stamp file in it says when it was last swept).
+SWEEP_INTERVAL = 3600.0
+_SWEEP_STAMP = ".swept"
+
+
+def sweep_cohort_dir(directory: Union[str, Path], idle: float = IDLE_FILES_SECONDS) -> int:
+    """Remove the files of every cohort in ``directory`` that has been idle ``idle`` seconds (its state file
+    untouched, no server lock held, no local holder, no live waiter), and waiters' and temporary files left by
+    processes that died; return how many files were removed. A cohort in use is left alone: its files are
+    removed only under its local lock and its state lock, taken without waiting, and every process holds
+    those only on the file their path names (:class:`_NamedFileLock`)."""
+    folder, removed = Path(directory), 0
+    cutoff = time.time() - idle
+    for state_path in folder.glob("*.json"):
+        key = state_path.stem
+        if _older(state_path, cutoff):
+            removed += _sweep_key(folder, key)
+    for leftover in [*folder.glob("*.w.*.lock"), *folder.glob("*.json.*.tmp")]:
+        if _older(leftover, cutoff):
+            removed += _remove_unlocked(leftover)
+    return removed
+
+
+def _older(path: Path, cutoff: float) -> bool:
+    try:
+        return path.stat().st_mtime < cutoff
+    except OSError:
+        return False
+
+
+def _sweep_key(folder: Path, key: str) -> int:
+    files = CohortFiles(folder, key)
+    local, state_lock = files.local_lock(), new_file_lock(folder / f"{key}.state.lock")
+    try:
+        local.acquire(timeout=0)
+    except filelock.Timeout:
+        return 0  # held: in use
+    try:
+        try:
+            state_lock.acquire(timeout=0)
+        except filelock.Timeout:
+            return 0
+        try:
+            try:
+                state = CohortState.from_text(files.state_path.read_text(encoding="utf-8"))
+            except OSError:
+                return 0
+            if state.token is not None or state.holder is not None or files.live_waiters(state):
+                return 0
+            count = 0
+            for path in (files.state_path, files.lock_path, folder / f"{key}.state.lock"):
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                    count += 1
+            return count
+        finally:
+            state_lock.release()
+    finally:
+        local.release()
+
+
+def _remove_unlocked(path: Path) -> int:
+    if path.suffix == ".tmp":
+        with contextlib.suppress(OSError):
+            path.unlink()
+            return 1
+        return 0
+    probe = new_file_lock(path)
+    try:
+        probe.acquire(timeout=0)
+    except filelock.Timeout:
+        return 0  # a live waiter's
+    try:
+        with contextlib.suppress(OSError):
+            path.unlink()
+            return 1
+        return 0
+    finally:
+        probe.release()
+
+
+def sweep_now_and_then(directory: Union[str, Path], logger: Optional[logging.Logger] = None) -> None:
+    """Sweep ``directory`` (:func:`sweep_cohort_dir`) if no process did in the last :data:`SWEEP_INTERVAL`
+    seconds. Never raises: tidying is a courtesy."""
+    stamp = Path(directory) / _SWEEP_STAMP
+    try:
+        if time.time() - stamp.stat().st_mtime < SWEEP_INTERVAL:
+            return
+    except OSError:
+        pass  # never swept
+    try:
+        stamp.touch()
+        removed = sweep_cohort_dir(directory)
+    except Exception as error:  # a folder we cannot tidy still works
+        if logger is not None:
+            logger.debug("cloudshell-mutex: could not sweep the cohort folder %s: %s", directory, error)
+        return
+    if removed and logger is not None:
+        logger.debug("cloudshell-mutex: removed %d idle cohort files from %s", removed, directory)
 
 
 _NO_SOFT_FALLBACK = (
@@ -310,6 +439,7 @@ class CohortMutex:
         server = catalog.server_key(api)
         self.cohort_dir = Path(cohort_dir) if cohort_dir is not None else default_cohort_dir()
         self._files = CohortFiles(self.cohort_dir, cohort_key(server, self._mutex.reservation_id, name))
+        sweep_now_and_then(self.cohort_dir, self.logger)  # idle cohorts' files go (at most once an hour)
         self._where = (server, self._mutex.reservation_id, name)
         self._local = self._files.local_lock()
         self._held = False
