@@ -88,6 +88,7 @@ test-live:
 		echo "  CLOUDSHELL_TEST_API_PORT        the Automation API port (default: 8029)"; \
 		echo "  CLOUDSHELL_TEST_QUALI_PORT      the Quali API port, for the package import (default: 9000)"; \
 		echo "  CLOUDSHELL_TEST_IMPORT_PACKAGE  1 = import this tree's Mutex_Package.zip first (needs an admin)"; \
+		echo "  CLOUDSHELL_TEST_OTHER_DOMAIN    a domain other than Global the user may log on to (else skipped)"; \
 		echo "Optional: CLOUDSHELL_TEST_TIMEOUT, CLOUDSHELL_TEST_RACE_PROCESSES, CLOUDSHELL_TEST_RACE_ROUNDS,"; \
 		echo "CLOUDSHELL_TEST_END_SECONDS (docs/contract.md). Example:"; \
 		echo "  CLOUDSHELL_TEST_HOST=cs.example.com CLOUDSHELL_TEST_PASSWORD=... make test-live"; \
@@ -124,8 +125,10 @@ bench: venv
 	$(BIN)/python -m cloudshell_mutex.bench.cohort --plan $(COHORT_BENCH)
 	$(BIN)/python -m cloudshell_mutex.bench.rwmix --reads 0.9,0.5 --doc docs/benchmarks.md
 
+# With this tree's Mutex_Package.zip imported, so that drivers and scripts can lock at once (README).
 emulator: venv
-	$(BIN)/cloudshell-mutex emulator
+	$(BIN)/cloudshell-mutex package --output dist/Mutex_Package.zip
+	$(BIN)/cloudshell-mutex emulator --package dist/Mutex_Package.zip
 
 # The package zip's entries carry no build time; the wheel's take SOURCE_DATE_EPOCH (the last commit's
 # time unless set), so the same commit gives the same sha256 for both (docs/package.md).

@@ -12,20 +12,46 @@ nothing else. The session is built from the context (server, admin token and the
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, List
 
 from cloudshell.shell.core.resource_driver_interface import ResourceDriverInterface
 
 from cloudshell_mutex.driver import ReservationMutexMixin, context_reservation
-from cloudshell_mutex.lock.admin import AdminReport, Outcome, force_release, lock_status
+from cloudshell_mutex.lock.admin import (
+    AdminReport,
+    Outcome,
+    force_release,
+    force_release_permission,
+    lock_status,
+)
 from cloudshell_mutex.lock.alias import LockAlias
 from cloudshell_mutex.lock.errors import MutexError, MutexUsageError
 from cloudshell_mutex.lock.listing import list_locks
+from cloudshell_mutex.lock.text import MAX_OUTPUT_LENGTH, html_text, one_line
 
 #: Outcomes a command reports as its answer; the others fail the command (CloudShell shows it as an error).
 _ANSWERS = {Outcome.HELD, Outcome.FREE, Outcome.RELEASED, Outcome.NO_LOCK, Outcome.GONE_MEANWHILE}
 #: Socket timeout of the commands' session: an admin command should not hang on a stuck server.
 API_TIMEOUT = 60.0
+#: The longest answer a command gives (characters): the portal shows it in the output pane.
+MAX_ANSWER_LENGTH = 20000
+
+
+def answer_text(lines: List[str]) -> str:
+    """A command's answer for the output pane, which renders HTML: each line one visible line of text (values
+    written by other code, such as a 100 kB ``Mutex Owner``, are cut), escaped; at most
+    :data:`MAX_ANSWER_LENGTH` characters in all."""
+    shown: List[str] = []
+    size = 0
+    for number, line in enumerate(lines):
+        indent = "  " if line.startswith("  ") else ""
+        text = indent + one_line(line, MAX_OUTPUT_LENGTH)
+        if size + len(text) > MAX_ANSWER_LENGTH:
+            shown.append(f"... ({len(lines) - number} more lines not shown)")
+            break
+        shown.append(text)
+        size += len(text) + 1
+    return html_text("\n".join(shown))
 
 
 class MutexServiceDriver(ResourceDriverInterface, ReservationMutexMixin):
@@ -51,15 +77,22 @@ class MutexServiceDriver(ResourceDriverInterface, ReservationMutexMixin):
                 lines += ["", *list_locks(alias.api, alias.reservation_id, alias.model).lines()]
             except MutexError as error:
                 lines += ["", f"could not list the other lock services: {error}"]
-        return self._answer(report, "\n".join(lines))
+        return self._answer(report, answer_text(lines))
 
     def ForceRelease(self, context: Any, reason: str) -> str:  # CloudShell calls commands by name
         """Remove this service's lock, whoever holds it, and write who released whose lock and why to
-        the reservation output. ``reason`` is required."""
+        the reservation output. ``reason`` is required. Only system administrators and domain administrators
+        of the sandbox's domain may (the running user's ``GetUserDetails``); others are refused, told why."""
         reservation = context_reservation(context)
-        user = str(getattr(reservation, "running_user", "") or getattr(reservation, "owner_user", "") or "")
-        actor = f"{user or 'a user'} (Mutex Service command Force Release)"
-        report = force_release(self._lock_alias(context), actor, reason)
+        # The user who runs the command, as CloudShell names them (not the sandbox's owner): the driver itself
+        # runs with the context's admin token for whoever clicks, so the rule is checked here.
+        user = str(getattr(reservation, "running_user", "") or "").strip()
+        domain = str(getattr(reservation, "domain", "") or "Global")
+        actor = f"{user or 'an unnamed user'} (Mutex Service command Force Release)"
+        alias = self._lock_alias(context)
+        report = force_release(
+            alias, actor, reason, authorize=lambda: force_release_permission(alias.api, user, domain)
+        )
         return self._answer(report, report.message)
 
     def _lock_alias(self, context: Any) -> LockAlias:
@@ -73,6 +106,7 @@ class MutexServiceDriver(ResourceDriverInterface, ReservationMutexMixin):
 
     @staticmethod
     def _answer(report: AdminReport, text: str) -> str:
+        text = text if "\n" in text else answer_text([text])
         if report.outcome in _ANSWERS:
             return text
         raise MutexError(text, reservation_id=report.reservation_id, alias=report.alias)

@@ -34,6 +34,7 @@ from typing import Any, Callable, Dict, Optional, Tuple, TypeVar, Union, cast
 
 from cloudshell_mutex import MutexUsageError, ReservationMutex, ReservationRWLock
 from cloudshell_mutex.lock.cohort import CohortMutex, cohort_available
+from cloudshell_mutex.lock.nesting import CommandCohortMutex, CommandMutex
 
 __all__ = ["ReservationMutexMixin", "context_reservation", "with_reservation_mutex"]
 
@@ -150,6 +151,10 @@ class ReservationMutexMixin:
     #: Cohort mode (docs/protocol.md, "Cohort mode"): the commands running on one execution server pass the
     #: lock among themselves without server calls. On by default; set False to turn it off for a driver.
     reservation_mutex_cohort: bool = True
+    #: While a command waits, "<owner>: waiting for MUTEX held by ... for N s" goes to the sandbox output at
+    #: most every ``progress_interval`` seconds (10 by default), the words scripts write: a command that waits
+    #: minutes must not look hung. Set False to turn it off for a driver (or pass ``progress=False``).
+    reservation_mutex_progress: bool = True
 
     def reservation_mutex(
         self,
@@ -167,17 +172,24 @@ class ReservationMutexMixin:
         options go to :class:`ReservationMutex` (``timeout``, ``pacing``, ``logger``, ...), and in cohort
         mode to :class:`~cloudshell_mutex.lock.cohort.CohortMutex` (``cohort_dir``, ``max_passes``, ...).
 
+        A helper that takes the same lock while the command holds it (a decorated command calling a locking
+        helper) is served by the command's acquisition at once, without waiting for itself
+        (:mod:`cloudshell_mutex.lock.nesting`). Progress lines go to the sandbox output while it waits
+        (``progress=True`` unless given; the class's ``reservation_mutex_progress``).
+
         ``cohort`` (default: the class's ``reservation_mutex_cohort``, True) makes it a ``CohortMutex``:
         every command runs in its own process on an execution server, the case cohort mode is for, and it
         is safe there (a local folder; ``export()`` is refused with a clear error, so a command that
         exports its lock passes ``cohort=False``). It stays off where the platform has no OS file lock.
         """
         api, reservation_id = self._lock_arguments(context, command, options)
+        if "options" not in options:  # a whole MutexOptions given says what it wants itself
+            options.setdefault("progress", self.reservation_mutex_progress)
         if cohort is None:
             cohort = self.reservation_mutex_cohort and cohort_available()
         if cohort:
-            return CohortMutex(api, reservation_id, name=name, **options)
-        return ReservationMutex(api, reservation_id, name=name, **options)
+            return CommandCohortMutex(api, reservation_id, name=name, **options)
+        return CommandMutex(api, reservation_id, name=name, **options)
 
     def reservation_rwlock(
         self, context: Any, name: str = "MUTEX", *, command: Optional[str] = None, **options: Any

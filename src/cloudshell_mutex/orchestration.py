@@ -21,6 +21,7 @@ import functools
 from typing import Any, Callable, Iterator, Optional, Tuple, TypeVar, cast
 
 from cloudshell_mutex import Holder, MutexError, ReservationMutex, ReservationRWLock
+from cloudshell_mutex.lock.nesting import CommandMutex
 
 __all__ = ["report_left_behind_lock", "sandbox_lock", "sandbox_mutex", "sandbox_rwlock", "with_sandbox_mutex"]
 
@@ -48,13 +49,15 @@ def sandbox_lock(
 
     Uses the sandbox's session and its ``logger`` (when it has one); writes "waiting for ..." to the
     sandbox output while it waits (``progress=True`` unless given). Options go to :class:`ReservationMutex`.
+    A helper that takes the same lock while the step holds it is served by the step's acquisition at once
+    (:mod:`cloudshell_mutex.lock.nesting`).
     """
     api, reservation_id = _sandbox_parts(sandbox)
     for key, value in SCRIPT_DEFAULTS.items():
         options.setdefault(key, value)
     if "logger" not in options and getattr(sandbox, "logger", None) is not None:
         options["logger"] = sandbox.logger
-    return ReservationMutex(api, reservation_id, owner=owner, name=name, **options)
+    return CommandMutex(api, reservation_id, owner=owner, name=name, **options)
 
 
 def sandbox_rwlock(

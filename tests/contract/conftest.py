@@ -142,6 +142,7 @@ def target(live_ready: Optional[Target], request: pytest.FixtureRequest) -> Targ
     if live_ready is not None:
         return live_ready
     emulator = request.getfixturevalue("cloudshell_emulator_factory")()
+    emulator.add_domain("Contract Domain")  # what a site's admin sets up; the tests only log on to it
     emulated = Target(
         host=emulator.url_host,
         api_port=emulator.port,
@@ -151,6 +152,7 @@ def target(live_ready: Optional[Target], request: pytest.FixtureRequest) -> Targ
         domain=emulator.admin_domain,
         live=False,
         timeout=30.0,
+        other_domain="Contract Domain",
     )
     try:
         import_package(emulated, request.getfixturevalue("package_zip"))

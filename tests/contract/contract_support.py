@@ -42,6 +42,10 @@ ENV_HELP: Tuple[Tuple[str, str], ...] = (
         "CLOUDSHELL_TEST_IMPORT_PACKAGE",
         "1 = import the Mutex_Package.zip built from this tree (needs an admin)",
     ),
+    (
+        "CLOUDSHELL_TEST_OTHER_DOMAIN",
+        "a domain other than Global the user may log on to: the lock in a sandbox there (unset: skipped)",
+    ),
     ("CLOUDSHELL_TEST_TIMEOUT", "seconds before a connect or an API call is given up (default: 60)"),
     ("CLOUDSHELL_TEST_RACE_PROCESSES", "processes in the add race (default: 6)"),
     ("CLOUDSHELL_TEST_RACE_ROUNDS", "rounds of the add race (default: 15)"),
@@ -76,6 +80,8 @@ class Target:
     domain: str
     live: bool
     timeout: float = 60.0
+    #: A domain other than Global for the other-domain tests ("" on a live server without one: skipped).
+    other_domain: str = ""
 
     def where(self) -> str:
         """``host:port as user@domain``, for messages (never the password)."""
@@ -139,6 +145,7 @@ def live_target(environ: Mapping[str, str] = os.environ) -> Optional[Target]:
         domain=environ.get("CLOUDSHELL_TEST_DOMAIN", "").strip() or "Global",
         live=True,
         timeout=float(_int(environ, "CLOUDSHELL_TEST_TIMEOUT", 60, 1, 3600)),
+        other_domain=environ.get("CLOUDSHELL_TEST_OTHER_DOMAIN", "").strip(),
     )
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from cloudshell_mutex import emulated
 from cloudshell_mutex.demo.contexts import (
     resource_command_context,
     sandbox_environment,
@@ -25,6 +26,7 @@ EXPECTED_OWNERS = [
     ["Router A rewire", "Router A reconfigure"],  # In a driver
     ["Setup", "Configure routers"],  # In an orchestration script
     ["Router A driver", "Nightly check", "Nightly check"],  # Anywhere else (with the try-once forms)
+    ["Router A rewire", "Setup"],  # Try it on the emulator (its own sandbox)
     ["read-group#Inventory report", "Inventory report", "Batch job"],  # Readers and writers, fair turns
 ]
 
@@ -51,9 +53,15 @@ def test_readme_block_runs_and_takes_the_lock(
         "reservation_id": reservation_id,
         "context": resource_command_context(emu.host, emu.port, token, reservation_id, "Router A"),
     }
+    # `make emulator`'s address, for EmulatedSite (this emulator listens on free ports).
+    monkeypatch.setattr(emulated, "DEFAULT_PORT", emu.port)
+    monkeypatch.setattr(emulated, "DEFAULT_QUALI_PORT", emu.quali_port)
     with scripts_honour_api_port():
         exec(compile(BLOCKS[index], f"README.md python block {index + 1}", "exec"), harness)
-    events = [e for e in emu.control.events(reservation_id) if e["alias"] == "MUTEX"]
+    events = [e for e in emu.control.events() if e["alias"] == "MUTEX"]  # every sandbox's
+    assert [e["op"] for e in events].count("service_removed") == [e["op"] for e in events].count(
+        "service_added"
+    )
     owners = [
         e["attributes"].get("Mutex Owner", "").split("@")[0] for e in events if e["op"] == "service_added"
     ]

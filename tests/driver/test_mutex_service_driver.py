@@ -25,7 +25,7 @@ from typing import Any, Dict, List
 
 import pytest
 
-from cloudshell_mutex import ReservationMutex
+from cloudshell_mutex import MutexError, ReservationMutex
 from cloudshell_mutex.demo.contexts import resource_command_context
 from cloudshell_mutex.packaging.build import PackageSources, build_package_bytes
 from cloudshell_mutex.packaging.format import DRIVERS_FOLDER
@@ -105,6 +105,7 @@ def venv(driver_zip) -> Path:
 def sandbox(cloudshell_emulator_factory, tmp_path):
     """An emulator with this tree's package imported, and a reservation."""
     emu = cloudshell_emulator_factory(packages=[build_package_bytes(PackageSources.in_tree(ROOT))[0]])
+    emu.add_user("ops-alice", "alice-password", domain="Global", role="DomainAdmin")  # who runs the commands
     return emu, emu.create_reservation("admin")
 
 
@@ -186,3 +187,63 @@ def test_the_driver_zip_holds_what_cloudshell_needs(driver_zip):
     assert 'DisplayName="Lock Status"' in metadata and 'DisplayName="Force Release"' in metadata
     assert not any(name.startswith(("cloudshell/", "cloudshell_mutex/emulator/")) for name in driver_zip)
     assert sys.version_info >= (3, 9)
+
+
+def load_driver_module():
+    """drivers/mutex_service/driver.py, imported in this process (the zip's copy runs on Python 3.9 above)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "mutex_service_driver", ROOT / "drivers/mutex_service/driver.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    "running_user, allowed",
+    [
+        ("admin", True),  # a system administrator
+        ("dana", True),  # a domain administrator of the sandbox's domain
+        ("rob", False),  # a regular user of that domain
+        ("sam", False),  # a domain administrator of another domain
+        ("ghost", False),  # a user the server does not know
+        ("", False),  # CloudShell named nobody
+    ],
+)
+def test_force_release_is_for_system_admins_and_domain_admins_of_the_sandboxs_domain(
+    cloudshell_emulator_factory, tmp_path, monkeypatch, running_user, allowed
+):
+    monkeypatch.setenv("LOG_PATH", str(tmp_path / "logs"))
+    emu = cloudshell_emulator_factory(packages=[build_package_bytes(PackageSources.in_tree(ROOT))[0]])
+    emu.add_user("dana", "pw", domain="Sales", role="DomainAdmin")
+    emu.add_user("rob", "pw", domain="Sales")
+    emu.add_user("sam", "pw", domain="Global", role="DomainAdmin")
+    reservation_id = emu.create_reservation("rule", domain="Sales")
+    holder = ReservationMutex(emu.session(domain="Sales"), reservation_id, owner="Router A driver")
+    assert holder.acquire(timeout=10)
+    context = resource_command_context(emu.host, emu.port, emu.issue_token(), reservation_id, "MUTEX")
+    context.reservation.domain = "Sales"
+    context.reservation.running_user = running_user
+    driver = load_driver_module().MutexServiceDriver()
+    if allowed:
+        assert "force-released 'MUTEX'" in driver.ForceRelease(context, "stuck <b>since</b> noon")
+        assert emu.control.reservation(reservation_id)["services"] == []
+        return
+    with pytest.raises(MutexError) as refused:
+        driver.ForceRelease(context, "stuck")
+    text = str(refused.value)
+    assert text.startswith(
+        "refused: Force Release is for system administrators, and domain administrators of"
+    )
+    assert "('Sales')" in text and "may still be using" in text
+    why = {
+        "rob": "rob is neither a system administrator nor a domain administrator of 'Sales'",
+        "sam": "sam is neither a system administrator nor a domain administrator of 'Sales'",
+        "ghost": "ghost's role could not be checked (GetUserDetails: User 'ghost' was not found)",
+        "": "CloudShell did not say which user runs this command",
+    }[running_user]
+    assert why in text
+    assert [s["alias"] for s in emu.control.reservation(reservation_id)["services"]] == ["MUTEX"]  # untouched
+    assert emu.control.output(reservation_id) == []

@@ -136,6 +136,23 @@ CASES: List[Tuple[str, Callable[[str], Dict[str, str]], Case]] = [
         lambda rid: {"a": "sw1", "b": "sw2", "reservation_id": rid},
         lambda e, a, r: a.RemoveConnectorsFromReservation(r, ["sw1", "sw2"]),
     ),
+    ("domain_not_found", lambda rid: {"domain": "Nowhere"}, lambda e, a, r: e.session(domain="Nowhere")),
+    (
+        "logon_domain_denied",
+        lambda rid: {"user": "alice", "domain": "Sales"},
+        lambda e, a, r: (
+            (e.add_user("alice", "pw"), e.add_domain("Sales"))
+            and e.session(username="alice", password="pw", domain="Sales")
+        ),
+    ),
+    ("user_not_found", lambda rid: {"user": "nobody"}, lambda e, a, r: a.GetUserDetails("nobody")),
+    (
+        "user_details_denied",
+        lambda rid: {"caller": "alice", "user": "admin"},
+        lambda e, a, r: (
+            e.add_user("alice", "pw") or e.session(username="alice", password="pw").GetUserDetails("admin")
+        ),
+    ),
     (
         "unknown_command",
         lambda rid: {"method": "MakeCoffee"},

@@ -9,6 +9,7 @@ from cloudshell_mutex import protocol
 from cloudshell_mutex.lock.admin import MAX_REASON_LENGTH, Outcome, clean_reason, force_release, lock_status
 from cloudshell_mutex.lock.alias import LockAlias
 from cloudshell_mutex.lock.pacing import CallBudget
+from cloudshell_mutex.lock.text import WARNING_TEMPLATE
 
 ACTOR = "ops-alice (test)"
 
@@ -29,9 +30,35 @@ def test_release_reads_removes_once_and_records_who_whose_and_why():
     assert api.services == {}
     assert api.count("RemoveServicesFromReservation") == 1
     (line,) = api.output
-    assert line == report.message
-    assert line.startswith(f"{ACTOR} force-released 'MUTEX' in reservation {RES}, held by Router A driver")
-    assert "Router A driver@exec-02:4711:9f3a1c2b" in line and line.endswith("Reason: driver crashed")
+    assert line == WARNING_TEMPLATE.format(report.message)  # a forced release stands out in the output
+    assert report.message.startswith(f"{ACTOR} force-released 'MUTEX' in reservation {RES}, held by Router A")
+    assert "Router A driver@exec-02:4711:9f3a1c2b" in line
+    assert report.message.endswith("Reason: driver crashed")
+
+
+MARKUP = '<script>alert("x")</script><img src=x onerror=boom()>&amp;\u202e\u2028\x1b[31m'
+
+
+def test_a_reason_and_an_owner_full_of_markup_reach_the_output_as_text():
+    api, _, alias = setup(holder=False)
+    other_holds(api, MARKUP * 5000)  # 100 kB of markup and invisible characters, written by other code
+    report = force_release(alias, f"<b>{ACTOR}</b>", f"\u200b{MARKUP}\u200b")
+    assert report.outcome is Outcome.RELEASED
+    (line,) = api.output
+    assert line.startswith('<font color="#f48342">WARNING: ') and line.endswith("</font>")
+    inner = line[len('<font color="#f48342">WARNING: ') : -len("</font>")]
+    assert "<" not in inner and ">" not in inner  # every bracket is escaped: no markup but our own
+    assert "&lt;script&gt;" in inner and "&amp;amp;" in inner
+    assert not any(ch in inner for ch in "\u202e\u2028\u200b\x1b\n")
+    assert len(line) < 2 * 1000 + 100  # cut to about MAX_OUTPUT_LENGTH (escaping lengthens what is left)
+    assert len(report.message) < 1500
+
+
+def test_a_reason_of_invisible_characters_is_blank():
+    api, _, alias = setup()
+    report = force_release(alias, ACTOR, "\u200b\u200b")
+    assert report.outcome is Outcome.REFUSED and api.calls == []
+    assert clean_reason("\u200b\u202e\x00 ") == ""
 
 
 def test_a_blank_reason_is_refused_before_any_call():
@@ -126,6 +153,6 @@ def test_one_read_says_held_now_only():
 
 
 def test_reasons_are_one_line_and_bounded():
-    assert clean_reason("a\r\nb\x00c") == "a b c"
+    assert clean_reason("a\r\nb\x00c") == "a bc"
     assert len(clean_reason("x" * 10_000)) == MAX_REASON_LENGTH
     assert clean_reason(None) == ""

@@ -198,3 +198,29 @@ def test_the_installed_entry_point_releases(emu, tmp_path: Path):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "force-released 'MUTEX'" in result.stdout and PASSWORD not in result.stdout + result.stderr
+
+
+def test_release_checks_the_user_it_logs_on_as(emu, capsys):
+    """The Mutex Service driver's rule: system admins, and domain admins of the sandbox's domain."""
+    emu.add_user("rob", "rob-pw", domain="Sales")
+    emu.add_user("dana", "dana-pw", domain="Sales", role="DomainAdmin")
+    reservation_id = emu.create_reservation(domain="Sales")
+    lock = ReservationMutex(emu.session(domain="Sales"), reservation_id, owner="Router A driver")
+    assert lock.acquire(timeout=10)
+    argv = ["release", reservation_id, "--force", "--reason", "stuck", "--domain", "Sales"]
+    code, _, err = run(capsys, [*argv, "--username", "rob", "--password", "rob-pw"])
+    assert code == command.EXIT_REFUSED
+    assert "refused: Force Release is for system administrators, and domain administrators" in err
+    assert "rob is neither a system administrator nor a domain administrator of 'Sales'" in err
+    assert [s["alias"] for s in emu.control.reservation(reservation_id)["services"]] == ["MUTEX"]
+    code, out, _ = run(capsys, [*argv, "--username", "dana", "--password", "dana-pw"])
+    assert code == command.EXIT_OK and "force-released 'MUTEX'" in out
+    assert emu.control.reservation(reservation_id)["services"] == []
+
+
+def test_a_sandbox_of_another_domain_is_not_found_from_global_and_the_error_says_where_to_look(emu, capsys):
+    reservation_id = emu.create_reservation(domain="Sales")
+    code, _, err = run(capsys, ["status", reservation_id])
+    assert code == command.EXIT_RESERVATION and "log on to the sandbox's domain (--domain)" in err
+    code, out, _ = run(capsys, ["status", reservation_id, "--domain", "Sales"])
+    assert code == command.EXIT_NO_LOCK and "is free" in out

@@ -222,7 +222,8 @@ def test_a_busy_local_lock_makes_a_non_blocking_acquire_false_and_a_blocking_one
     a.acquire()
     api.calls.clear()
     assert b.acquire(blocking=False) is False
-    with pytest.raises(MutexTimeout, match=r"pid \d+ \(A\) on this machine holds it in cohort mode"):
+    # Both objects are in this test's process: the error says so instead of calling it "another process".
+    with pytest.raises(MutexTimeout, match=r"another command of this process \(pid \d+, A\) on this machine"):
         b.acquire(timeout=0.05)  # the local wait is in real time; the virtual clock does not move
     assert api.calls == []  # a local waiter never polls the server
     assert b.local_state().waiters == {}

@@ -78,8 +78,13 @@ _OPS: Dict[str, Callable[[Runtime, Dict[str, Any]], Any]] = {
     "revoke_sessions": lambda rt, p: rt.state.accounts.revoke_sessions(),
     "issue_token": lambda rt, p: rt.state.accounts.issue_auth_token(p.get("user")),
     "add_user": lambda rt, p: rt.state.accounts.add_user(
-        p["name"], p["password"], bool(p.get("admin", False))
+        p["name"],
+        p["password"],
+        bool(p.get("admin", False)),
+        p.get("domain", "Global"),
+        p.get("role", "Regular"),
     ),
+    "add_domain": lambda rt, p: rt.state.accounts.add_domain(p["name"]),
     "import_package": _import,
     "reservation": lambda rt, p: _reservation_snapshot(rt, p["reservation_id"]),
 }
@@ -200,9 +205,17 @@ class EmulatorControl:
         """A token for ``SecureLogon`` / ``CloudShellAPISession(token_id=...)`` (default: the admin)."""
         return self._call("issue_token", {"user": user} if user else {})
 
-    def add_user(self, name: str, password: str, admin: bool = False) -> None:
-        """Create or update a user who can log on."""
-        self._call("add_user", {"name": name, "password": password, "admin": admin})
+    def add_user(
+        self, name: str, password: str, admin: bool = False, domain: str = "Global", role: str = "Regular"
+    ) -> None:
+        """Create or update a user who can log on: a system admin (``admin``), or a member of the group
+        ``"<domain> <role>"`` (``role``: ``Regular``, ``DomainAdmin`` or ``External``; made if missing)."""
+        payload = {"name": name, "password": password, "admin": admin, "domain": domain, "role": role}
+        self._call("add_user", payload)
+
+    def add_domain(self, name: str) -> None:
+        """Create a domain (sandboxes are created in the domain their creator's session logged on to)."""
+        self._call("add_domain", {"name": name})
 
     def import_package(self, zip_bytes: bytes) -> Dict[str, Any]:
         """Import a package zip (same validation as the Quali API); raises EmulatorControlError."""

@@ -168,16 +168,35 @@ class Emulator:
         options.update(kwargs)
         return CloudShellAPISession(**options)
 
-    def create_reservation(self, name: str = "test", owner: Optional[str] = None, minutes: int = 60) -> str:
-        """Create a reservation through the real API call and return its id."""
-        if self._own_session is None:
-            self._own_session = self.session()
-        response = self._own_session.CreateImmediateReservation(name, owner or self.admin_user, minutes)
+    def create_reservation(
+        self, name: str = "test", owner: Optional[str] = None, minutes: int = 60, domain: Optional[str] = None
+    ) -> str:
+        """Create a reservation through the real API call and return its id; in ``domain`` (created when
+        missing) rather than the admin's, through a session logged on there, as CloudShell does."""
+        if domain is not None and domain != self.admin_domain:
+            self.add_domain(domain)
+            api = self.session(domain=domain)
+        else:
+            if self._own_session is None:
+                self._own_session = self.session()
+            api = self._own_session
+        response = api.CreateImmediateReservation(name, owner or self.admin_user, minutes)
         return response.Reservation.Id
 
     def issue_token(self, user: Optional[str] = None) -> str:
         """A SecureLogon token (what CloudShell passes to drivers as ``admin_auth_token``)."""
         return self.runtime.state.accounts.issue_auth_token(user)
+
+    def add_user(
+        self, name: str, password: str, admin: bool = False, domain: str = "Global", role: str = "Regular"
+    ) -> None:
+        """Create or update a user: a system admin (``admin``), or a member of the group ``"<domain> <role>"``
+        (``role``: ``Regular``, ``DomainAdmin`` or ``External``), which reaches ``domain``."""
+        self.runtime.state.accounts.add_user(name, password, admin, domain, role)
+
+    def add_domain(self, name: str) -> None:
+        """Create a domain (nothing happens when it exists); system admins may log on to every domain."""
+        self.runtime.state.accounts.add_domain(name)
 
     # ------------------------------------------------------------------ catalog
     def import_package(self, package: PackageSource) -> Dict[str, Any]:

@@ -74,9 +74,23 @@ def execute(ctx: CallContext, method: str, params: Params) -> Optional[Info]:
     if handler is None:
         raise ApiError.of("unknown_command", method=method)
     try:
+        _check_domain_of_reservation(ctx, params)
         return handler(ctx, params)
     except RequestError as error:
         raise ApiError.of("invalid_request", problem=str(error)) from None
+
+
+def _check_domain_of_reservation(ctx: CallContext, params: Params) -> None:
+    """A call about a reservation of another domain than the session's is answered as if there were no such
+    reservation (stricter: whether a real server lets a session reach other domains' sandboxes is not known;
+    the lock always logs on to the sandbox's own domain)."""
+    reservation_id = params.text("reservationId", "")
+    if not reservation_id or ctx.session is None:
+        return
+    with ctx.state.lock:
+        reservation = ctx.state.reservations.get(reservation_id)
+        if reservation is not None and reservation.domain != ctx.session.domain:
+            raise ApiError.of("reservation_not_found", reservation_id=reservation_id)
 
 
 def dispatch(ctx: CallContext, method: str, params: Params) -> Tuple[bytes, Optional[ApiError]]:
@@ -203,27 +217,64 @@ def _service_info(model: CatalogModel) -> Element:
 
 
 # ---------------------------------------------------------------------- logon and time
+def _user_fields(ctx: CallContext, user: str, domain: str) -> Dict[str, object]:
+    accounts = ctx.state.accounts
+    is_admin = accounts.is_admin(user)
+    return {
+        "Name": user,
+        "IsAdmin": is_admin,
+        "IsActive": True,
+        "DomainName": domain,
+        "IsDomainAdmin": is_admin or accounts.is_domain_admin(user, domain),
+        "Email": "",
+        "Timezone": "UTC",
+    }
+
+
 def _logon_info(ctx: CallContext, token: str, user: str, domain: str) -> Info:
-    is_admin = ctx.state.accounts.is_admin(user)
     return Info(
         "LogonResponseInfo",
         [
             node("Domain", {"Name": domain, "Description": "", "DomainId": domain}),
-            node(
-                "User",
-                {
-                    "Name": user,
-                    "IsAdmin": is_admin,
-                    "IsActive": True,
-                    "DomainName": domain,
-                    "IsDomainAdmin": is_admin,
-                    "Email": "",
-                    "Timezone": "UTC",
-                },
-            ),
+            node("User", _user_fields(ctx, user, domain)),
             node("Token", {"Token": token}),
         ],
     )
+
+
+@api_method
+def GetUserDetails(ctx: CallContext, p: Params) -> Optional[Info]:
+    """GetUserDetails(username) -> UserInfo, with ``Groups`` (``GroupInfo``: ``Name``, ``GroupRole``,
+    ``TestShellDomains``). A system admin reads anyone's; others only their own (stricter: not known)."""
+    accounts = ctx.state.accounts
+    user = p.text("username")
+    if user != ctx.user and not accounts.is_admin(ctx.user):
+        raise ApiError.of("user_details_denied", caller=ctx.user, user=user)
+    if not accounts.user_exists(user):
+        raise ApiError.of("user_not_found", user=user)
+    groups = [
+        node(
+            "Group",
+            {"Name": group.name, "Description": "", "GroupRole": group.role},
+            [
+                node(
+                    "TestShellDomains",
+                    children=[
+                        node("TestShellDomain", {"Name": d, "Description": "", "Id": d})
+                        for d in sorted(group.domains)
+                    ],
+                ),
+                node("Users"),
+            ],
+        )
+        for group in accounts.groups_of(user)
+    ]
+    home = (
+        accounts.admin_domain
+        if accounts.is_admin(user)
+        else next((d for g in accounts.groups_of(user) for d in sorted(g.domains)), accounts.admin_domain)
+    )
+    return Info("UserInfo", [node("Groups", children=groups)], _user_fields(ctx, user, home))
 
 
 @api_method

@@ -22,6 +22,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from .alias import CallResult, LockAlias, Status
 from .cohort import CohortMutex
 from .errors import (
@@ -40,6 +42,10 @@ from .holder import Holder
 from .mutex import ReservationMutex
 from .options import MutexOptions
 from .rwlock import ReservationRWLock
+
+# A library's logger: records reach whatever handlers the application sets up, and never Python's
+# last-resort stderr handler when it sets up none (a driver logs to its command's logger instead).
+logging.getLogger("cloudshell_mutex").addHandler(logging.NullHandler())
 
 __all__ = [
     "CallResult",

@@ -14,21 +14,20 @@ why it is a tool for people, on a lock that is stuck, and never silent.
 from __future__ import annotations
 
 import enum
-import re
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional
 
 from .alias import CallResult, LockAlias, Status
+from .classify import classify
 from .diagnosis import fatal_error, needs_state
 from .holder import Holder
+from .text import one_line
 
 #: A reason is one line in the sandbox output: longer text is cut.
 MAX_REASON_LENGTH = 500
 #: Seconds between two reads while ``lock_status`` watches the lock.
 WATCH_INTERVAL = 1.0
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
 
 
 class Outcome(enum.Enum):
@@ -106,15 +105,78 @@ class AdminReport:
 
 
 def clean_reason(reason: Optional[str]) -> str:
-    """``reason`` as one line of at most :data:`MAX_REASON_LENGTH` characters ("" when blank)."""
-    text = _CONTROL.sub(" ", reason or "").strip()
-    return text[:MAX_REASON_LENGTH]
+    """``reason`` as one line of visible text of at most :data:`MAX_REASON_LENGTH` characters ("" when
+    nothing visible is left: blanks, control or zero-width characters are no reason)."""
+    return one_line(reason or "", MAX_REASON_LENGTH)
+
+
+#: Who may force-release, for the refusal's words.
+WHO_MAY_FORCE_RELEASE = "system administrators, and domain administrators of the sandbox's domain"
+
+
+@dataclass(frozen=True)
+class Permission:
+    """Whether ``user`` may force-release a lock in a sandbox of ``domain``, and why (for people)."""
+
+    allowed: bool
+    user: str
+    domain: str
+    why: str
+
+
+def force_release_permission(api: Any, user: str, domain: str) -> Permission:
+    """May ``user`` force-release a lock in a sandbox of ``domain``? One ``GetUserDetails(user)`` call.
+
+    Yes for a system administrator (``IsAdmin``) and for a member of a group whose role is ``DomainAdmin`` and
+    whose domains (``TestShellDomains``) include ``domain``. ``IsDomainAdmin`` alone is not trusted: which
+    domain it speaks of is not documented. A user the server does not describe, or a failed call, is refused:
+    a force release removes a lock that someone may still be using.
+    """
+    user, domain = one_line(user or ""), one_line(domain or "") or "Global"
+    if not user:
+        return Permission(False, "", domain, "CloudShell did not say which user runs this command")
+    try:
+        details = api.GetUserDetails(user)
+    except Exception as error:  # refused, unknown user, unreachable: the rule cannot be checked
+        failure = one_line(classify(error).message)
+        return Permission(
+            False, user, domain, f"{user}'s role could not be checked (GetUserDetails: {failure})"
+        )
+    if bool(getattr(details, "IsAdmin", False)):
+        return Permission(True, user, domain, f"{user} is a system administrator")
+    for group in getattr(details, "Groups", None) or []:
+        role = str(getattr(group, "GroupRole", "") or "").replace(" ", "").lower()
+        domains = {str(getattr(d, "Name", "") or "") for d in getattr(group, "TestShellDomains", None) or []}
+        if role == "domainadmin" and domain in domains:
+            name = one_line(getattr(group, "Name", ""))
+            return Permission(True, user, domain, f"{user} is a domain administrator of {domain!r} ({name})")
+    return Permission(
+        False,
+        user,
+        domain,
+        f"{user} is neither a system administrator nor a domain administrator of {domain!r}",
+    )
+
+
+def refusal(alias: LockAlias, permission: Permission, actor: str, reason: Optional[str]) -> AdminReport:
+    """The report of a force release that ``permission`` does not allow: nothing is read or removed."""
+    message = (
+        f"refused: Force Release is for {WHO_MAY_FORCE_RELEASE} ({permission.domain!r}), because it "
+        f"removes a lock that another command or script may still be using; {permission.why}. Ask one of "
+        "them, or let the holder finish (a lock with a lease is broken by its waiters once its holder stops "
+        "heartbeating)"
+    )
+    return AdminReport(
+        Outcome.REFUSED, alias.reservation_id, alias.alias, message, actor=actor, reason=clean_reason(reason)
+    )
 
 
 def describe_holder(holder: Holder) -> str:
-    """``<label> (Mutex Owner '<token>')``: who holds a lock, for people."""
-    token = holder.token or "(none written: original protocol v1?)"
-    return f"{holder.label} (Mutex Owner {token!r})" if holder.token else f"{holder.label} {token}"
+    """``<label> (Mutex Owner '<token>')``: who holds a lock, for people (an owner value written by other
+    code is cut to one short, visible line)."""
+    if not holder.token:
+        return f"{holder.label} (none written: original protocol v1?)"
+    return f"{holder.label} (Mutex Owner {one_line(holder.token)!r})"
 
 
 def _failure_report(
@@ -136,7 +198,10 @@ def _failure_report(
 def _reservation_report(alias: LockAlias, state: str, **extra: Any) -> AdminReport:
     if state == "missing":
         outcome = Outcome.RESERVATION_MISSING
-        message = f"reservation {alias.reservation_id} was not found: check the reservation (sandbox) id"
+        message = (
+            f"reservation {alias.reservation_id} was not found: check the reservation (sandbox) id, and log "
+            "on to the sandbox's domain (--domain): a session may see only its own domain's sandboxes"
+        )
     else:
         outcome = Outcome.RESERVATION_ENDED
         message = f"reservation {alias.reservation_id} has ended: its lock no longer matters"
@@ -213,13 +278,20 @@ def lock_status(
     )  # fmt: skip
 
 
-def force_release(alias: LockAlias, actor: str, reason: Optional[str]) -> AdminReport:
+def force_release(
+    alias: LockAlias,
+    actor: str,
+    reason: Optional[str],
+    *,
+    authorize: Optional[Callable[[], Permission]] = None,
+) -> AdminReport:
     """Remove whoever holds ``alias``, and write who released whose lock, and why, to the reservation output.
 
     ``actor`` names the person (and the tool) for the record. A blank ``reason`` is refused before any
-    call. The holder is read first (fresh) and named; the remove is sent exactly once
-    (:meth:`LockAlias.remove_once`); the record is written whatever the outcome, so that a force release
-    is never silent.
+    call; then ``authorize`` (e.g. :func:`force_release_permission` of the running user) decides, and a
+    refusal says who may and why. The holder is read first (fresh) and named; the remove is sent exactly
+    once (:meth:`LockAlias.remove_once`); the record is written whatever the outcome, so that a force
+    release is never silent.
     """
     why = clean_reason(reason)
     if not why:
@@ -230,6 +302,10 @@ def force_release(alias: LockAlias, actor: str, reason: Optional[str]) -> AdminR
             "a force release needs a reason (it goes to the reservation output for the sandbox's users)",
             actor=actor,
         )
+    if authorize is not None:
+        permission = authorize()
+        if not permission.allowed:
+            return refusal(alias, permission, actor, reason)
     extra: Dict[str, Any] = {"actor": actor, "reason": why}
     state = alias.reservation_state()
     if state in ("missing", "ended"):
@@ -273,8 +349,9 @@ def force_release(alias: LockAlias, actor: str, reason: Optional[str]) -> AdminR
 def _recorded(
     alias: LockAlias, outcome: Outcome, record: str, holder: Optional[Holder], extra: Dict[str, Any]
 ) -> AdminReport:
-    """Write ``record`` to the reservation output and return it as the report's message."""
-    written = alias.write_output(record).ok
+    """Write ``record`` to the reservation output (a warning, unless nothing was there to remove) and return
+    it as the report's message."""
+    written = alias.write_output(record, warning=outcome is not Outcome.NO_LOCK).ok
     message = record if written else f"{record} (could not write this to the reservation output)"
     return AdminReport(
         outcome, alias.reservation_id, alias.alias, message, holder, output_written=written,

@@ -24,6 +24,7 @@ from . import catalog, protocol
 from .classify import CLIENT_RETRY_DELAY, Classification, ErrorKind, classify, may_have_resent, sent_once
 from .holder import Holder, holders_in, sanitize_label
 from .pacing import CallBudget, budget_for, clip
+from .text import output_line
 
 #: Longest reservation id or alias taken (ids are GUIDs; aliases are short names on the sandbox diagram).
 MAX_NAME_LENGTH = 256
@@ -286,10 +287,15 @@ class LockAlias:
         )
 
     def write_output(
-        self, message: str, *, paced: bool = False, deadline: Optional[float] = None
+        self, message: str, *, warning: bool = False, paced: bool = False, deadline: Optional[float] = None
     ) -> CallResult:
-        """``WriteMessageToReservationOutput``: a line in the sandbox output that people watch."""
-        return self._send("WriteMessageToReservationOutput", (self.reservation_id, message), paced, deadline)
+        """``WriteMessageToReservationOutput``: a line in the sandbox output that people watch.
+
+        ``message`` is plain text; the pane renders HTML, so it is made one safe line here
+        (:func:`~.text.output_line`: invisible characters removed, cut, escaped) and a ``warning`` (a
+        break, a forced release, a lost lock) is styled to stand out."""
+        line = output_line(message, warning)
+        return self._send("WriteMessageToReservationOutput", (self.reservation_id, line), paced, deadline)
 
     def reservation_state(self) -> Optional[str]:
         """'active', 'ended', 'missing', or None when the status cannot be read (one counted call).

@@ -48,6 +48,7 @@ import filelock
 
 from . import catalog
 from .errors import MutexError, MutexLostError, MutexTimeout, MutexUsageError
+from .holder import sanitize_label
 from .mutex import ReservationMutex
 from .options import check_duration
 
@@ -105,6 +106,8 @@ STATE_GRACE = 0.1
 #: older, one read checks it (a party that breaks the protocol may have removed it meanwhile).
 TRUST_WITHOUT_LEASE = 5.0
 STATE_VERSION = 1
+#: The suffix of a cohort's releasing record (``<key>.releasing.json``), apart from its state file.
+_RELEASING = ".releasing"
 
 _UNSET: Any = object()
 
@@ -189,7 +192,7 @@ class CohortFiles:
         self.key = key
         self.lock_path = self.directory / f"{key}.lock"
         self.state_path = self.directory / f"{key}.json"
-        self.releasing_path = self.directory / f"{key}.releasing.json"
+        self.releasing_path = self.directory / f"{key}{_RELEASING}.json"
         self._state_lock = new_file_lock(self.directory / f"{key}.state.lock")
 
     def local_lock(self) -> filelock.BaseFileLock:
@@ -267,12 +270,142 @@ def _left(deadline: Optional[float], now: float) -> float:
     return -1.0 if deadline is None else max(STATE_GRACE, deadline - now)
 
 
+class _NamedFileLock(filelock.FileLock):  # type: ignore[misc,valid-type]
+    """filelock's OS file lock, held only on the file its path names *now*.
+
+    Cohort files are removed when idle (:func:`sweep_cohort_dir`), under their locks. A process that opened
+    a file just before it was removed would then lock a file no path names, while the next one locks the new
+    file at that path: both would hold. So after each lock attempt the locked file is compared with what the
+    path names (device and inode), and an attempt on a removed file is let go and tried again, the way
+    filelock 4 does for its own removals (filelock 3, for Python 3.9, does not). Windows refuses to remove a
+    file that a process has open, so there the check is moot."""
+
+    def _acquire(self) -> None:
+        super()._acquire()
+        fd = getattr(getattr(self, "_context", None), "lock_file_fd", None)
+        if fd is not None and os.name != "nt" and not self._names_its_file(fd):
+            self._release()  # not locked: filelock's loop tries again, opening the path anew
+
+    def _names_its_file(self, fd: int) -> bool:
+        try:
+            held, named = os.fstat(fd), os.stat(self.lock_file)
+        except OSError:
+            return False
+        return held.st_nlink > 0 and (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino)
+
+
 def new_file_lock(path: Path) -> filelock.BaseFileLock:
     """An OS file lock (fcntl.flock, or msvcrt.locking on Windows) on ``path``, usable from any thread.
 
     Never a lock file that only exists: the OS must free the lock when its process dies (filelock 4 falls
-    back to such files on a file system without flock unless told not to; it then raises instead)."""
-    return filelock.FileLock(str(path), thread_local=False, **_NO_SOFT_FALLBACK)
+    back to such files on a file system without flock unless told not to; it then raises instead). Held
+    only on the file the path names (:class:`_NamedFileLock`), so that idle cohort files can be removed."""
+    return _NamedFileLock(str(path), thread_local=False, **_NO_SOFT_FALLBACK)
+
+
+#: Cohort files untouched for this long, of a cohort that holds nothing and has no holder and no waiter, are
+#: removed (reservations end; without this the folder grows by three files per lock used).
+IDLE_FILES_SECONDS = 3600.0
+#: A process sweeps the cohort folder at most this often (a stamp file in it says when it was last swept).
+SWEEP_INTERVAL = 3600.0
+_SWEEP_STAMP = ".swept"
+
+
+def sweep_cohort_dir(directory: Union[str, Path], idle: float = IDLE_FILES_SECONDS) -> int:
+    """Remove the files of every cohort in ``directory`` that has been idle ``idle`` seconds (its state file
+    untouched, no server lock held, no local holder, no live waiter), and waiters' and temporary files left by
+    processes that died; return how many files were removed. A cohort in use is left alone: its files are
+    removed only under its local lock and its state lock, taken without waiting, and every process holds
+    those only on the file their path names (:class:`_NamedFileLock`)."""
+    folder, removed = Path(directory), 0
+    cutoff = time.time() - idle
+    for state_path in folder.glob("*.json"):
+        key = state_path.stem
+        if not key.endswith(_RELEASING) and _older(state_path, cutoff):
+            removed += _sweep_key(folder, key)
+    for leftover in [*folder.glob("*.w.*.lock"), *folder.glob("*.json.*.tmp")]:
+        if _older(leftover, cutoff):
+            removed += _remove_unlocked(leftover)
+    return removed
+
+
+def _older(path: Path, cutoff: float) -> bool:
+    try:
+        return path.stat().st_mtime < cutoff
+    except OSError:
+        return False
+
+
+def _sweep_key(folder: Path, key: str) -> int:
+    files = CohortFiles(folder, key)
+    local, state_lock = files.local_lock(), new_file_lock(folder / f"{key}.state.lock")
+    try:
+        local.acquire(timeout=0)
+    except filelock.Timeout:
+        return 0  # held: in use
+    try:
+        try:
+            state_lock.acquire(timeout=0)
+        except filelock.Timeout:
+            return 0
+        try:
+            try:
+                state = CohortState.from_text(files.state_path.read_text(encoding="utf-8"))
+            except OSError:
+                return 0
+            if state.token is not None or state.holder is not None or files.live_waiters(state):
+                return 0
+            count = 0
+            # The releasing record matters only while the state names its token (it holds none here).
+            for path in (files.state_path, files.releasing_path, files.lock_path, folder / f"{key}.state.lock"):
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                    count += 1
+            return count
+        finally:
+            state_lock.release()
+    finally:
+        local.release()
+
+
+def _remove_unlocked(path: Path) -> int:
+    if path.suffix == ".tmp":
+        with contextlib.suppress(OSError):
+            path.unlink()
+            return 1
+        return 0
+    probe = new_file_lock(path)
+    try:
+        probe.acquire(timeout=0)
+    except filelock.Timeout:
+        return 0  # a live waiter's
+    try:
+        with contextlib.suppress(OSError):
+            path.unlink()
+            return 1
+        return 0
+    finally:
+        probe.release()
+
+
+def sweep_now_and_then(directory: Union[str, Path], logger: Optional[logging.Logger] = None) -> None:
+    """Sweep ``directory`` (:func:`sweep_cohort_dir`) if no process did in the last :data:`SWEEP_INTERVAL`
+    seconds. Never raises: tidying is a courtesy."""
+    stamp = Path(directory) / _SWEEP_STAMP
+    try:
+        if time.time() - stamp.stat().st_mtime < SWEEP_INTERVAL:
+            return
+    except OSError:
+        pass  # never swept
+    try:
+        stamp.touch()
+        removed = sweep_cohort_dir(directory)
+    except Exception as error:  # a folder we cannot tidy still works
+        if logger is not None:
+            logger.debug("cloudshell-mutex: could not sweep the cohort folder %s: %s", directory, error)
+        return
+    if removed and logger is not None:
+        logger.debug("cloudshell-mutex: removed %d idle cohort files from %s", removed, directory)
 
 
 _NO_SOFT_FALLBACK = (
@@ -360,6 +493,7 @@ class CohortMutex:
         server = catalog.server_key(api)
         self.cohort_dir = Path(cohort_dir) if cohort_dir is not None else default_cohort_dir()
         self._files = CohortFiles(self.cohort_dir, cohort_key(server, self._mutex.reservation_id, name))
+        sweep_now_and_then(self.cohort_dir, self.logger)  # idle cohorts' files go (at most once an hour)
         self._where = (server, self._mutex.reservation_id, name)
         self._local = self._files.local_lock()
         self._held = False
@@ -491,8 +625,16 @@ class CohortMutex:
                 raise self._local_timeout(start)
         except CohortStateBusy as busy:
             raise self._state_timeout(start, busy) from None
+        self._mutex._waited_before = self._clock() - start  # the local wait counts in "acquired after"
         try:
             acquired = self._take_server(blocking, deadline)
+            if acquired and self.passed:
+                self.logger.info(
+                    "cloudshell-mutex: acquired %s in reservation %s after %.2f s, passed within the cohort",
+                    self.name,
+                    self.reservation_id,
+                    self._clock() - start,
+                )
         except CohortStateBusy as busy:
             self._leave(clear_holder=self._holder_written, timeout=STATE_GRACE)
             raise self._state_timeout(start, busy) from None
@@ -516,9 +658,9 @@ class CohortMutex:
         try:
             with self._files.state(_left(deadline, self._clock())) as state:
                 state.waiters[waiter] = {"pid": os.getpid(), "since": self._clock()}
+                holder = state.holder
             try:
-                remaining = -1.0 if deadline is None else max(0.0, deadline - self._clock())
-                self._local.acquire(timeout=remaining, poll_interval=self.local_poll)
+                self._wait_local(deadline, holder)
                 return True
             except filelock.Timeout:
                 return False
@@ -529,6 +671,43 @@ class CohortMutex:
             mark.release()
             with contextlib.suppress(OSError):
                 self._files.waiter_path(waiter).unlink()
+
+    def _wait_local(self, deadline: Optional[float], holder: Optional[Dict[str, Any]]) -> None:
+        """Wait for the local lock (``filelock.Timeout`` at the deadline) as a waiter for the server lock
+        does: a log line when the wait begins, and the progress line scripts write, at most every
+        ``progress_interval`` seconds when ``progress`` is on. The local wait runs on real time."""
+        options = self._mutex.options
+        who = "another process"
+        if holder:
+            here = "this process" if holder.get("pid") == os.getpid() else f"pid {holder.get('pid')}"
+            who = f"{holder.get('owner')} ({here} on this execution server)"
+        self.logger.info(
+            "cloudshell-mutex: %s in reservation %s is held by %s in cohort mode; waiting for it",
+            self.name,
+            self.reservation_id,
+            who,
+        )
+        start = time.monotonic()
+        end = math.inf if deadline is None else start + max(0.0, deadline - self._clock())
+        next_progress = start + options.progress_interval if options.progress else math.inf
+        while True:
+            until = min(end, next_progress)
+            try:
+                wait = -1.0 if math.isinf(until) else max(0.0, until - time.monotonic())
+                self._local.acquire(timeout=wait, poll_interval=self.local_poll)
+                return
+            except filelock.Timeout:
+                now = time.monotonic()
+                if now >= end:
+                    raise
+            if now >= next_progress:
+                next_progress = now + options.progress_interval
+                started = float(holder.get("started", 0)) if holder else 0.0
+                held = time.time() - started if started else now - start
+                label = sanitize_label(self.owner)
+                message = f"{label}: waiting for {self.name} held by {who} for {held:.0f} s"
+                if not self._mutex._alias.write_output(message, paced=True, deadline=deadline).ok:
+                    self.logger.debug("cloudshell-mutex: could not write progress to the reservation output")
 
     def _take_server(self, blocking: bool, deadline: Optional[float]) -> bool:
         self._holder_written = False
@@ -671,6 +850,8 @@ class CohortMutex:
             holder = None
         waited = self._clock() - start
         who = f"pid {holder.get('pid')} ({holder.get('owner')})" if holder else "another process"
+        if holder and holder.get("pid") == os.getpid():
+            who = f"another command of this process (pid {holder.get('pid')}, {holder.get('owner')})"
         return MutexTimeout(
             f"timed out after {waited:.1f} s waiting for {self.name!r} in reservation {self.reservation_id}: "
             f"{who} on this machine holds it in cohort mode (local lock {self._files.lock_path}). "

@@ -19,12 +19,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Tuple
 
-from .admin import WATCH_INTERVAL, AdminReport, Outcome, clean_reason, force_release, lock_status
+from .admin import (
+    WATCH_INTERVAL,
+    AdminReport,
+    Outcome,
+    Permission,
+    clean_reason,
+    force_release,
+    force_release_permission,
+    lock_status,
+)
 from .alias import LockAlias
 from .classify import ErrorKind, classify
 from .errors import MutexError
 from .listing import LockObserver
 from .protocol import DEFAULT_ALIAS
+from .text import MAX_OUTPUT_LENGTH, one_line
 
 #: Exit codes (docs/admin.md). argparse itself exits with 2 on a malformed command line.
 EXIT_OK = 0
@@ -170,7 +180,8 @@ def _show(report: AdminReport, as_json: bool) -> int:
         print(report.message)
         if report.holder is not None and report.outcome is Outcome.HELD:
             for name, value in sorted(report.holder.attributes.items()):
-                print(f"  {name}: {value}")
+                # Values written by other code: one visible line each (no terminal escapes), cut.
+                print(f"  {one_line(name)}: {one_line(value, MAX_OUTPUT_LENGTH)}")
     else:
         print(f"error: {report.message}", file=sys.stderr)
     return code
@@ -262,7 +273,22 @@ def run_release(args: argparse.Namespace) -> int:
         return _error(str(error), EXIT_USAGE, args.json)
     except ConnectError as error:
         return _error(str(error), error.exit_code, args.json)
-    return _show(force_release(alias, _actor(settings), args.reason), args.json)
+
+    def authorize() -> Permission:
+        # The rule of the Mutex Service driver's Force Release, for the user this command logs on as, in the
+        # sandbox's own domain (its details say which; else the logon's).
+        return force_release_permission(alias.api, settings.username, _domain_of(alias) or settings.domain)
+
+    return _show(force_release(alias, _actor(settings), args.reason, authorize=authorize), args.json)
+
+
+def _domain_of(alias: LockAlias) -> str:
+    """The domain of the lock's reservation ("" when unreadable: the release's own read reports why)."""
+    try:
+        details = alias.api.GetReservationDetails(alias.reservation_id)
+    except Exception:
+        return ""
+    return str(getattr(details.ReservationDescription, "DomainName", "") or "")
 
 
 _CONNECTION_HELP = f"""
@@ -273,7 +299,8 @@ used), else localhost, {DEFAULT_API_PORT}, admin and Global (there is no default
 The Automation API port ({DEFAULT_API_PORT}) is not the Quali API port (9000) that `install` uses.
 
 exit codes: 0 done (status: the lock is held), 1 failed, 2 bad settings, 3 no lock held,
-4 reservation not found or ended, 5 refused (release without --force or --reason),
+4 reservation not found or ended, 5 refused (release without --force or --reason, or by a user who is
+neither a system admin nor a domain admin of the sandbox's domain),
 6 cannot connect, 7 logon refused.
 """
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional
 
 from . import protocol
+from .text import one_line
 
 #: Keep the attribute value short: CloudShell shows it in the UI and in the output pane.
 MAX_LABEL_LENGTH = 48
@@ -119,8 +120,8 @@ def _holder_of(service: Any) -> Holder:
     token = values.get(protocol.ATTR_OWNER, "")
     # Prefer the token (it names host and pid); a foreign token may come with our Label attribute.
     label = describe_owner(token)
-    if parse_token(token) is None and values.get(protocol.ATTR_LABEL):
-        label = values[protocol.ATTR_LABEL]
+    if parse_token(token) is None and one_line(values.get(protocol.ATTR_LABEL, "")):
+        label = one_line(values[protocol.ATTR_LABEL])  # written by other code: one short, visible line
     return Holder(service.Alias, token, label, service.ServiceName or "", values)
 
 

@@ -13,10 +13,12 @@ with the exact call that removes it.
 from __future__ import annotations
 
 import atexit
+import contextvars
 import logging
+import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 
 from .alias import LockAlias, Status
@@ -42,6 +44,9 @@ class LateAdd:
     #: No read before then: a read may lag behind a removal of ours (the release's, or this watcher's),
     #: and show our token after it is gone, when the alias may already be someone else's.
     read_after: float = 0.0
+    #: The context of the code that handed the add over (its logging context): the watcher's thread does
+    #: this entry's work in it, so what it logs reaches the log of the command or script that took the lock.
+    context: contextvars.Context = field(default_factory=contextvars.copy_context)
 
 
 def removal_command(alias: LockAlias, token: str) -> str:
@@ -113,7 +118,9 @@ class LateAdds:
     def sweep(self) -> None:
         """Read each watched alias once: remove a late add that landed, forget those that can no longer."""
         for entry in self.pending():
-            if self._settle(entry):
+            # A copy each time: a context cannot be entered by two threads at once (a script's settle() and
+            # the watcher's thread may sweep together).
+            if entry.context.copy().run(self._settle, entry):
                 with self._lock:
                     if entry in self._entries:
                         self._entries.remove(entry)
@@ -143,7 +150,7 @@ class LateAdds:
         if result.ok or result.status is Status.MISSING:
             entry.copies -= 1  # that copy landed; another may still come until lands_by
             entry.read_after = self._clock() + FRESH_READ_LAG
-            self.logger.warning(
+            self._logger_of(entry).warning(
                 "cloudshell-mutex: an add of %r in reservation %s whose reply was lost landed after the "
                 "lock had given it up (Mutex Owner %s); removed it",
                 alias.alias,
@@ -173,17 +180,24 @@ class LateAdds:
     def warn_unsettled(self) -> None:
         """Log one warning per add still watched (the process is exiting: nobody will watch it)."""
         for entry in self.pending():
-            self._warn_unsettled(entry, "the process exited before it could tell")
+            entry.context.copy().run(self._warn_unsettled, entry, "the process exited before it could tell")
+
+    def _logger_of(self, entry: LateAdd) -> logging.Logger:
+        """The logger of the lock that handed ``entry`` over (its alias's), else this watcher's."""
+        return entry.alias.logger or self.logger
 
     def _warn_unsettled(self, entry: LateAdd, why: str) -> None:
-        self.logger.warning(
-            "cloudshell-mutex: an add of %r in reservation %s whose reply was lost may still land or have "
-            "landed (%s); %s",
-            entry.alias.alias,
-            entry.alias.reservation_id,
-            why,
-            removal_command(entry.alias, entry.token),
+        logger = self._logger_of(entry)
+        message = (
+            f"cloudshell-mutex: an add of {entry.alias.alias!r} in reservation {entry.alias.reservation_id} "
+            f"whose reply was lost may still land or have landed ({why}); "
+            + removal_command(entry.alias, entry.token)
         )
+        logger.warning("%s", message)
+        if not _heard(logger):
+            # The library's logger has only a NullHandler: an application that set up no logging would never
+            # see how to remove a lock left behind. Say it on stderr, as Python's last-resort handler would.
+            print(message, file=sys.stderr, flush=True)
 
     def _run(self) -> None:
         while True:
@@ -193,6 +207,17 @@ class LateAdds:
                 self.sweep()
             except Exception:  # never let the watcher die: it is the last line against a leaked lock
                 self.logger.exception("cloudshell-mutex: watching late adds failed")
+
+
+def _heard(logger: logging.Logger) -> bool:
+    """True when a WARNING on ``logger`` reaches a handler other than a NullHandler."""
+    current: Optional[logging.Logger] = logger
+    while current is not None:
+        for handler in current.handlers:
+            if not isinstance(handler, logging.NullHandler) and handler.level <= logging.WARNING:
+                return True
+        current = current.parent if current.propagate else None
+    return False
 
 
 def _can_land(lands_by: Optional[float], now: float) -> bool:

@@ -20,6 +20,7 @@ Breaking (:func:`break_stale`) is done by exactly one waiter at a time: it holds
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import math
 import random
@@ -303,8 +304,14 @@ class Heartbeat:
         beat (default: one interval), so a holder that took over a running lease keeps its schedule."""
         if self._thread is not None:
             return
+        # The thread runs in a copy of the context of the code that took the lock: cloudshell-logging 2.x
+        # routes records by context variables; a record from a thread without them lands in missed_logs.log.
+        context = contextvars.copy_context()
         self._thread = threading.Thread(
-            target=self._run, args=(first_delay,), name="cloudshell-mutex-heartbeat", daemon=True
+            target=context.run,
+            args=(self._run, first_delay),
+            name="cloudshell-mutex-heartbeat",
+            daemon=True,
         )
         self._thread.start()
 

@@ -73,6 +73,10 @@ class ReservationMutex:
     #: closer and writer-waiting marker), which no public lock may be named.
     _derived_name = False
 
+    #: Seconds the caller already waited for this acquisition elsewhere (a cohort's local lock): counted in
+    #: the "acquired after" figure, so that it tells the whole wait.
+    _waited_before = 0.0
+
     def __init__(
         self,
         api: Any,
@@ -262,9 +266,11 @@ class ReservationMutex:
             if not result.ok:
                 raise self._diagnose(result.failure, "checking the lock owner")
             if result.holder is None or result.holder.token != self._token:
-                if beat is not None:
+                notice = self._lost_notice(result.holder)
+                if beat is not None:  # release() then reports nothing more: tell the output now
                     beat.lost, beat.lost_to = True, result.holder
-                raise self._lost_notice(result.holder)
+                    self._tell_lost(result.holder.label if result.holder else None)
+                raise notice
 
     @property
     def generation(self) -> int:
@@ -802,7 +808,7 @@ class ReservationMutex:
             self.name,
             self.reservation_id,
             op.token,
-            self._clock() - op.start,
+            self._clock() - op.start + self._waited_before,
             op.adds,
             self._news.calls_of(op),
         )
@@ -877,7 +883,19 @@ class ReservationMutex:
     def _lost(self, op: Operation) -> MutexError:
         self._forget()
         error = diagnosis.lost_error(op, self.reservation_id, self.name)
+        self._tell_lost(op.holder_label)
         return self._news.error(error, op, events.LOST, logging.WARNING, holder=op.holder_label)
+
+    def _tell_lost(self, holder_label: Optional[str]) -> None:
+        """One warning line in the sandbox output: the people watching it see that a held lock was lost
+        (broken by a waiter, force-released, removed by other code), not only the log."""
+        message = (
+            f"{sanitize_label(self.owner)} lost the {self.name} lock it held: it is now held by "
+            f"{holder_label or 'nobody'} (a lease break, a Force Release, or code that removed it). The "
+            "work done under it may not have been exclusive"
+        )
+        if not self._alias.write_output(message, warning=True).ok:
+            self._news.log(logging.DEBUG, "could not write the lost lock to the reservation output")
 
     def _forget(self) -> None:
         """This object no longer holds the lock (released, lost, or an acquire abandoned). An add of
@@ -950,6 +968,7 @@ class ReservationMutex:
 
     def _on_heartbeat_lost(self, holder: Optional[Holder]) -> None:
         error = self._lost_notice(holder, report=True)
+        self._tell_lost(holder.label if holder is not None else None)
         if self.options.on_lost is not None:
             self.options.on_lost(error)
 
@@ -999,7 +1018,7 @@ class ReservationMutex:
         )
         self._news.event(events.BROKEN, op, holder=stale.label, error=message)
         self._news.log(logging.WARNING, "%s", message)
-        written = self._alias.write_output(message)
+        written = self._alias.write_output(message, warning=True)
         if not written.ok:
             self._news.log(logging.DEBUG, "could not write the break to the reservation output")
         return True

@@ -1,0 +1,179 @@
+"""One command, one lock: a helper that takes the command's lock again is served at once; two commands
+still exclude each other; a command that waits says so (progress, logs), also while it waits on this
+machine."""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import threading
+import time
+
+import pytest
+from cloudshell.shell.core.resource_driver_interface import ResourceDriverInterface
+
+from cloudshell_mutex import MutexUsageError
+from cloudshell_mutex.demo.contexts import resource_command_context
+from cloudshell_mutex.driver import ReservationMutexMixin, with_reservation_mutex
+from cloudshell_mutex.lock.pacing import DefaultPacing
+
+pytestmark = pytest.mark.integration
+
+FAST = DefaultPacing(first=0.01, base=0.02, cap=0.1)
+
+
+class ListHandler(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+class Driver(ResourceDriverInterface, ReservationMutexMixin):
+    def __init__(self, cohort_dir, cohort=True) -> None:
+        self.options = {"cohort_dir": cohort_dir, "pacing": FAST} if cohort else {"pacing": FAST}
+        self.reservation_mutex_cohort = cohort
+        self.seen = []
+
+    def initialize(self, context):
+        pass
+
+    def cleanup(self):
+        self.close_reservation_mutex_sessions()
+
+    @with_reservation_mutex(timeout=5)
+    def reconfigure(self, context):
+        return self.apply_settings(context)
+
+    def apply_settings(self, context):
+        """A helper that also runs on its own, so it takes the lock itself."""
+        with self.reservation_mutex(context, timeout=5, **self.options) as lock:
+            self.seen.append((lock.locked(), lock.token))
+            return lock.token
+
+
+@pytest.fixture
+def emu(cloudshell_emulator_factory, original_package_zip, tmp_path, monkeypatch):
+    monkeypatch.setenv("LOG_PATH", str(tmp_path / "logs"))
+    return cloudshell_emulator_factory(packages=[original_package_zip])
+
+
+def context_for(emu, rid, resource="Router A"):
+    return resource_command_context(emu.host, emu.port, emu.issue_token(), rid, resource)
+
+
+def adds(emu, rid):
+    return [e for e in emu.control.events(rid) if e["op"] == "service_added" and e["alias"] == "MUTEX"]
+
+
+@pytest.mark.parametrize("cohort", [True, False], ids=["cohort", "no-cohort"])
+def test_a_helper_that_takes_the_commands_lock_again_is_served_at_once(emu, tmp_path, cohort):
+    rid = emu.create_reservation("nesting")
+    driver = Driver(tmp_path / "cohort", cohort)
+    started = time.monotonic()
+    token = driver.reconfigure(context_for(emu, rid))
+    assert time.monotonic() - started < 3  # it never waits for itself (its timeout is 5 s)
+    assert driver.seen == [(True, token)] and token.startswith("Router A reconfigure@")
+    assert len(adds(emu, rid)) == 1  # one acquisition, served twice
+    assert emu.control.reservation(rid)["services"] == []  # released once, by the command
+
+
+def test_two_commands_of_one_driver_running_at_once_still_exclude_each_other(emu, tmp_path):
+    rid = emu.create_reservation("nesting")
+    driver = Driver(tmp_path / "cohort")
+    intervals = []
+
+    class Slow(Driver):
+        @with_reservation_mutex(timeout=30)
+        def slow(self, context):
+            begin = time.monotonic()
+            self.apply_settings(context)  # nested: served by this command's lock
+            time.sleep(0.3)
+            intervals.append((begin, time.monotonic()))
+
+    slow = Slow(tmp_path / "cohort")
+    threads = [threading.Thread(target=slow.slow, args=(context_for(emu, rid),)) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(intervals) == 3
+    intervals.sort()
+    assert all(a[1] <= b[0] for a, b in zip(intervals, intervals[1:])), intervals
+    assert driver.seen == []
+
+
+def test_a_thread_sharing_the_commands_context_is_refused_at_once(emu, tmp_path):
+    rid = emu.create_reservation("nesting")
+    driver = Driver(tmp_path / "cohort")
+    context = context_for(emu, rid)
+    errors = []
+
+    with driver.reservation_mutex(context, **driver.options):
+        worker_context = contextvars.copy_context()  # a worker started with the command's context
+
+        def worker():
+            try:
+                driver.apply_settings(context)
+            except MutexUsageError as error:
+                errors.append(error)
+
+        thread = threading.Thread(target=worker_context.run, args=(worker,))
+        started = time.monotonic()
+        thread.start()
+        thread.join(10)
+        assert time.monotonic() - started < 3
+    assert len(errors) == 1 and "held by this same command in another thread" in str(errors[0])
+
+
+def test_driver_commands_write_progress_by_default_every_10_s_at_most(emu, tmp_path):
+    rid = emu.create_reservation("progress")
+    lock = Driver(tmp_path / "cohort").reservation_mutex(context_for(emu, rid))
+    assert lock.options.progress is True and lock.options.progress_interval == 10
+    assert (
+        Driver(tmp_path, cohort=False)
+        .reservation_mutex(context_for(emu, rid), progress=False)
+        .options.progress
+        is False
+    )
+
+
+@pytest.mark.parametrize("cohort", [True, False], ids=["local-holder", "server-holder"])
+def test_a_waiting_command_writes_the_scripts_progress_words_and_counts_its_whole_wait(emu, tmp_path, cohort):
+    rid = emu.create_reservation("progress")
+    handler = ListHandler()
+    logger = logging.getLogger(f"test-progress-{cohort}")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    holder = Driver(tmp_path / "cohort", cohort)
+    waiter = Driver(tmp_path / "cohort", cohort)
+    held = threading.Event()
+
+    def hold():
+        with holder.reservation_mutex(context_for(emu, rid, "Router B"), command="hold", **holder.options):
+            held.set()
+            time.sleep(2.6)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    assert held.wait(10)
+    options = dict(waiter.options, progress_interval=1, logger=logger, timeout=30)
+    with waiter.reservation_mutex(context_for(emu, rid), command="rewire", **options):
+        pass
+    thread.join(10)
+    progress = [line for line in emu.control.output(rid) if "waiting for MUTEX held by" in line]
+    assert progress and all(
+        line.startswith("Router A rewire: waiting for MUTEX held by Router B") for line in progress
+    )
+    if cohort:
+        assert "this process on this execution server" in progress[0]
+        assert any(
+            "held by Router B hold (this process on this execution server) in cohort mode" in line
+            for line in handler.lines
+        )
+    acquired = [line for line in handler.lines if "acquired MUTEX" in line]
+    assert acquired, handler.lines
+    waited = float(acquired[-1].split(" after ")[1].split(" s")[0])
+    assert waited >= 1.5, acquired  # the whole wait, the local one included (not "after 0.00 s")
