@@ -164,6 +164,12 @@ EXPECTED_KINDS = {
     "http_bad_length": ErrorKind.FATAL,
     "http_body_too_large": ErrorKind.FATAL,
     "http_body_timeout": ErrorKind.TRANSIENT,
+    # Logon and user look-ups (the Force Release rule): the real wording is unknown, so nothing retries on
+    # it; the lock stops and shows the server's message.
+    "domain_not_found": ErrorKind.FATAL,
+    "logon_domain_denied": ErrorKind.FATAL,
+    "user_not_found": ErrorKind.FATAL,
+    "user_details_denied": ErrorKind.FATAL,
 }
 
 

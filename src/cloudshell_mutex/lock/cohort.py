@@ -357,7 +357,12 @@ def _sweep_key(folder: Path, key: str) -> int:
                 return 0
             count = 0
             # The releasing record matters only while the state names its token (it holds none here).
-            for path in (files.state_path, files.releasing_path, files.lock_path, folder / f"{key}.state.lock"):
+            for path in (
+                files.state_path,
+                files.releasing_path,
+                files.lock_path,
+                folder / f"{key}.state.lock",
+            ):
                 with contextlib.suppress(OSError):
                     path.unlink()
                     count += 1
