@@ -22,12 +22,12 @@ from cloudshell_mutex import MutexTimeout, ReservationRWLock, protocol
 from cloudshell_mutex.lock import catalog, cohort, lease
 from cloudshell_mutex.lock.holder import make_token
 from cloudshell_mutex.lock.pacing import DefaultPacing
-from cloudshell_mutex.lock.rwlock import READ_GROUP_MARK, RELEASE_CLOSE_WAIT
+from cloudshell_mutex.lock.rwlock import RELEASE_CLOSE_WAIT
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 MUTEX = protocol.DEFAULT_ALIAS
-CLOSER = MUTEX + protocol.GROUP_CLOSER_SUFFIX
+CLOSER = protocol.closer_alias(MUTEX)
 FAST = dict(pacing=DefaultPacing(first=0.01, base=0.02, cap=0.1), holder_check_interval=0.25)
 #: A crashed party's lease: far longer than any wait here, so nothing is broken meanwhile.
 DEAD_LEASE = 60
@@ -42,7 +42,7 @@ def emu(cloudshell_emulator_factory):
 
 def leave_behind(emu, rid: str, alias: str, token: str) -> None:
     """A lock service as a process that died holding it left it: its token, a lease, one heartbeat."""
-    nonce = lease.nonce_of(token.replace(READ_GROUP_MARK, "")) or "0"
+    nonce = lease.nonce_of(token.replace(protocol.READ_GROUP_MARK, "")) or "0"
     emu.session().AddServiceToReservation(
         rid,
         protocol.SERVICE_MODEL,
@@ -63,7 +63,7 @@ def aliases(emu, rid: str):
 
 def test_a_read_lock_facing_a_crashed_closer_times_out_by_its_deadline_and_names_the_closer(emu):
     rid = emu.create_reservation("deadlines")
-    leave_behind(emu, rid, MUTEX, READ_GROUP_MARK + make_token("dead reader"))
+    leave_behind(emu, rid, MUTEX, protocol.READ_GROUP_MARK + make_token("dead reader"))
     leave_behind(emu, rid, CLOSER, make_token("dead closer"))
     rw = ReservationRWLock(emu.session(), rid, owner="reader", **FAST)
     started = time.monotonic()

@@ -18,7 +18,7 @@ from cloudshell_mutex.lock.options import FRESH_READ_LAG
 
 LEASED_MODEL = (protocol.ATTR_OWNER, *protocol.LEASE_ATTRIBUTES)
 STALE = "Crashed driver@exec-01:4242:deadbeef"
-BREAKER = protocol.DEFAULT_ALIAS + lease.BREAKER_SUFFIX
+BREAKER = protocol.breaker_alias(protocol.DEFAULT_ALIAS)
 
 
 def leased_api() -> FakeApi:

@@ -22,7 +22,8 @@ from fakes import RES, FakeApi
 from cloudshell_mutex import MutexUsageError, ReservationMutex, ReservationRWLock, protocol
 from cloudshell_mutex.lock.cohort import CohortMutex
 from cloudshell_mutex.lock.pacing import DefaultPacing
-from cloudshell_mutex.lock.queue import queue_view, ticket_alias, ticket_number
+from cloudshell_mutex.lock.protocol import ticket_alias, ticket_number
+from cloudshell_mutex.lock.queue import queue_view
 
 FAST = dict(pacing=DefaultPacing(first=0.01, base=0.02, cap=0.1), holder_check_interval=0.25)
 
@@ -127,7 +128,7 @@ def test_on_a_server_that_tells_cases_apart_two_spellings_are_two_locks(
 
 def test_the_queue_view_reads_tickets_past_nine_digits():
     from cloudshell_mutex.lock.holder import Holder
-    from cloudshell_mutex.lock.queue import ticket_value
+    from cloudshell_mutex.lock.lease import ticket_value
 
     token = "w@h:1:0123abcd"
     services = {
@@ -137,3 +138,44 @@ def test_the_queue_view_reads_tickets_past_nine_digits():
     }
     view = queue_view(services, "MUTEX", 0.0)
     assert view.highest == 1_000_000_000 and view.position(token) == 1
+
+
+# ---------------------------------------------------------------- the name table
+
+
+@pytest.mark.parametrize("name", ["MUTEX", "Rack 7", "A#B"])
+def test_every_derived_alias_is_built_and_told_apart_by_the_name_table(name):
+    built = {
+        protocol.reader_slot_alias(name, 12): "reader slot",
+        protocol.closer_alias(name): "closing",
+        protocol.writer_waiting_alias(name): "writer waiting",
+        protocol.ticket_alias(name, 10**12): "queue ticket",
+        protocol.breaker_alias(name): "breaker",
+        protocol.generation_alias(name): "generation",
+        f"{name}~future": "internal",
+        name: "lock",
+    }
+    for alias, kind in built.items():
+        assert protocol.alias_kind(alias) == (name, kind), alias
+    assert protocol.reader_slot_number(protocol.reader_slot_alias(name, 12), name) == 12
+    assert protocol.ticket_number(protocol.ticket_alias(name, 10**12), name) == 10**12
+    for odd in (f"{name}~r٣", f"{name}~r", f"{name}~r3 ", f"{name}~q~٣"):  # not ASCII digits, none, a blank
+        assert protocol.alias_kind(odd)[1] == "internal", odd
+        assert protocol.reader_slot_number(odd, name) is None
+
+
+def test_no_module_of_the_lock_spells_a_derived_alias_itself():
+    """Aliases derived from a lock's name are built and parsed in protocol.py alone: a second spelling
+    elsewhere is how two parts of the lock came to disagree about which services are reader slots."""
+    from pathlib import Path
+
+    import cloudshell_mutex.lock as wing
+
+    spelled = {}
+    for path in Path(wing.__file__).parent.glob("*.py"):
+        if path.name == "protocol.py":
+            continue
+        lines = [n for n, line in enumerate(path.read_text().splitlines(), 1) if '"~' in line or "'~" in line]
+        if lines:
+            spelled[path.name] = lines
+    assert spelled == {}

@@ -15,17 +15,15 @@ from urllib3.exceptions import ProtocolError
 from cloudshell_mutex import MutexError, MutexTimeout, protocol
 from cloudshell_mutex.lock import queue
 from cloudshell_mutex.lock.holder import Holder
+from cloudshell_mutex.lock.lease import parse_ticket, ticket_value
+from cloudshell_mutex.lock.protocol import ticket_alias, ticket_number
 from cloudshell_mutex.lock.queue import (
     FALLBACK_AFTER,
     LOCK_BUDGET,
     TICKET_LEASE,
     QueueView,
-    parse_ticket,
     queue_calls_per_second,
     queue_view,
-    ticket_alias,
-    ticket_number,
-    ticket_value,
     wait_interval,
 )
 

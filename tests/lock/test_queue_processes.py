@@ -18,7 +18,8 @@ from cloudshell.api.cloudshell_api import CloudShellAPISession
 from test_exclusion import run_race
 
 from cloudshell_mutex import ReservationMutex, protocol
-from cloudshell_mutex.lock.queue import parse_ticket, ticket_number
+from cloudshell_mutex.lock.lease import parse_ticket
+from cloudshell_mutex.lock.protocol import ticket_number
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -26,9 +26,9 @@ from cloudshell_mutex import (
     protocol,
 )
 from cloudshell_mutex.lock import catalog
+from cloudshell_mutex.lock.holder import is_read_group
 from cloudshell_mutex.lock.late_adds import LateAdds
 from cloudshell_mutex.lock.pacing import CallBudget, FixedPacing
-from cloudshell_mutex.lock.rwlock import is_read_group
 
 MUTEX = protocol.DEFAULT_ALIAS
 GROUP = "read-group#reader X@host:1:0000aaaa"

@@ -20,11 +20,10 @@ from cloudshell.api.cloudshell_api import AttributeNameValue, CloudShellAPISessi
 from test_lease_processes import our_package
 
 from cloudshell_mutex import ReservationMutex, ReservationRWLock, protocol
-from cloudshell_mutex.lock import queue
+from cloudshell_mutex.lock import lease
 from cloudshell_mutex.lock.holder import make_token
 from cloudshell_mutex.lock.lease import stale_margin
 from cloudshell_mutex.lock.pacing import DefaultPacing
-from cloudshell_mutex.lock.rwlock import READ_GROUP_MARK, WRITER_SUFFIX
 from original_protocol import OriginalMutex
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -242,7 +241,7 @@ def check_history(emu, rid: str, open_group_allowed: bool = False) -> Dict[str, 
             inside[who] = (kind, token)
             most_readers = max(most_readers, sum(k == "reader" for k, _ in inside.values()))
     assert not inside, f"{sorted(inside)} never left"
-    left_open = open_group_allowed and holder is not None and holder.startswith(READ_GROUP_MARK)
+    left_open = open_group_allowed and holder is not None and holder.startswith(protocol.READ_GROUP_MARK)
     assert holder is None or left_open, f"MUTEX still held at the end by {holder!r}"
     return {"most_readers": most_readers, "entries": entries, "groups": len(groups), "left_open": left_open}
 
@@ -361,7 +360,7 @@ def test_a_waiting_writer_gets_in_while_readers_keep_arriving(emu):
     marker = [
         i
         for i, e in enumerate(events)
-        if e["alias"] == protocol.DEFAULT_ALIAS + WRITER_SUFFIX and e["op"] == "service_added"
+        if e["alias"] == protocol.writer_waiting_alias(protocol.DEFAULT_ALIAS) and e["op"] == "service_added"
     ]
     assert marker, "the writer waited, holding the writer-waiting marker"
     writer_in = next(
@@ -445,7 +444,7 @@ def test_list_locks_and_status_show_readers_writer_waiting_and_internal_services
         group = held[0][2]
         processes.append(start(holding_worker, "writer", "the writer", address(emu), rid, events, go))
         deadline = time.monotonic() + 60
-        while protocol.DEFAULT_ALIAS + WRITER_SUFFIX not in left_behind(emu, rid):
+        while protocol.writer_waiting_alias(protocol.DEFAULT_ALIAS) not in left_behind(emu, rid):
             assert time.monotonic() < deadline, "the writer never waited"
             time.sleep(0.05)
         # A plain lock with its fencing counter, a breaker at work and another lock kind's service.
@@ -456,7 +455,7 @@ def test_list_locks_and_status_show_readers_writer_waiting_and_internal_services
         api.AddServiceToReservation(rid, protocol.SERVICE_MODEL, "CONFIG~break", [
             AttributeNameValue(protocol.ATTR_OWNER, "breaker@host:1:0badf00d")])  # fmt: skip
         api.AddServiceToReservation(rid, protocol.SERVICE_MODEL, "MUTEX~q7", [])
-        ticket = queue.ticket_value(make_token("waiter in line"), 120, 0)  # a fair-mode waiter's place
+        ticket = lease.ticket_value(make_token("waiter in line"), 120, 0)  # a fair-mode waiter's place
         api.AddServiceToReservation(rid, protocol.SERVICE_MODEL, "MUTEX~q~3", [
             AttributeNameValue(protocol.ATTR_OWNER, ticket)])  # fmt: skip
 

@@ -43,8 +43,9 @@ import history  # noqa: E402
 
 from cloudshell_mutex import MutexLostError, MutexReleaseError, ReservationMutex, protocol  # noqa: E402
 from cloudshell_mutex.lock.late_adds import process_late_adds  # noqa: E402
-from cloudshell_mutex.lock.lease import BREAKER_SUFFIX, lease_of  # noqa: E402
+from cloudshell_mutex.lock.lease import lease_of  # noqa: E402
 from cloudshell_mutex.lock.pacing import CallBudget, DefaultPacing  # noqa: E402
+from cloudshell_mutex.lock.protocol import breaker_alias  # noqa: E402
 from original_protocol import OriginalMutex  # noqa: E402
 
 COUNTER_MODEL = "Stress Counter"
@@ -427,7 +428,7 @@ def broken_grants(events: List[Dict[str, Any]], holds: List[history.Hold], excus
     One whose acquisition had already been released (an add that landed after its release) of a worker that
     was neither killed nor paused is a lock its own process left behind and its late-add watcher missed:
     without a lease nobody could ever remove it, so it is counted as a leak (``of_live_workers``)."""
-    breaker = MUTEX + BREAKER_SUFFIX
+    breaker = breaker_alias(MUTEX)
     released: Dict[str, float] = {}
     for hold in holds:
         if hold.release_completed is not None:

@@ -57,6 +57,17 @@ def parse_token(value: str) -> Optional[TokenInfo]:
     return TokenInfo(match["label"], match["host"], int(match["pid"]), match["nonce"])
 
 
+def is_read_group(holder: Optional[Holder]) -> bool:
+    """True when ``holder`` (of a lock alias) is a read group of a read-write lock: its token carries
+    :data:`~.protocol.READ_GROUP_MARK`. ``#`` never occurs in a token made from a label (labels are
+    sanitized), so no writer's or plain mutex's token can look like a group's."""
+    return (
+        holder is not None
+        and holder.token.startswith(protocol.READ_GROUP_MARK)
+        and parse_token(holder.token) is not None
+    )
+
+
 def describe_owner(value: str) -> str:
     """A short human description of a ``Mutex Owner`` value, for logs and messages."""
     if not value:

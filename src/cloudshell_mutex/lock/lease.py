@@ -32,7 +32,7 @@ from typing import Callable, Dict, Mapping, Optional, Tuple
 
 from . import protocol
 from .alias import CallResult, LockAlias, Status
-from .holder import Holder, make_token, parse_token
+from .holder import Holder, describe_owner, make_token, parse_token
 from .late_adds import LateAdds
 from .options import DEFAULT_LEASE, FRESH_READ_LAG, MIN_LEASE
 
@@ -45,8 +45,6 @@ __all__ = ["DEFAULT_LEASE", "MIN_LEASE", "Heartbeat", "StaleWatch", "break_stale
 # MIN_LEASE (1 s): shorter leases cannot be kept over a real server's latency.
 #: Heartbeat jitter: each interval is lease/3 times a factor in [1 - JITTER, 1 + JITTER].
 JITTER = 0.1
-#: The suffix of the breaker alias of a lock alias.
-BREAKER_SUFFIX = "~break"
 #: The longest wait between two heartbeats (seconds), whatever the lease: a thread cannot wait longer than
 #: threading.TIMEOUT_MAX, and an absurd lease (1e12 s) made the heartbeat thread die of an OverflowError.
 MAX_BEAT_INTERVAL = 3600.0
@@ -68,11 +66,6 @@ def danger_after(lease: float) -> float:
     """Seconds without a confirmed heartbeat after which the holder is in the danger zone (two beats
     missed): the lease may lapse soon, and the holder should stop starting side effects."""
     return lease * 2 / 3
-
-
-def breaker_alias(alias: str) -> str:
-    """The alias of the breaker service of the lock ``alias``."""
-    return alias + BREAKER_SUFFIX
 
 
 # ---------------------------------------------------------------- the values
@@ -123,6 +116,47 @@ def own_heartbeat(holder: Holder) -> str:
 def new_part() -> str:
     """A participant id for one heartbeat writer of an acquisition."""
     return secrets.token_hex(2)
+
+
+#: The heartbeat part written by fair-mode waiters in their tickets (``<nonce>:q:<count>``).
+TICKET_PART = "q"
+
+
+def ticket_value(token: str, lease_seconds: float, count: int) -> str:
+    """The ``Mutex Owner`` of a ticket: ``<token>#<lease>#<nonce>:q:<count>``."""
+    nonce = nonce_of(token) or token
+    return f"{token}#{lease_seconds:g}#{heartbeat_value(nonce, TICKET_PART, count)}"
+
+
+def parse_ticket(value: str) -> Optional[Tuple[str, float, str]]:
+    """``(token, lease, heartbeat)`` of a ticket value; None when it is not one of ours (foreign, corrupt)."""
+    pieces = (value or "").rsplit("#", 2)
+    if len(pieces) != 3 or not pieces[0]:
+        return None
+    token, raw_lease, beat = pieces
+    try:
+        seconds = float(raw_lease)
+    except ValueError:
+        return None
+    if not math.isfinite(seconds) or seconds < MIN_LEASE or heartbeat_nonce(beat) is None:
+        return None
+    return token, seconds, beat
+
+
+def ticket_holder(holder: Holder) -> Holder:
+    """A ticket service as :mod:`.lease` sees a lock holder: the token, the lease and the heartbeat as
+    attributes, so :class:`StaleWatch` and :func:`break_stale` judge and break tickets
+    unchanged. A value that is not a ticket of ours keeps its raw token and has no lease: never stale."""
+    parsed = parse_ticket(holder.token)
+    if parsed is None:
+        return holder
+    token, seconds, beat = parsed
+    attributes = {
+        protocol.ATTR_OWNER: token,
+        protocol.ATTR_LEASE_SECONDS: f"{seconds:g}",
+        protocol.ATTR_HEARTBEAT: beat,
+    }
+    return Holder(holder.alias, token, describe_owner(token), holder.model, attributes)
 
 
 # ---------------------------------------------------------------- the waiter's judgement
@@ -479,11 +513,7 @@ def _group_company(
     company = {
         name: (holder.token, holder.attributes.get(protocol.ATTR_HEARTBEAT, ""))
         for name, holder in (services or {}).items()
-        if name == alias + protocol.GROUP_CLOSER_SUFFIX
-        or (
-            name.startswith(alias + protocol.READER_SLOT_SUFFIX)
-            and name[len(alias + protocol.READER_SLOT_SUFFIX) :].isdigit()
-        )
+        if name == protocol.closer_alias(alias) or protocol.reader_slot_number(name, alias) is not None
     }
     if not company:
         return None

@@ -23,25 +23,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import diagnosis, lease, protocol
 from .alias import LockAlias
-from .holder import Holder
-from .queue import TICKET_INFIX, ticket_holder
-from .rwlock import CLOSER_SUFFIX, SLOT_SUFFIX, WRITER_SUFFIX, is_read_group
+from .holder import Holder, is_read_group
+from .protocol import KINDS
 
 __all__ = ["LockInfo", "LockListing", "LockObserver", "list_locks"]
-
-GENERATION_SUFFIX = "~generation"  # mutex.GENERATION_SUFFIX; not imported, to keep this module light
-
-#: Kinds of lock service, in the order a listing shows them for one lock.
-KINDS = (
-    "lock",
-    "writer waiting",
-    "reader slot",
-    "queue ticket",
-    "closing",
-    "breaker",
-    "generation",
-    "internal",
-)
 
 
 @dataclass(frozen=True)
@@ -127,28 +112,6 @@ class LockListing:
         }
 
 
-def classify_alias(alias: str) -> Tuple[str, str]:
-    """``(lock, kind)`` of a lock service's alias (see the module docstring)."""
-    if alias.endswith(lease.BREAKER_SUFFIX) and len(alias) > len(lease.BREAKER_SUFFIX):
-        return alias[: -len(lease.BREAKER_SUFFIX)], "breaker"
-    if alias.endswith(GENERATION_SUFFIX) and len(alias) > len(GENERATION_SUFFIX):
-        return alias[: -len(GENERATION_SUFFIX)], "generation"
-    if "~" not in alias:
-        return alias, "lock"
-    lock, infix, number = alias.rpartition(TICKET_INFIX)
-    if infix and lock and number.isdigit():
-        return lock, "queue ticket"
-    lock, suffix = alias.rsplit("~", 1)
-    suffix = "~" + suffix
-    if suffix == WRITER_SUFFIX:
-        return lock, "writer waiting"
-    if suffix == CLOSER_SUFFIX:
-        return lock, "closing"
-    if suffix.startswith(SLOT_SUFFIX) and suffix[len(SLOT_SUFFIX) :].isdigit():
-        return lock, "reader slot"
-    return lock, "internal"
-
-
 class LockObserver:
     """Reads a reservation's lock services again and again, remembering what it saw on its own clock."""
 
@@ -202,9 +165,9 @@ class LockObserver:
         )
 
     def _info(self, alias: str, holder: Holder, services: Dict[str, Holder], now: float) -> LockInfo:
-        lock, kind = classify_alias(alias)
+        lock, kind = protocol.alias_kind(alias)
         if kind == "queue ticket":
-            holder = ticket_holder(holder)  # its token, lease and heartbeat travel in its one value
+            holder = lease.ticket_holder(holder)  # its token, lease and heartbeat travel in its one value
         first = self._first_seen.get(alias)
         if first is None or first[0] != holder.token:
             first = self._first_seen[alias] = (holder.token, now)
@@ -233,7 +196,7 @@ class LockObserver:
                 readers = tuple(
                     h.label
                     for a, h in sorted(services.items())
-                    if classify_alias(a) == (alias, "reader slot")
+                    if protocol.alias_kind(a) == (alias, "reader slot")
                 )
         return LockInfo(
             alias,
@@ -251,8 +214,10 @@ class LockObserver:
 
 
 def _order(info: LockInfo) -> Tuple[str, int, int, str]:
-    digits = "".join(ch for ch in info.alias.rsplit("~", 1)[-1] if ch.isdigit())
-    return info.lock, KINDS.index(info.kind), int(digits) if digits else 0, info.alias
+    number = protocol.reader_slot_number(info.alias, info.lock)
+    if number is None:
+        number = protocol.ticket_number(info.alias, info.lock)
+    return info.lock, KINDS.index(info.kind), number or 0, info.alias
 
 
 def list_locks(api: Any, reservation_id: str, model: str = protocol.SERVICE_MODEL) -> LockListing:

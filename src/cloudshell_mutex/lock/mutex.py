@@ -41,7 +41,6 @@ from .pacing import DefaultPacing, ExponentialBackoff, PacingPolicy, clip
 from .queue import FairQueue
 
 #: The suffix of the alias of a lock's generation counter service.
-GENERATION_SUFFIX = "~generation"
 
 #: How many times an adopted lock tries its first heartbeat of its own before leaving it to the thread.
 ADOPTED_BEAT_TRIES = 3
@@ -125,7 +124,7 @@ class ReservationMutex:
         self._breaker = LockAlias(
             api,
             reservation_id,
-            lease.breaker_alias(name),
+            protocol.breaker_alias(name),
             self.options.model,
             budget=self.options.budget,
             logger=self.logger,
@@ -136,7 +135,7 @@ class ReservationMutex:
         self._counter = LockAlias(
             api,
             reservation_id,
-            name + GENERATION_SUFFIX,
+            protocol.generation_alias(name),
             self.options.model,
             budget=self.options.budget,
             logger=self.logger,

@@ -8,7 +8,7 @@ Changing any of them breaks exclusion with code that already runs the original p
 from __future__ import annotations
 
 import re
-from typing import Iterable, List, Optional
+from typing import Iterable, List, Optional, Tuple
 
 #: Service family and model defined by Mutex_Package (the original and ours).
 SERVICE_FAMILY = "Mutex Service Family"
@@ -23,13 +23,78 @@ ATTR_OWNER = "Mutex Owner"
 #: The mark in front of the owner token of a ReservationRWLock's read group (shared by many readers, so
 #: never removed by hand, and broken only with its reader slots in view).
 READ_GROUP_MARK = "read-group#"
-#: Reader slot ``i`` of lock ``MUTEX`` is ``MUTEX~r<i>``; ``MUTEX~c`` is held by a reader closing the group.
-READER_SLOT_SUFFIX = "~r"
-GROUP_CLOSER_SUFFIX = "~c"
+
+# ---------------------------------------------------------------- the name table
+# Every service a lock derives from its name ``MUTEX`` is named here, and only here.
 
 #: Every alias the lock derives from a lock name carries this mark (reader slots, the closer, the writer
 #: waiting, queue tickets, the breaker, the generation counter), so no lock name may contain it.
 DERIVED_MARK = "~"
+#: ``MUTEX~r<i>``: reader slot ``i`` (1-based) of a read-write lock, held by one reader while it reads.
+READER_SLOT_SUFFIX = "~r"
+#: ``MUTEX~c``: held by a reader closing the read group.
+GROUP_CLOSER_SUFFIX = "~c"
+#: ``MUTEX~w``: a writer waiting (readers neither open nor join a group while it is there).
+WRITER_WAITING_SUFFIX = "~w"
+#: ``MUTEX~q~<n>``: ticket ``n`` of a fair-mode waiter.
+TICKET_INFIX = "~q~"
+#: ``MUTEX~break``: held by a waiter while it breaks a stale holder of ``MUTEX``.
+BREAKER_SUFFIX = "~break"
+#: ``MUTEX~generation``: the lock's fencing counter.
+GENERATION_SUFFIX = "~generation"
+
+#: The kinds of lock service :func:`alias_kind` tells apart, in the order a listing shows them for one lock.
+KINDS = (
+    "lock",
+    "writer waiting",
+    "reader slot",
+    "queue ticket",
+    "closing",
+    "breaker",
+    "generation",
+    "internal",
+)
+
+
+def reader_slot_alias(name: str, index: int) -> str:
+    """The alias of reader slot ``index`` (1-based) of the lock ``name``."""
+    return f"{name}{READER_SLOT_SUFFIX}{index}"
+
+
+def closer_alias(name: str) -> str:
+    """The alias a reader holds while it closes the read group of the lock ``name``."""
+    return name + GROUP_CLOSER_SUFFIX
+
+
+def writer_waiting_alias(name: str) -> str:
+    """The alias a writer holds while it waits for the lock ``name``."""
+    return name + WRITER_WAITING_SUFFIX
+
+
+def ticket_alias(name: str, number: int) -> str:
+    """The alias of ticket ``number`` of the lock ``name``."""
+    return f"{name}{TICKET_INFIX}{number}"
+
+
+def breaker_alias(name: str) -> str:
+    """The alias of the breaker service of the lock ``name``."""
+    return name + BREAKER_SUFFIX
+
+
+def generation_alias(name: str) -> str:
+    """The alias of the fencing counter of the lock ``name``."""
+    return name + GENERATION_SUFFIX
+
+
+def ticket_number(alias: str, name: str) -> Optional[int]:
+    """The number of ``alias`` when it is a ticket of the lock ``name`` (None for any other alias)."""
+    # Any length (a number is never refused for its size: a waiter joins after the highest it sees, and must
+    # then see its own ticket), ASCII digits only, and written as ticket_alias writes it (no leading zero).
+    digits = _after(alias, name + TICKET_INFIX)
+    if digits is None or (len(digits) > 1 and digits[0] == "0"):
+        return None
+    return int(digits)
+
 
 #: Attributes added by our package for leases (roadmap step 5). A server that has only the original
 #: package lacks them, so the lock writes them only when the installed model has them.
@@ -53,11 +118,8 @@ def reader_slot_number(alias: str, name: str) -> Optional[int]:
 
     Any number counts, whatever ``max_readers`` the reader that added it chose: two readers with different
     ``max_readers`` must still see each other's slots."""
-    prefix = name + READER_SLOT_SUFFIX
-    if not alias.startswith(prefix):
-        return None
-    digits = alias[len(prefix) :]
-    return int(digits) if _DIGITS.fullmatch(digits) else None
+    digits = _after(alias, name + READER_SLOT_SUFFIX)
+    return None if digits is None else int(digits)
 
 
 def reader_slots(aliases: Iterable[str], name: str) -> List[str]:
@@ -93,6 +155,35 @@ def check_lock_name(name: object) -> str:
             "alias every other user of the lock (and the original snippet) adds"
         )
     return name
+
+
+def alias_kind(alias: str) -> Tuple[str, str]:
+    """``(lock, kind)`` of a lock service's alias, ``kind`` one of :data:`KINDS` (``("MUTEX", "reader slot")``
+    for ``MUTEX~r3``). Any other ``MUTEX~...`` is an ``"internal"`` service of ``MUTEX``."""
+    for suffix, kind in ((BREAKER_SUFFIX, "breaker"), (GENERATION_SUFFIX, "generation")):
+        if alias.endswith(suffix) and len(alias) > len(suffix):
+            return alias[: -len(suffix)], kind
+    if DERIVED_MARK not in alias:
+        return alias, "lock"
+    lock, infix, number = alias.rpartition(TICKET_INFIX)
+    if infix and lock and _DIGITS.fullmatch(number):
+        return lock, "queue ticket"
+    lock = alias.rsplit(DERIVED_MARK, 1)[0]
+    if alias == writer_waiting_alias(lock):
+        return lock, "writer waiting"
+    if alias == closer_alias(lock):
+        return lock, "closing"
+    if reader_slot_number(alias, lock) is not None:
+        return lock, "reader slot"
+    return lock, "internal"
+
+
+def _after(alias: str, prefix: str) -> Optional[str]:
+    """The ASCII digits that follow ``prefix`` in ``alias`` (all of the rest), else None."""
+    if not alias.startswith(prefix):
+        return None
+    digits = alias[len(prefix) :]
+    return digits if _DIGITS.fullmatch(digits) else None
 
 
 _DIGITS = re.compile(r"[0-9]+")

@@ -45,13 +45,13 @@ from cloudshell.api.cloudshell_api import AttributeNameValue
 
 from . import lease, protocol
 from .alias import CallResult, LockAlias, Status
-from .holder import Holder, describe_owner
+from .holder import Holder
 from .late_adds import LateAdds
+from .lease import parse_ticket, ticket_holder, ticket_value
 from .options import FRESH_READ_LAG
 from .pacing import clip
+from .protocol import ticket_alias, ticket_number
 
-#: Ticket aliases are ``<lock alias>~q~<number>``.
-TICKET_INFIX = "~q~"
 #: A ticket's lease (seconds): its waiter rewrites the heartbeat every lease/3 while it waits. Long,
 #: because at N=32 every waiter's heartbeat is a write on the shared server (32 x 3/120 = 0.8 calls/s);
 #: a crashed waiter's ticket is removed lease + margin (150 s) after it stopped.
@@ -85,66 +85,6 @@ HINT_LEAD = 0.2
 RECENT = 1.0
 #: Jitter of every interval (a fraction), so that waiters do not poll in lock-step.
 JITTER = 0.2
-#: The heartbeat part written by waiters (the value is ``<nonce>:q:<count>``).
-TICKET_PART = "q"
-
-
-# ---------------------------------------------------------------- names and values
-
-
-def ticket_alias(alias: str, number: int) -> str:
-    """The alias of ticket ``number`` of the lock ``alias``."""
-    return f"{alias}{TICKET_INFIX}{number}"
-
-
-def ticket_number(ticket: str, alias: str) -> Optional[int]:
-    """The number of a ticket alias of the lock ``alias`` (None for any other alias)."""
-    prefix = alias + TICKET_INFIX
-    if not ticket.startswith(prefix):
-        return None
-    digits = ticket[len(prefix) :]
-    # Any length (a number is never refused for its size: a waiter joins after the highest it sees, and must
-    # then see its own ticket), ASCII digits only, and written as ticket_alias writes it (no leading zero).
-    if not (digits.isascii() and digits.isdigit()) or (len(digits) > 1 and digits[0] == "0"):
-        return None
-    return int(digits)
-
-
-def ticket_value(token: str, lease_seconds: float, count: int) -> str:
-    """The ``Mutex Owner`` of a ticket: ``<token>#<lease>#<nonce>:q:<count>``."""
-    nonce = lease.nonce_of(token) or token
-    return f"{token}#{lease_seconds:g}#{lease.heartbeat_value(nonce, TICKET_PART, count)}"
-
-
-def parse_ticket(value: str) -> Optional[Tuple[str, float, str]]:
-    """``(token, lease, heartbeat)`` of a ticket value; None when it is not one of ours (foreign, corrupt)."""
-    pieces = (value or "").rsplit("#", 2)
-    if len(pieces) != 3 or not pieces[0]:
-        return None
-    token, raw_lease, beat = pieces
-    try:
-        seconds = float(raw_lease)
-    except ValueError:
-        return None
-    if not math.isfinite(seconds) or seconds < lease.MIN_LEASE or lease.heartbeat_nonce(beat) is None:
-        return None
-    return token, seconds, beat
-
-
-def ticket_holder(holder: Holder) -> Holder:
-    """A ticket service as :mod:`.lease` sees a lock holder: the token, the lease and the heartbeat as
-    attributes, so :class:`.lease.StaleWatch` and :func:`.lease.break_stale` judge and break tickets
-    unchanged. A value that is not a ticket of ours keeps its raw token and has no lease: never stale."""
-    parsed = parse_ticket(holder.token)
-    if parsed is None:
-        return holder
-    token, seconds, beat = parsed
-    attributes = {
-        protocol.ATTR_OWNER: token,
-        protocol.ATTR_LEASE_SECONDS: f"{seconds:g}",
-        protocol.ATTR_HEARTBEAT: beat,
-    }
-    return Holder(holder.alias, token, describe_owner(token), holder.model, attributes)
 
 
 class TicketAlias(LockAlias):
@@ -672,7 +612,7 @@ class FairQueue:
             return
         ahead = stale[0]
         alias = self._alias(ahead.number)
-        breaker = self._sibling(LockAlias, lease.breaker_alias(alias.alias))
+        breaker = self._sibling(LockAlias, protocol.breaker_alias(alias.alias))
         watch = self.memory.watches[ahead.alias]
         result = lease.break_stale(
             alias,

@@ -30,7 +30,7 @@ from . import diagnosis, lease, protocol
 from .alias import LockAlias, Status
 from .errors import MutexError, MutexLostError, MutexReleaseError, MutexTimeout, MutexUsageError
 from .handle import HandleInfo, make_handle
-from .holder import Holder, make_token, parse_token, sanitize_label
+from .holder import Holder, is_read_group, make_token, sanitize_label
 from .late_adds import LateAdds, late_adds_for
 from .lease import StaleWatch
 from .mutex import LOGGER_NAME, ReservationMutex
@@ -38,27 +38,8 @@ from .operation import Operation
 from .options import FRESH_READ_LAG, MutexOptions, check_duration
 from .pacing import DefaultPacing, PacingPolicy, clip
 
-__all__ = [
-    "CLOSER_SUFFIX",
-    "DEFAULT_MAX_READERS",
-    "READ_GROUP_MARK",
-    "WRITER_SUFFIX",
-    "ReadLock",
-    "ReservationRWLock",
-    "WriteLock",
-    "is_read_group",
-    "slot_alias",
-]
+__all__ = ["DEFAULT_MAX_READERS", "ReadLock", "ReservationRWLock", "WriteLock"]
 
-#: The mark in front of the owner token of a read group's ``MUTEX``. ``#`` never occurs in a token made
-#: from a label (labels are sanitized), so no writer's or plain mutex's token can look like a group's.
-READ_GROUP_MARK = protocol.READ_GROUP_MARK
-#: Reader slot ``i`` of lock ``MUTEX`` is ``MUTEX~r<i>`` (1-based).
-SLOT_SUFFIX = protocol.READER_SLOT_SUFFIX
-#: A writer is waiting for the lock (readers neither open nor join a group meanwhile).
-WRITER_SUFFIX = "~w"
-#: A reader is closing the group (one at a time; joiners stay out meanwhile).
-CLOSER_SUFFIX = protocol.GROUP_CLOSER_SUFFIX
 #: The default number of reader slots: the most readers that read at the same time.
 DEFAULT_MAX_READERS = 8
 MAX_READERS_LIMIT = 64
@@ -78,20 +59,6 @@ RELEASE_CLOSE_WAIT = 5.0
 _UNSET: Any = object()
 #: "The last read did not tell who holds MUTEX" (None means: nobody).
 _UNKNOWN: Any = object()
-
-
-def slot_alias(name: str, index: int) -> str:
-    """The alias of reader slot ``index`` (1-based) of the lock ``name``."""
-    return f"{name}{SLOT_SUFFIX}{index}"
-
-
-def is_read_group(holder: Optional[Holder]) -> bool:
-    """True when ``holder`` (of a lock alias) is a read group of :class:`ReservationRWLock`."""
-    return (
-        holder is not None
-        and holder.token.startswith(READ_GROUP_MARK)
-        and parse_token(holder.token) is not None
-    )
 
 
 class _GroupAdds:
@@ -122,15 +89,16 @@ class _PartMutex(ReservationMutex):
 
 
 class _GroupMutex(ReservationMutex):
-    """The read group's hold on ``MUTEX``: a ReservationMutex whose tokens carry :data:`READ_GROUP_MARK`,
-    and whose adds that may land late are never removed blindly (:class:`_GroupAdds`)."""
+    """The read group's hold on ``MUTEX``: a ReservationMutex whose tokens carry
+    :data:`~.protocol.READ_GROUP_MARK`, and whose adds that may land late are never removed blindly
+    (:class:`_GroupAdds`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["late_adds"] = _GroupAdds(kwargs.get("logger") or logging.getLogger(LOGGER_NAME))
         super().__init__(*args, **kwargs)
 
     def _new_token(self) -> str:
-        return READ_GROUP_MARK + make_token(self.owner)
+        return protocol.READ_GROUP_MARK + make_token(self.owner)
 
     def _abandon(self, op: Operation) -> None:
         """After an interrupt inside acquire(): never remove the add, even when a read shows it (a plain
@@ -291,7 +259,7 @@ class WriteLock:
     def __init__(self, rw: ReservationRWLock) -> None:
         self._rw = rw
         self._mutex = rw._mutex(rw.name, ReservationMutex)
-        self._waiting = rw._mutex(rw.name + WRITER_SUFFIX)
+        self._waiting = rw._mutex(protocol.writer_waiting_alias(rw.name))
 
     @property
     def calls(self) -> int:
@@ -376,11 +344,11 @@ class ReadLock:
     def __init__(self, rw: ReservationRWLock) -> None:
         self._rw = rw
         name = rw.name
-        self._slot_names = [slot_alias(name, index + 1) for index in range(rw.max_readers)]
+        self._slot_names = [protocol.reader_slot_alias(name, index + 1) for index in range(rw.max_readers)]
         self._slots = [rw._mutex(alias) for alias in self._slot_names]
         # Closers hold MUTEX~c for a few calls and never wait inside: poll it quickly.
         self._closer = _PartMutex(
-            rw.api, rw.reservation_id, owner=rw.owner, name=name + CLOSER_SUFFIX,
+            rw.api, rw.reservation_id, owner=rw.owner, name=protocol.closer_alias(name),
             **{**rw._common, "options": rw.options.replace(pacing=CLOSER_PACING)},
         )  # fmt: skip
         # For breaking a crashed reader's slot (any reader's: others may have more slots than this one) or a
@@ -597,7 +565,12 @@ class ReadLock:
                 return None
             raise rw._fatal(result.failure, "reading the reservation's lock services")
         services = result.services or {}
-        watched = {rw.name, rw.name + WRITER_SUFFIX, rw.name + CLOSER_SUFFIX, lease.breaker_alias(rw.name)}
+        watched = {
+            rw.name,
+            protocol.writer_waiting_alias(rw.name),
+            protocol.closer_alias(rw.name),
+            protocol.breaker_alias(rw.name),
+        }
         watched.update(protocol.reader_slots(services, rw.name), self._watches)
         for alias in watched:
             self._watch(alias).observe(services.get(alias), result.sent_at)
@@ -612,7 +585,7 @@ class ReadLock:
 
     def _writer_waiting(self, snap: Dict[str, Holder]) -> Optional[Holder]:
         """The writer-waiting marker, unless this reader has judged it stale (a crashed writer's)."""
-        marker = snap.get(self._rw.name + WRITER_SUFFIX)
+        marker = snap.get(protocol.writer_waiting_alias(self._rw.name))
         if marker is None or self._watch(marker.alias).stale(self._rw._clock()):
             return None
         return marker
@@ -620,7 +593,7 @@ class ReadLock:
     def _breaker_at_work(self, snap: Dict[str, Holder]) -> bool:
         """True when the snapshot shows someone breaking ``MUTEX`` (a waiter that judged the group stale),
         unless this reader has judged that breaker's service stale (a crashed breaker's)."""
-        marker = snap.get(lease.breaker_alias(self._rw.name))
+        marker = snap.get(protocol.breaker_alias(self._rw.name))
         if marker is None:
             return False
         # A breaker removes only within its lease, but that remove may land up to a request's lifetime later.
@@ -704,9 +677,9 @@ class ReadLock:
                 continue
             if not is_read_group(holder) or self._writer_waiting(snap) is not None:
                 return None
-            busy = snap.get(rw.name + CLOSER_SUFFIX)
+            busy = snap.get(protocol.closer_alias(rw.name))
             if busy is None and self._breaker_at_work(snap):
-                busy = snap.get(lease.breaker_alias(rw.name))
+                busy = snap.get(protocol.breaker_alias(rw.name))
             if busy is not None:
                 # A closer is at work: it may have counted the slots before ours. Keep the slot (the closer
                 # then leaves the group to us) and look again when it is done: it never waits for anything.
@@ -863,7 +836,7 @@ class ReadLock:
 
     def _close_error(self, error: MutexReleaseError) -> MutexReleaseError:
         rw = self._rw
-        closer = rw.name + CLOSER_SUFFIX
+        closer = protocol.closer_alias(rw.name)
         return MutexReleaseError(
             f"could not close the read group of {rw.name!r} in reservation {rw.reservation_id}: "
             f"{error.api_message or 'its remove could not be confirmed'}. "
@@ -934,7 +907,7 @@ class ReadLock:
 
     def _breaker_of(self, alias: str) -> LockAlias:
         if alias not in self._breakers:
-            self._breakers[alias] = self._rw._alias(lease.breaker_alias(alias))
+            self._breakers[alias] = self._rw._alias(protocol.breaker_alias(alias))
         return self._breakers[alias]
 
 
