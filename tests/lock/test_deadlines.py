@@ -184,7 +184,6 @@ def die_holding(addr, rid: str, folder: str, events) -> None:
     time.sleep(600)
 
 
-@pytest.mark.xfail(strict=True, reason="CohortMutex._join waits STATE_WAIT for the state lock, not the deadline")
 def test_a_cohort_acquire_that_verifies_a_dead_holders_lock_ends_by_its_deadline_while_the_state_is_stuck(
     emu, tmp_path
 ):
