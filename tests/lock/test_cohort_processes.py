@@ -449,13 +449,12 @@ def test_a_lease_0_member_that_carries_on_under_a_leased_lock_heartbeats_it(
     check_history(emu.control.events(rid))
 
 
-@pytest.mark.xfail(strict=True, reason="a transient failure of the verifying read fails the cohort acquire")
 def test_a_transient_failure_of_the_read_that_checks_a_dead_holders_lock_does_not_fail_the_acquire(
     cloudshell_emulator_factory, tmp_path
 ):
     """The successor of a local holder that died checks the cohort's lock with one read. A transient failure
     of that read (HTTP 500, a reset) must be waited out within the acquire's timeout, as every other read of
-    an acquire is, not end the acquire with "CloudShell API unavailable while reading the lock to adopt it"."""
+    an acquire is, not end it with "CloudShell API unavailable while reading the lock to adopt it"."""
     emu = cloudshell_emulator_factory(packages=[our_package()])
     rid, addr = prepare(emu)
     ctx = multiprocessing.get_context("spawn")

@@ -622,7 +622,9 @@ class CohortMutex:
             if fresh and not verify:
                 self._mutex._cohort_join(token, confirmed_at, lease_seconds)
             else:
-                self._mutex._adopt(token)  # one read; raises MutexLostError when it is not ours
+                # One read (transient failures waited out until the deadline, as the acquire's own reads
+                # are); raises MutexLostError when it is not ours.
+                self._mutex._adopt(token, math.inf if deadline is None else deadline)
         except MutexLostError:
             wait = _left(deadline, self._clock())
             with contextlib.suppress(CohortStateBusy), self._files.state(wait) as state:
