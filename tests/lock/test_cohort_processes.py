@@ -447,3 +447,35 @@ def test_a_lease_0_member_that_carries_on_under_a_leased_lock_heartbeats_it(
             if process is not None:
                 process.join(10)
     check_history(emu.control.events(rid))
+
+
+def test_a_transient_failure_of_the_read_that_checks_a_dead_holders_lock_does_not_fail_the_acquire(
+    cloudshell_emulator_factory, tmp_path
+):
+    """The successor of a local holder that died checks the cohort's lock with one read. A transient failure
+    of that read (HTTP 500, a reset) must be waited out within the acquire's timeout, as every other read of
+    an acquire is, not end it with "CloudShell API unavailable while reading the lock to adopt it"."""
+    emu = cloudshell_emulator_factory(packages=[our_package()])
+    rid, addr = prepare(emu)
+    ctx = multiprocessing.get_context("spawn")
+    here = str(tmp_path / "exec-1")
+    barrier, results = ctx.Barrier(1), ctx.Queue()
+    victim = ctx.Process(
+        target=worker, args=("victim", 0, addr, rid, here, 1, {"lease": LEASE}, barrier, results)
+    )
+    victim.start()
+    try:
+        held = results.get(timeout=120)
+        victim.kill()  # mid-hold: its successor here verifies the lock with one read
+        victim.join(10)
+        emu.control.inject_fault("GetReservationDetails", "error_before_commit")
+        lock = CohortMutex(emu.session(), rid, owner="successor", cohort_dir=here, timeout=10, **FAST)
+        with lock:
+            assert lock.token == held["held"] and lock.passed  # carried on under the dead holder's lock
+            _critical_section(emu.session(), rid, f"{lock.token}|successor")
+    finally:
+        if victim.is_alive():
+            victim.kill()
+        victim.join(10)
+    assert [f["kind"] for f in emu.control.faults_injected()] == ["error_before_commit"]
+    check_history(emu.control.events(rid))

@@ -161,3 +161,80 @@ def test_a_cohort_release_goes_on_without_the_state_while_a_stopped_process_hold
     with following:
         assert not following.passed and following.token != released_token
         assert aliases(emu, rid) == [MUTEX]
+
+
+def hold_state_lock_on_cue(path: str, go, ready) -> None:
+    """Wait for ``go``, then hold the cohort's state-file lock, say so, and sleep in it (then stopped)."""
+    lock = cohort.new_file_lock(Path(path))
+    go.wait(60)
+    lock.acquire()
+    ready.set()
+    time.sleep(600)
+
+
+def die_holding(addr, rid: str, folder: str, events) -> None:
+    """Take the cohort lock with a long lease, say so, and wait to be killed holding it."""
+    from cloudshell.api.cloudshell_api import CloudShellAPISession
+
+    host, port, user, password, domain = addr
+    api = CloudShellAPISession(host, user, password, domain, port=port)
+    lock = cohort.CohortMutex(api, rid, owner="dies holding", cohort_dir=folder, lease=DEAD_LEASE, **FAST)
+    lock.acquire(timeout=30)
+    events.put(lock.token)
+    time.sleep(600)
+
+
+def test_a_cohort_acquire_that_verifies_a_dead_holders_lock_ends_by_its_deadline_while_the_state_is_stuck(
+    emu, tmp_path
+):
+    """The successor of a local holder that died checks the cohort's lock with one read, then records the
+    check in the state file. A process stopped inside the state-file lock meanwhile (it took it while the
+    read was on the wire) must not hold the acquire past its deadline: before, it waited STATE_WAIT (5 s)."""
+    rid = emu.create_reservation("deadlines")
+    key = cohort.cohort_key(catalog.server_key(emu.session()), rid, MUTEX)
+    ctx = multiprocessing.get_context("spawn")
+    go, ready, events = ctx.Event(), ctx.Event(), ctx.Queue()
+    addr = (emu.host, emu.port, emu.admin_user, emu.admin_password, emu.admin_domain)
+    victim = ctx.Process(target=die_holding, args=(addr, rid, str(tmp_path), events), daemon=True)
+    stuck = ctx.Process(
+        target=hold_state_lock_on_cue, args=(str(tmp_path / f"{key}.state.lock"), go, ready), daemon=True
+    )
+    victim.start()
+    stuck.start()
+    try:
+        token = events.get(timeout=60)
+        victim.kill()  # dies holding: its successor here verifies the lock with one read
+        victim.join(10)
+        emu.control.inject_fault("GetReservationDetails", "spike", seconds=2.0)
+
+        def stop_inside_during_the_read() -> None:
+            while not emu.control.faults_injected():
+                time.sleep(0.01)
+            go.set()
+            assert ready.wait(30)
+            os.kill(stuck.pid, signal.SIGSTOP)
+
+        import threading
+
+        staller = threading.Thread(target=stop_inside_during_the_read, daemon=True)
+        staller.start()
+        lock = cohort.CohortMutex(emu.session(), rid, owner="successor", cohort_dir=tmp_path, **FAST)
+        started = time.monotonic()
+        try:
+            acquired = lock.acquire(timeout=3)
+        except MutexTimeout:
+            acquired = False
+        waited = time.monotonic() - started
+        staller.join(10)
+        assert ready.is_set(), "the stuck process never took the state-file lock"
+        if acquired:
+            assert lock.token == token and lock.passed  # carried on under the dead holder's lock
+            lock.release()
+        assert waited < 3 + SLACK, f"acquire(timeout=3) took {waited:.1f} s"
+    finally:
+        if stuck.is_alive():
+            os.kill(stuck.pid, signal.SIGCONT)
+            stuck.kill()
+        stuck.join(10)
+        if victim.is_alive():
+            victim.kill()

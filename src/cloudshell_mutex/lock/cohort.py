@@ -750,7 +750,7 @@ class CohortMutex:
                 if releasing
                 else "The cohort held no server lock",
             )
-        if token is not None and self._join(token, lease_seconds, confirmed_at, verify=dead is not None):
+        if token is not None and self._join(token, lease_seconds, confirmed_at, dead is not None, deadline):
             return True
         if yielded_at is not None and blocking:
             self._yield_turn(yielded_at, deadline)
@@ -794,17 +794,29 @@ class CohortMutex:
             except MutexError:  # the acquire that follows reports what is wrong
                 return
 
-    def _join(self, token: str, lease_seconds: float, confirmed_at: Optional[float], verify: bool) -> bool:
+    def _join(
+        self,
+        token: str,
+        lease_seconds: float,
+        confirmed_at: Optional[float],
+        verify: bool,
+        deadline: Optional[float],
+    ) -> bool:
         """Take the cohort's server lock: without a call when its last confirmation is recent, else after
-        one read (and, with a lease, a heartbeat). False when it turns out not to be the cohort's any more."""
+        one read (and, with a lease, a heartbeat). False when it turns out not to be the cohort's any more.
+        The state is written waiting for its lock only until ``deadline`` (a record it cannot write costs a
+        later holder one verifying read, never exclusion)."""
         fresh = confirmed_at is not None and self._clock() - confirmed_at < trust_window(lease_seconds)
         try:
             if fresh and not verify:
                 self._mutex._cohort_join(token, confirmed_at, lease_seconds)
             else:
-                self._mutex._adopt(token)  # one read; raises MutexLostError when it is not ours
+                # One read (transient failures waited out until the deadline, as the acquire's own reads
+                # are); raises MutexLostError when it is not ours.
+                self._mutex._adopt(token, math.inf if deadline is None else deadline)
         except MutexLostError:
-            with contextlib.suppress(CohortStateBusy), self._files.state() as state:
+            wait = _left(deadline, self._clock())
+            with contextlib.suppress(CohortStateBusy), self._files.state(wait) as state:
                 state.token = state.confirmed_at = state.since = None
                 state.passes = 0
             self.logger.warning(
@@ -815,7 +827,8 @@ class CohortMutex:
             )
             return False
         if not fresh or verify:
-            with contextlib.suppress(CohortStateBusy), self._files.state() as state:
+            wait = _left(deadline, self._clock())
+            with contextlib.suppress(CohortStateBusy), self._files.state(wait) as state:
                 state.confirmed_at = self._mutex._cohort_confirmed_at()
         self.passed = True
         self._held = True

@@ -329,9 +329,18 @@ class ReservationMutex:
         mutex._adopt(info.token)
         return mutex
 
-    def _adopt(self, token: str) -> None:
+    def _adopt(self, token: str, until: Optional[float] = None) -> None:
+        """Hold ``token`` after one read shows it (:meth:`adopt`). ``until`` (monotonic): transient read
+        failures are backed off and read again until then, as an acquire's reads are (None: one read)."""
         op = self._operation(token)
         read = self._read(op)
+        while not read.ok and read.failure.kind is ErrorKind.TRANSIENT and until is not None:
+            op.failed(read.failure.message)
+            now = self._clock()
+            if now >= until:
+                break
+            self._sleep(min(op.next_backoff(self.backoff, self._rng), until - now))
+            read = self._read(op)
         if not read.ok:
             raise self._diagnose(read.failure, "reading the lock to adopt it")
         holder = read.holder
