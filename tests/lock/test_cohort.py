@@ -12,6 +12,7 @@ from fakes import RES, FakeApi, other_holds
 
 from cloudshell_mutex import MutexTimeout, MutexUsageError, protocol
 from cloudshell_mutex.lock import catalog
+from cloudshell_mutex.lock import cohort as cohort_module
 from cloudshell_mutex.lock.cohort import CohortMutex, CohortPacing, new_file_lock, trust_window
 from cloudshell_mutex.lock.pacing import CallBudget, FixedPacing
 
@@ -238,6 +239,27 @@ def test_a_lock_passed_to_a_waiter_that_gave_up_is_released_by_the_next_one_that
         a.release()  # passed; the waiter then timed out without taking it
     c._tidy_orphan()
     assert not api.services and c.local_state().token is None and not c.locked()
+
+
+def test_tidying_an_orphan_after_a_timed_out_acquire_waits_for_the_state_lock_only_briefly(clock, tmp_path):
+    """The acquire's deadline has passed when it tidies: a process stopped inside the state lock must not
+    hold it up by a release's whole STATE_WAIT at each step."""
+    api = FakeApi(clock=clock)
+    a, c = cohort(api, clock, tmp_path, "A"), cohort(api, clock, tmp_path, "C")
+    a.acquire()
+    with local_waiter(a):
+        a.release()  # passed; the waiter then timed out without taking it
+    waits = []
+    real_state = c._files.state
+
+    def state(timeout=cohort_module.STATE_WAIT):
+        waits.append(timeout)
+        return real_state(timeout)
+
+    c._files.state = state
+    c._tidy_orphan()
+    assert not api.services and not c.locked()
+    assert len(waits) >= 3 and max(waits) <= cohort_module.STATE_GRACE, waits
 
 
 @pytest.mark.parametrize(

@@ -850,15 +850,15 @@ class CohortMutex:
         if not orphan:
             self._let_go()
             return
-        try:
+        try:  # the acquire's deadline has passed: each state step waits only STATE_GRACE
             if self._take_server(False, self._clock()):
-                self.release()
+                self._release(STATE_GRACE)
             else:
-                self._leave(clear_holder=True)
+                self._leave(clear_holder=True, timeout=STATE_GRACE)
         except Exception:  # tidying is a courtesy; the lease (if any) recovers the lock otherwise
             self.logger.warning("cloudshell-mutex: could not release an orphaned cohort lock", exc_info=True)
             if self._held:
-                self._leave(clear_holder=True)
+                self._leave(clear_holder=True, timeout=STATE_GRACE)
 
     def _local_timeout(self, start: float) -> MutexTimeout:
         try:
@@ -898,15 +898,19 @@ class CohortMutex:
         go of the local lock. Raises what :meth:`ReservationMutex.release` raises; a release that failed
         with the lock still held (:class:`~.errors.MutexReleaseError`) keeps the local lock too, so that
         release() can be called again."""
+        self._release(STATE_WAIT)
+
+    def _release(self, wait: float) -> None:
+        """:meth:`release`, waiting at most ``wait`` seconds for the state lock at each step."""
         if not self._held:
             return
         if self._mutex._depth > 1:
             self._mutex.release()  # nested: counted down, no call
             return
         token = self._mutex.token
-        waiting, within, wait = 0, False, STATE_WAIT
+        waiting, within = 0, False
         try:
-            with self._files.state() as state:
+            with self._files.state(wait) as state:
                 waiting = self._files.live_waiters(state)
                 now = self._clock()
                 # Only a lock the state records as the cohort's is passed on (not one whose record failed).
@@ -921,7 +925,7 @@ class CohortMutex:
         if passed is not None:
             token, confirmed_at, lease_seconds = passed
             try:
-                with self._files.state() as state:
+                with self._files.state(wait) as state:
                     state.token, state.lease = token, lease_seconds
                     state.confirmed_at = confirmed_at if math.isfinite(confirmed_at) else None
                     state.passes += 1
