@@ -148,6 +148,20 @@ class LockAlias:
         #: API calls made through this object (catalog reads included).
         self.calls = 0
 
+    def sibling(self, alias: str, kind: Optional[Callable[..., LockAlias]] = None) -> LockAlias:
+        """A :class:`LockAlias` (or ``kind``, one of its subclasses) for ``alias`` beside this one: the same
+        session, reservation, model, call budget, logger and clock (a breaker, a ticket, a counter)."""
+        return (kind or LockAlias)(
+            self.api,
+            self.reservation_id,
+            alias,
+            self.model,
+            budget=self.budget,
+            logger=self.logger,
+            clock=self._clock,
+            sleep=self._sleep,
+        )
+
     # ---------------------------------------------------------------- the model
 
     def add_owner(

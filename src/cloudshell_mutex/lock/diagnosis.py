@@ -23,6 +23,7 @@ from .errors import (
     MutexUsageError,
     ReservationNotActive,
 )
+from .holder import Holder, sanitize_label
 from .operation import Operation
 
 #: Failure kinds that could mean "the reservation is gone": the reservation's status is read to tell.
@@ -205,4 +206,16 @@ def release_error(
         alias=alias,
         code=failure.code if failure else None,
         api_message=failure.message if failure else None,
+    )
+
+
+def broke_stale(
+    breaker: str, what: str, alias: str, holder: Holder, lease_seconds: float, seen: float
+) -> str:
+    """The line a waiter writes (log and reservation output) when it broke a stale holder: ``what`` is
+    ``"lock"``, ``"reader slot"`` or the like, ``seen`` how long it saw no heartbeat on its own clock."""
+    return (
+        f"{sanitize_label(breaker)} broke the stale {what} {alias!r} held by {holder.label} "
+        f"(Mutex Owner {holder.token!r}, lease {lease_seconds:g} s): no heartbeat seen for {seen:.1f} s on "
+        "this waiter's own clock"
     )

@@ -36,7 +36,7 @@ from .holder import Holder, describe_owner, make_token, parse_token
 from .late_adds import LateAdds
 from .options import DEFAULT_LEASE, FRESH_READ_LAG, MIN_LEASE
 
-__all__ = ["DEFAULT_LEASE", "MIN_LEASE", "Heartbeat", "StaleWatch", "break_stale", "lease_of"]
+__all__ = ["DEFAULT_LEASE", "MIN_LEASE", "Breaker", "Heartbeat", "StaleWatch", "break_stale", "lease_of"]
 
 # The default lease (options.DEFAULT_LEASE, 60 s): a holder heartbeats about every lease/3: 2 calls (a
 # fresh read and a write) per 20 s = 0.1 calls/s per held lock, a small fraction of one waiter's polling;
@@ -391,6 +391,65 @@ class BreakResult:
 
     broken: bool
     why: str
+
+
+def breaker_lease(lease_option: float) -> float:
+    """The lease of the breaker alias of a waiter whose own ``lease`` option is ``lease_option`` (0: none)."""
+    return max(lease_option, MIN_LEASE) if lease_option > 0 else DEFAULT_LEASE
+
+
+class Breaker:
+    """One waiter's breaker of stale holders, for every lock kind: a mutex's holder, a read group's reader
+    slots and writer, a queue's tickets. Each break is :func:`break_stale` (one breaker at a time per alias,
+    on the record); this object keeps the breaker alias of each alias it broke (made by ``make_alias``) and
+    its judgement of other waiters' breakers there."""
+
+    def __init__(
+        self,
+        make_alias: Callable[[str], LockAlias],
+        label: str,
+        lease_seconds: float,
+        request_lifetime: float,
+        late_adds: LateAdds,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.label = label
+        self.lease_seconds = lease_seconds
+        self.request_lifetime = request_lifetime
+        self._make_alias = make_alias
+        self._late_adds = late_adds
+        self._clock = clock
+        self._sleep = sleep
+        self._breakers: Dict[str, LockAlias] = {}
+        self._watches: Dict[str, StaleWatch] = {}
+
+    @property
+    def calls(self) -> int:
+        """API calls made on breaker aliases."""
+        return sum(breaker.calls for breaker in self._breakers.values())
+
+    def break_holder(self, lock: LockAlias, watch: StaleWatch) -> BreakResult:
+        """Break the holder of ``lock`` that ``watch`` judged stale (:func:`break_stale`). After a break,
+        ``watch`` has seen the lock free."""
+        alias = lock.alias
+        if alias not in self._breakers:
+            self._breakers[alias] = self._make_alias(protocol.breaker_alias(alias))
+        result = break_stale(
+            lock,
+            self._breakers[alias],
+            watch,
+            self._watches.setdefault(alias, StaleWatch()),
+            self.label,
+            self.lease_seconds,
+            self.request_lifetime,
+            self._late_adds,
+            self._clock,
+            self._sleep,
+        )
+        if result.broken:
+            watch.observe(None, self._clock())
+        return result
 
 
 def break_stale(

@@ -119,29 +119,19 @@ class ReservationMutex:
         self._rng = rng if rng is not None else random.Random()
         self._late_adds = late_adds if late_adds is not None else late_adds_for(clock, self.logger)
         self._news = Reporter(self._alias, self.logger, self.options.on_event, clock)
-        # Leases: the breaker alias (one breaker at a time), this waiter's judgement of the holder and of a
-        # breaker, and the held acquisition's heartbeat (None: no lease).
-        self._breaker = LockAlias(
-            api,
-            reservation_id,
-            protocol.breaker_alias(name),
-            self.options.model,
-            budget=self.options.budget,
-            logger=self.logger,
-            clock=clock,
-            sleep=sleep,
+        # Leases: the breaker of stale holders (one breaker at a time), this waiter's judgement of the holder,
+        # and the held acquisition's heartbeat (None: no lease).
+        self._breaker = lease.Breaker(
+            self._alias.sibling,
+            self.owner,
+            lease.breaker_lease(self.options.lease),
+            self.options.request_lifetime,
+            self._late_adds,
+            clock,
+            sleep,
         )
         # Fencing: the counter service (created on first use) and this acquisition's generation, if asked.
-        self._counter = LockAlias(
-            api,
-            reservation_id,
-            protocol.generation_alias(name),
-            self.options.model,
-            budget=self.options.budget,
-            logger=self.logger,
-            clock=clock,
-            sleep=sleep,
-        )
+        self._counter = self._alias.sibling(protocol.generation_alias(name))
         self._generation: Optional[int] = None
         # The fair mode's place in the advisory queue (queue.py); None: the default pacing alone.
         self._queue: Optional[FairQueue] = None
@@ -157,7 +147,6 @@ class ReservationMutex:
                 logger=self.logger,
             )
         self._watch = StaleWatch()
-        self._breaker_watch = StaleWatch()
         self._heartbeat: Optional[Heartbeat] = None
         self._part = lease.new_part()
         # The acquisition held now: its token (None = not held), nesting depth, and when a fresh
@@ -1003,26 +992,12 @@ class ReservationMutex:
             return False
         stale = self._watch.holder
         seen = self._watch.unchanged_for(now)
-        result = lease.break_stale(
-            self._alias,
-            self._breaker,
-            self._watch,
-            self._breaker_watch,
-            self.owner,
-            max(self.options.lease, lease.MIN_LEASE) if self.options.lease > 0 else lease.DEFAULT_LEASE,
-            self.options.request_lifetime,
-            self._late_adds,
-            self._clock,
-            self._sleep,
-        )
+        result = self._breaker.break_holder(self._alias, self._watch)
         if not result.broken:
             self._news.log(logging.DEBUG, "did not break %s: %s", self.name, result.why)
             return result.why == "the holder went away by itself"
-        self._watch.observe(None, self._clock())
-        message = (
-            f"{sanitize_label(self.owner)} broke the stale lock {self.name!r} held by {stale.label} "
-            f"(Mutex Owner {stale.token!r}, lease {lease.lease_of(stale):g} s): no heartbeat seen for "
-            f"{seen:.1f} s on this waiter's own clock"
+        message = diagnosis.broke_stale(
+            self.owner, "lock", self.name, stale, lease.lease_of(stale) or 0, seen
         )
         self._news.event(events.BROKEN, op, holder=stale.label, error=message)
         self._news.log(logging.WARNING, "%s", message)

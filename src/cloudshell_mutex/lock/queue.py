@@ -356,6 +356,16 @@ class FairQueue:
         self._sleep = sleep
         self._rng = rng or random.Random()
         self._aliases: Dict[int, TicketAlias] = {}
+        # Tickets ahead whose waiter died are broken as a waiting mutex breaks a stale holder.
+        self._breaker = lease.Breaker(
+            lock.sibling,
+            label,
+            ticket_lease,
+            request_lifetime,
+            late_adds,
+            clock,
+            sleep,
+        )
         #: The model refused a ticket (no ``Mutex Owner``): this object waits the default way from now on.
         self.off = False
         self._reset()
@@ -369,7 +379,6 @@ class FairQueue:
         self._unsettled: List[Tuple[TicketAlias, float, int]] = []  # ticket adds without an answer
         self._removed: Set[int] = set()  # numbers of ours already removed: never remove one twice
         self._dropped: List[TicketAlias] = []  # tickets of ours a read did not show (gone, or a lagging read)
-        self._breaker_watch = lease.StaleWatch()
         self._free_seen: Optional[Tuple[float, str]] = None  # (when, head token) the lock was seen free
         self._hinted = False  # the head slept until shortly before the expected release
         self._misses = 0  # the head's polls since then
@@ -572,23 +581,10 @@ class FairQueue:
     def _alias(self, number: int) -> TicketAlias:
         alias = self._aliases.get(number)
         if alias is None:
-            alias = self._aliases[number] = self._sibling(TicketAlias, ticket_alias(self.lock.alias, number))
+            alias = self._aliases[number] = self.lock.sibling(
+                ticket_alias(self.lock.alias, number), TicketAlias
+            )
         return alias
-
-    def _sibling(self, kind: Any, name: str) -> Any:
-        """A ``kind`` (LockAlias or TicketAlias) for the alias ``name`` beside the lock's, sharing its
-        session, model and call budget."""
-        base = self.lock
-        return kind(
-            base.api,
-            base.reservation_id,
-            name,
-            base.model,
-            budget=base.budget,
-            logger=base.logger,
-            clock=self._clock,
-            sleep=self._sleep,
-        )
 
     def _head_seems_gone(self, view: QueueView) -> bool:
         """The lock free at two reads FALLBACK_AFTER apart, with the same head: add without waiting for it."""
@@ -612,20 +608,7 @@ class FairQueue:
             return
         ahead = stale[0]
         alias = self._alias(ahead.number)
-        breaker = self._sibling(LockAlias, protocol.breaker_alias(alias.alias))
-        watch = self.memory.watches[ahead.alias]
-        result = lease.break_stale(
-            alias,
-            breaker,
-            watch,
-            self._breaker_watch,
-            self.label,
-            self.ticket_lease,
-            self.request_lifetime,
-            self._late_adds,
-            self._clock,
-            self._sleep,
-        )
+        result = self._breaker.break_holder(alias, self.memory.watches[ahead.alias])
         if result.broken:
             self.memory.watches.pop(ahead.alias, None)
             self.logger.info(

@@ -30,7 +30,7 @@ from . import diagnosis, lease, protocol
 from .alias import LockAlias, Status
 from .errors import MutexError, MutexLostError, MutexReleaseError, MutexTimeout, MutexUsageError
 from .handle import HandleInfo, make_handle
-from .holder import Holder, is_read_group, make_token, sanitize_label
+from .holder import Holder, is_read_group, make_token
 from .late_adds import LateAdds, late_adds_for
 from .lease import StaleWatch
 from .mutex import LOGGER_NAME, ReservationMutex
@@ -352,12 +352,19 @@ class ReadLock:
             **{**rw._common, "options": rw.options.replace(pacing=CLOSER_PACING)},
         )  # fmt: skip
         # For breaking a crashed reader's slot (any reader's: others may have more slots than this one) or a
-        # crashed writer: the alias and its breaker, made when first needed, judged on this reader's clock
-        # from every snapshot it reads (lease.StaleWatch), as a waiting mutex judges its holder.
+        # crashed writer: the alias, made when first needed, judged on this reader's clock from every
+        # snapshot it reads (lease.StaleWatch) and broken as a waiting mutex breaks its holder.
         self._slot_aliases: Dict[str, LockAlias] = {}
-        self._breakers: Dict[str, LockAlias] = {}
         self._watches: Dict[str, StaleWatch] = {}
-        self._breaker_watches: Dict[str, StaleWatch] = {}
+        self._breaker = lease.Breaker(
+            rw._alias,
+            rw.owner,
+            lease.breaker_lease(rw.options.lease),
+            rw.options.request_lifetime,
+            rw._late_adds,
+            rw._clock,
+            rw._sleep,
+        )
         self._slot: Optional[ReservationMutex] = None
         self._group: Optional[ReservationMutex] = None
         self._extra_calls = 0  # calls of group objects that are gone (joined, then released)
@@ -377,9 +384,7 @@ class ReadLock:
         """API calls made by this side (slots, closer, group, snapshots and breaks)."""
         total = sum(slot.calls for slot in self._slots) + self._closer.calls + self._extra_calls
         total += self._pending_close.calls if self._pending_close is not None else 0
-        total += sum(a.calls for a in self._slot_aliases.values()) + sum(
-            b.calls for b in self._breakers.values()
-        )
+        total += sum(a.calls for a in self._slot_aliases.values()) + self._breaker.calls
         return total + (self._group.calls if self._group is not None else 0)
 
     def locked(self) -> bool:
@@ -874,41 +879,19 @@ class ReadLock:
                 continue
             seen = watch.unchanged_for(rw._clock())
             target = self._part_alias(alias)
-            result = lease.break_stale(
-                target,
-                self._breaker_of(alias),
-                watch,
-                self._breaker_watches.setdefault(alias, StaleWatch()),
-                rw.owner,
-                max(rw.options.lease, lease.MIN_LEASE) if rw.options.lease > 0 else lease.DEFAULT_LEASE,
-                rw.options.request_lifetime,
-                rw._late_adds,
-                rw._clock,
-                rw._sleep,
-            )
-            if not result.broken:
+            if not self._breaker.break_holder(target, watch).broken:
                 continue
-            watch.observe(None, rw._clock())
             broken = True
-            message = (
-                f"{sanitize_label(rw.owner)} broke the stale {'lock' if alias == rw.name else 'reader slot'} "
-                f"{alias!r} held by {holder.label} "
-                f"(Mutex Owner {holder.token!r}, lease {lease.lease_of(holder):g} s): no heartbeat seen for "
-                f"{seen:.1f} s on this reader's own clock"
-            )
+            what = "lock" if alias == rw.name else "reader slot"
+            message = diagnosis.broke_stale(rw.owner, what, alias, holder, lease.lease_of(holder) or 0, seen)
             rw.logger.warning("cloudshell-mutex: %s", message)
-            target.write_output(message)
+            target.write_output(message, warning=True)
         return broken
 
     def _part_alias(self, alias: str) -> LockAlias:
         if alias not in self._slot_aliases:
             self._slot_aliases[alias] = self._rw._alias(alias)
         return self._slot_aliases[alias]
-
-    def _breaker_of(self, alias: str) -> LockAlias:
-        if alias not in self._breakers:
-            self._breakers[alias] = self._rw._alias(protocol.breaker_alias(alias))
-        return self._breakers[alias]
 
 
 def _remaining(deadline: Optional[float], now: float) -> Optional[float]:
