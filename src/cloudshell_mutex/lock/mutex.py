@@ -851,7 +851,7 @@ class ReservationMutex:
         if op.awaiting_add:  # interrupted before the add answered: it may land any time now
             op.add_in_flight(self._clock() + self.options.request_lifetime)
         read = self._alias.read()
-        if read.ok and op.is_ours(read.holder):
+        if read.ok and op.settled_by(read.holder):  # one copy of our add landed: the others land after it
             result = self._alias.remove_once()
             if result.ok:
                 self._news.log(logging.WARNING, "acquire interrupted; removed its add of %s", self.name)
