@@ -482,9 +482,12 @@ class ReservationMutex:
         try:
             acquired = self._acquire(op, blocking)
         except CancelledWait:
-            # The caller stopped waiting: take back what a read shows of ours, as after Ctrl-C; an add that
-            # may still land goes to the late-add watcher, as after a timeout.
-            self._abandon(op)
+            # The caller stopped waiting. An add of ours may be in place: take back what a read shows, as after
+            # Ctrl-C. Either way, an add that may still land goes to the late-add watcher, as after a timeout.
+            if op.add_pending or op.add_can_land(self._clock()):
+                self._abandon(op)
+            else:
+                self._watch_late_add(op)
             error = diagnosis.cancelled_error(op, self._clock(), self.reservation_id, self.name)
             raise self._news.error(
                 error, op, events.CANCELLED, logging.WARNING, holder=error.holder
