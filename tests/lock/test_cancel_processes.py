@@ -10,52 +10,25 @@ lost (``apply_late``) are followed until they land, before or after the cancella
 
 from __future__ import annotations
 
-import io
 import multiprocessing
 import threading
 import time
-import zipfile
-from pathlib import Path
-from typing import Any, Dict, Tuple
+from typing import Any, Dict
 
 import pytest
-from cloudshell.api.cloudshell_api import CloudShellAPISession
+import test_lease_processes as lease_processes
 from cloudshell.shell.core.driver_context import CancellationContext
+from test_lease_processes import FAST, Address, address, session
 
 from cloudshell_mutex import MutexCancelled, ReservationMutex, ReservationRWLock, protocol
 from cloudshell_mutex.lock.cohort import CohortMutex
-from cloudshell_mutex.lock.pacing import DefaultPacing, FixedPacing
+from cloudshell_mutex.lock.pacing import FixedPacing
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
-FAST = dict(pacing=DefaultPacing(first=0.01, base=0.02, cap=0.1), holder_check_interval=0.25)
+emu = lease_processes.emu  # the fixture: an emulator with our package imported
 #: The promise: a waiting acquire stops within a second of its cancellation.
 WITHIN = 1.0
-
-Address = Tuple[str, int, str, str, str]
-
-
-def our_package() -> bytes:
-    package = io.BytesIO()
-    with zipfile.ZipFile(package, "w") as archive:
-        archive.write(ROOT / "package" / "metadata.xml", "metadata.xml")
-        archive.write(ROOT / "DataModel" / "datamodel.xml", "DataModel/datamodel.xml")
-    return package.getvalue()
-
-
-@pytest.fixture
-def emu(cloudshell_emulator_factory):
-    return cloudshell_emulator_factory(packages=[our_package()])
-
-
-def address(emu) -> Address:
-    return (emu.host, emu.port, emu.admin_user, emu.admin_password, emu.admin_domain)
-
-
-def session(addr: Address) -> CloudShellAPISession:
-    host, port, user, password, domain = addr
-    return CloudShellAPISession(host, user, password, domain, port=port)
 
 
 # ---------------------------------------------------------------- the waiter (a spawned process)

@@ -62,6 +62,20 @@ def session(addr: Address) -> CloudShellAPISession:
 # ---------------------------------------------------------------- workers (spawned processes)
 
 
+def check_and_release(mutex: ReservationMutex, report: Dict[str, Any]) -> None:
+    """Report what ensure_held() and release() say: "held"/"released", or "lost: <why>"."""
+    try:
+        mutex.ensure_held()
+        report["ensure_held"] = "held"
+    except MutexLostError as error:
+        report["ensure_held"] = f"lost: {error}"
+    try:
+        mutex.release()
+        report["release"] = "released"
+    except MutexLostError as error:
+        report["release"] = f"lost: {error}"
+
+
 def holder_worker(addr: Address, rid: str, lease: float, events, go, results) -> None:
     """Acquire with a lease, say so, wait for ``go``; then check the lock and release (reporting both)."""
     report: Dict[str, Any] = {"error": None}
@@ -74,16 +88,7 @@ def holder_worker(addr: Address, rid: str, lease: float, events, go, results) ->
         events.put(("held", mutex.token, os.getpid()))
         go.wait(120)
         time.sleep(lease)  # the heartbeat thread runs again after a SIGCONT
-        try:
-            mutex.ensure_held()
-            report["ensure_held"] = "held"
-        except MutexLostError as error:
-            report["ensure_held"] = f"lost: {error}"
-        try:
-            mutex.release()
-            report["release"] = "released"
-        except MutexLostError as error:
-            report["release"] = f"lost: {error}"
+        check_and_release(mutex, report)
         report["on_lost"] = lost
     except BaseException as error:  # report, never hang the parent
         report["error"] = f"{type(error).__name__}: {error}"
@@ -405,16 +410,7 @@ def stuck_holder_worker(addr: Address, rid: str, lease: float, max_hold: float, 
         time.sleep(max_hold / 2)
         mutex.ensure_held()  # within max_hold: held, and renewed
         go.wait(120)  # stuck: no release meanwhile
-        try:
-            mutex.ensure_held()
-            report["ensure_held"] = "held"
-        except MutexLostError as error:
-            report["ensure_held"] = f"lost: {error}"
-        try:
-            mutex.release()
-            report["release"] = "released"
-        except MutexLostError as error:
-            report["release"] = f"lost: {error}"
+        check_and_release(mutex, report)
         report["on_lost"] = lost
     except BaseException as error:  # report, never hang the parent
         report["error"] = f"{type(error).__name__}: {error}"
@@ -441,9 +437,7 @@ def test_a_stuck_holder_stops_renewing_at_max_hold_and_a_waiter_breaks_it(emu):
     finally:
         stop_all(process)
     bound = max_hold + LEASE + stale_margin(LEASE) + POLL + FRESH_READ_LAG
-    print(
-        f"\nmax_hold={max_hold:g} s, lease={LEASE:g} s: the waiter got the stuck lock after {waited:.2f} s"
-    )
+    print(f"\nmax_hold={max_hold:g} s, lease={LEASE:g} s: the waiter got the stuck lock after {waited:.2f} s")
     # Never before the lease lapsed: the last renewal was at most a beat (lease/3) before max_hold.
     assert max_hold + LEASE <= waited <= bound + SLACK
     assert report["error"] is None, report["error"]
