@@ -483,7 +483,7 @@ class ReservationMutex:
             acquired = self._acquire(op, blocking)
         except CancelledWait:
             # The caller stopped waiting. An add of ours may be in place: take back what a read shows, as
-            # after Ctrl-C. Either way, an add that may still land goes to the late-add watcher, as on timeout.
+            # after Ctrl-C. Either way, an add that may still land goes to the watcher, as on timeout.
             if op.add_pending or op.add_can_land(self._clock()):
                 self._abandon(op)
             else:
