@@ -8,6 +8,10 @@ Two commands on a "patch panel" resource:
 * ``disconnect_all()`` removes every connector of this resource; the whole command runs under the lock
   (``@with_reservation_mutex``).
 
+Both commands take ``cancellation_context`` and drivermetadata.xml sets ``EnableCancellation="true"``: while a
+command waits for the lock, the portal's Stop ends the wait within a second (``MutexCancelled``, nothing left
+in the sandbox). The lock picks the argument up by itself; the work under a held lock is never interrupted.
+
 Every driver, setup script or teardown script that uses the same alias (``MUTEX``) takes turns with these
 commands, across execution servers. Packaged like any shell: driver.py, drivermetadata.xml and
 requirements.txt at the driver zip's root.
@@ -31,7 +35,7 @@ class PatchPanelDriver(ResourceDriverInterface, ReservationMutexMixin):
         """Close the API sessions the lock opened."""
         self.close_reservation_mutex_sessions()
 
-    def connect(self, context, peer):
+    def connect(self, context, peer, cancellation_context=None):
         """Connect this resource to ``peer`` (a resource in the sandbox) if they are not connected yet."""
         api = self.cloudshell_api(context)
         reservation_id = context.reservation.reservation_id
@@ -44,7 +48,7 @@ class PatchPanelDriver(ResourceDriverInterface, ReservationMutexMixin):
         return f"connected {me} to {peer}"
 
     @with_reservation_mutex(timeout=600)
-    def disconnect_all(self, context):
+    def disconnect_all(self, context, cancellation_context=None):
         """Remove every connector of this resource."""
         api = self.cloudshell_api(context)
         reservation_id = context.reservation.reservation_id

@@ -11,6 +11,7 @@ from __future__ import annotations
 from .lock import protocol
 from .lock.cohort import CohortMutex
 from .lock.errors import (
+    MutexCancelled,
     MutexError,
     MutexHandleError,
     MutexLostError,
@@ -32,6 +33,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CohortMutex",
     "Holder",
+    "MutexCancelled",
     "MutexError",
     "MutexEvent",
     "MutexHandleError",

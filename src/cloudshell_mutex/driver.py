@@ -21,6 +21,10 @@ closed by :meth:`ReservationMutexMixin.close_reservation_mutex_sessions`; the to
 The lock's sessions have a socket timeout (``reservation_mutex_api_timeout``), so a hung call cannot outlive
 the lock's timeout; :meth:`ReservationMutexMixin.cloudshell_api` gives the command its own session without
 one, as CloudShell's does, because commands such as ``ExecuteCommand`` may run for long.
+
+A command that declares ``cancellation_context`` (and ``EnableCancellation="true"`` in drivermetadata.xml)
+gets CloudShell's Stop button: the lock picks that argument up by itself and stops waiting within a second
+of it, raising :class:`~cloudshell_mutex.MutexCancelled`. The work under a held lock is never interrupted.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 DEFAULT_API_PORT = 8029
 #: Sessions one driver object keeps open at most (one per server/port/token; tokens change rarely).
 MAX_CACHED_SESSIONS = 8
+#: The argument shell-core fills with the command's ``CancellationContext`` (the portal's Stop button).
+CANCELLATION_ARGUMENT = "cancellation_context"
 
 #: (scheme, host, port, domain, token, socket timeout)
 _SessionKey = Tuple[str, str, int, str, str, Optional[float]]
@@ -131,11 +137,27 @@ def _context_logger(context: Any) -> Optional[logging.Logger]:
         return None
 
 
-def _calling_command(depth: int) -> str:
+def _calling_frame(depth: int) -> Any:
+    """The frame of whoever called the caller of this function, ``depth`` calls further up (None past the
+    top)."""
     frame = inspect.currentframe()
-    for _ in range(depth + 1):
+    for _ in range(depth + 2):
         frame = frame.f_back if frame is not None else None
+    return frame
+
+
+def _calling_command(frame: Any) -> str:
     return frame.f_code.co_name if frame is not None else ""
+
+
+def _calling_cancellation(frame: Any) -> Any:
+    """The ``cancellation_context`` argument of the command in ``frame`` (shell-core passes it to commands
+    that declare it), or None."""
+    if frame is None:
+        return None
+    code = frame.f_code
+    arguments = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+    return frame.f_locals.get(CANCELLATION_ARGUMENT) if CANCELLATION_ARGUMENT in arguments else None
 
 
 class ReservationMutexMixin:
@@ -163,6 +185,7 @@ class ReservationMutexMixin:
         *,
         command: Optional[str] = None,
         cohort: Optional[bool] = None,
+        cancellation_context: Any = None,
         **options: Any,
     ) -> Union[ReservationMutex, CohortMutex]:
         """The lock on the sandbox of this command's ``context`` (not acquired yet).
@@ -177,12 +200,17 @@ class ReservationMutexMixin:
         (:mod:`cloudshell_mutex.lock.nesting`). Progress lines go to the sandbox output while it waits
         (``progress=True`` unless given; the class's ``reservation_mutex_progress``).
 
+        ``cancellation_context`` is the command's ``CancellationContext``; by default the calling command's
+        own ``cancellation_context`` argument. While the lock waits, the portal's Stop ends the wait within a
+        second with :class:`~cloudshell_mutex.MutexCancelled` (nothing is left in the sandbox); a held lock is
+        never interrupted. ``cancellation=`` (an Event, a callable) replaces it.
+
         ``cohort`` (default: the class's ``reservation_mutex_cohort``, True) makes it a ``CohortMutex``:
         every command runs in its own process on an execution server, the case cohort mode is for, and it
         is safe there (a local folder; ``export()`` is refused with a clear error, so a command that
         exports its lock passes ``cohort=False``). It stays off where the platform has no OS file lock.
         """
-        api, reservation_id = self._lock_arguments(context, command, options)
+        api, reservation_id = self._lock_arguments(context, command, cancellation_context, options)
         if "options" not in options:  # a whole MutexOptions given says what it wants itself
             options.setdefault("progress", self.reservation_mutex_progress)
         if cohort is None:
@@ -192,18 +220,26 @@ class ReservationMutexMixin:
         return CommandMutex(api, reservation_id, name=name, **options)
 
     def reservation_rwlock(
-        self, context: Any, name: str = "MUTEX", *, command: Optional[str] = None, **options: Any
+        self,
+        context: Any,
+        name: str = "MUTEX",
+        *,
+        command: Optional[str] = None,
+        cancellation_context: Any = None,
+        **options: Any,
     ) -> ReservationRWLock:
         """A :class:`ReservationRWLock` on the sandbox of this command's ``context``: ``with
         self.reservation_rwlock(context).read(): ...`` for commands that only look, ``.write()`` for those
         that change the sandbox. Arguments as :meth:`reservation_mutex` (plus ``max_readers``)."""
-        api, reservation_id = self._lock_arguments(context, command, options)
+        api, reservation_id = self._lock_arguments(context, command, cancellation_context, options)
         return ReservationRWLock(api, reservation_id, name=name, **options)
 
     def _lock_arguments(
-        self, context: Any, command: Optional[str], options: Dict[str, Any]
+        self, context: Any, command: Optional[str], cancellation_context: Any, options: Dict[str, Any]
     ) -> Tuple[Any, str]:
-        """The session and reservation id of ``context``; fills in ``owner`` and ``logger`` in ``options``."""
+        """The session and reservation id of ``context``; fills in ``owner``, ``logger`` and ``cancellation``
+        (the calling command's, unless given) in ``options``."""
+        caller = _calling_frame(1)  # the command that called reservation_mutex or reservation_rwlock
         reservation = context_reservation(context)
         reservation_id = str(reservation.reservation_id).strip()
         domain = str(getattr(reservation, "domain", "") or "Global")
@@ -212,10 +248,16 @@ class ReservationMutexMixin:
         )
         if "owner" not in options:
             resource = str(getattr(getattr(context, "resource", None), "name", "") or "driver")
-            label = command if command is not None else _calling_command(2)
+            label = command if command is not None else _calling_command(caller)
             options["owner"] = f"{resource} {label}".strip()
         if "logger" not in options:
             options["logger"] = _context_logger(context)
+        if "cancellation" not in options:
+            cancellation = (
+                cancellation_context if cancellation_context is not None else _calling_cancellation(caller)
+            )
+            if cancellation is not None:
+                options["cancellation"] = cancellation
         return api, reservation_id
 
     def cloudshell_api(self, context: Any, timeout: Optional[float] = None) -> Any:
@@ -264,7 +306,8 @@ def with_reservation_mutex(function: Optional[_F] = None, *, name: str = "MUTEX"
     Use it bare (``@with_reservation_mutex``) or with options (``@with_reservation_mutex(timeout=600)``;
     ``name`` and every :meth:`ReservationMutexMixin.reservation_mutex` option). The command must be a
     method of a :class:`ReservationMutexMixin` driver whose first argument after ``self`` is the context
-    (or that takes ``context=``); the owner label names the command.
+    (or that takes ``context=``); the owner label names the command. A command that declares
+    ``cancellation_context`` can be stopped while it waits for the lock (:meth:`reservation_mutex`).
     """
 
     def decorate(command: _F) -> _F:
@@ -284,7 +327,10 @@ def with_reservation_mutex(function: Optional[_F] = None, *, name: str = "MUTEX"
                 context = positional[1] if len(positional) > 1 else None
             if context is None:
                 raise TypeError(f"{command.__qualname__} needs the command context as its first argument")
-            lock = self.reservation_mutex(context, name, command=command.__name__, **options)
+            cancellation = bound.arguments.get(CANCELLATION_ARGUMENT)
+            lock = self.reservation_mutex(
+                context, name, command=command.__name__, cancellation_context=cancellation, **options
+            )
             with lock:
                 return command(self, *args, **kwargs)
 

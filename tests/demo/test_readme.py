@@ -24,6 +24,7 @@ BLOCKS = re.findall(r"^```python\n(.*?)^```$", README.read_text(encoding="utf-8"
 #: For each block, in order: the lock owners it must have taken (the labels in the Mutex Owner tokens).
 EXPECTED_OWNERS = [
     ["Router A rewire", "Router A reconfigure"],  # In a driver
+    ["Setup"],  # In a driver: the Stop button (the cancelled command added nothing)
     ["Setup", "Configure routers"],  # In an orchestration script
     ["Router A driver", "Nightly check", "Nightly check"],  # Anywhere else (with the try-once forms)
     ["Router A rewire", "Setup"],  # Try it on the emulator (its own sandbox)

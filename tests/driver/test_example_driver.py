@@ -1,13 +1,25 @@
-"""examples/driver: the example driver, imported from its file and run against the emulator."""
+"""examples/driver: the example driver, imported from its file and run against the emulator.
+
+Its commands declare ``cancellation_context``: they also run in a process of their own, as on an execution
+server, with shell-core's real ``CancellationContext``, which a thread flips when the test says (as CloudShell
+does when someone clicks Stop). ``@with_reservation_mutex`` and ``self.reservation_mutex(context)`` pick the
+argument up by themselves, whether shell-core passes it by keyword or by position.
+"""
 
 from __future__ import annotations
 
 import importlib.util
+import multiprocessing
+import threading
+import time
+import xml.etree.ElementTree as ElementTree
 from pathlib import Path
+from typing import Any, Dict
 
 import pytest
+from cloudshell.shell.core.driver_context import CancellationContext
 
-from cloudshell_mutex import ReservationMutex
+from cloudshell_mutex import MutexCancelled, ReservationMutex
 from cloudshell_mutex.demo.contexts import resource_command_context
 
 pytestmark = pytest.mark.integration
@@ -79,3 +91,92 @@ def test_example_driver_waits_for_a_holder(sandbox):
     assert not lock.acquire(blocking=False)  # the driver's lock is the same MUTEX the script holds
     holder.release()
     assert driver.connect(context, "P2") == "connected P1 to P2"
+
+
+# ---------------------------------------------------------------- the Stop button
+
+
+def command_worker(host: str, port: int, token: str, rid: str, command: str, how: str, stop, out) -> None:
+    """Run one command of the example driver, cancelled through a real CancellationContext when ``stop``."""
+    report: Dict[str, Any] = {"error": None}
+    try:
+        cancellation = CancellationContext()
+
+        def click_stop() -> None:
+            stop.wait(120)
+            cancellation.is_cancelled = True
+
+        threading.Thread(target=click_stop, daemon=True).start()
+        driver = load_example().PatchPanelDriver()
+        context = resource_command_context(host, port, token, rid, "P1")
+        arguments = ("P2",) if command == "connect" else ()
+        out.put("running")
+        try:
+            if how == "keyword":
+                getattr(driver, command)(context, *arguments, cancellation_context=cancellation)
+            else:
+                getattr(driver, command)(context, *arguments, cancellation)
+            report["finished"] = True
+        except MutexCancelled as error:
+            report["cancelled_at"] = time.monotonic()
+            report["message"] = str(error)
+        driver.cleanup()
+    except BaseException as error:
+        report["error"] = f"{type(error).__name__}: {error}"
+    out.put(report)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "command, how",
+    [("connect", "keyword"), ("disconnect_all", "positional"), ("disconnect_all", "keyword")],
+)
+def test_stop_ends_a_commands_wait_for_the_lock_within_a_second(sandbox, command, how):
+    emu, rid = sandbox
+    holder = ReservationMutex(emu.session(), rid, owner="Setup")
+    holder.acquire()
+    ctx = multiprocessing.get_context("spawn")
+    stop, out = ctx.Event(), ctx.Queue()
+    args = (emu.host, emu.port, emu.issue_token(), rid, command, how, stop, out)
+    process = ctx.Process(target=command_worker, args=args, daemon=True)
+    process.start()
+    try:
+        assert out.get(timeout=60) == "running"
+        time.sleep(2.0)  # the command waits (its timeout is 600 s)
+        stop.set()
+        clicked = time.monotonic()
+        report = out.get(timeout=60)
+    finally:
+        process.join(30)
+        process.kill()
+    assert report["error"] is None, report["error"]
+    assert "cancelled_at" in report, report  # MutexCancelled, not a finished command nor a timeout
+    print(
+        f"\n{command} ({how}): Stop ended the wait {(report['cancelled_at'] - clicked) * 1000:.0f} ms later"
+    )
+    assert 0 <= report["cancelled_at"] - clicked < 1.0
+    assert "held by Setup" in report["message"]
+    services = emu.control.reservation(rid)["services"]
+    assert [(s["alias"], s["attributes"]["Mutex Owner"]) for s in services] == [("MUTEX", holder.token)]
+    assert emu.control.reservation(rid)["connectors"] == []  # the command did nothing
+    holder.release()
+
+
+def test_a_cancellation_never_interrupts_the_work_under_a_held_lock(sandbox):
+    """Already cancelled, an uncontended command still takes the lock and finishes (the check is made only
+    while waiting): cancelling work in progress is the command's own business."""
+    emu, rid = sandbox
+    stopped = CancellationContext()
+    stopped.is_cancelled = True
+    driver = load_example().PatchPanelDriver()
+    context = resource_command_context(emu.host, emu.port, emu.issue_token(), rid, "P1")
+    assert driver.connect(context, "P2", cancellation_context=stopped) == "connected P1 to P2"
+    assert driver.disconnect_all(context, stopped) == "removed 1 connector(s) of P1"
+    assert emu.control.reservation(rid)["services"] == []
+    driver.cleanup()
+
+
+def test_the_example_driver_declares_cancellation_for_its_locking_commands():
+    root = ElementTree.parse(EXAMPLE.parent / "drivermetadata.xml").getroot()
+    commands = {c.get("Name"): c.get("EnableCancellation") for c in root.iter("Command")}
+    assert commands == {"connect": "true", "disconnect_all": "true"}

@@ -62,6 +62,20 @@ def session(addr: Address) -> CloudShellAPISession:
 # ---------------------------------------------------------------- workers (spawned processes)
 
 
+def check_and_release(mutex: ReservationMutex, report: Dict[str, Any]) -> None:
+    """Report what ensure_held() and release() say: "held"/"released", or "lost: <why>"."""
+    try:
+        mutex.ensure_held()
+        report["ensure_held"] = "held"
+    except MutexLostError as error:
+        report["ensure_held"] = f"lost: {error}"
+    try:
+        mutex.release()
+        report["release"] = "released"
+    except MutexLostError as error:
+        report["release"] = f"lost: {error}"
+
+
 def holder_worker(addr: Address, rid: str, lease: float, events, go, results) -> None:
     """Acquire with a lease, say so, wait for ``go``; then check the lock and release (reporting both)."""
     report: Dict[str, Any] = {"error": None}
@@ -74,16 +88,7 @@ def holder_worker(addr: Address, rid: str, lease: float, events, go, results) ->
         events.put(("held", mutex.token, os.getpid()))
         go.wait(120)
         time.sleep(lease)  # the heartbeat thread runs again after a SIGCONT
-        try:
-            mutex.ensure_held()
-            report["ensure_held"] = "held"
-        except MutexLostError as error:
-            report["ensure_held"] = f"lost: {error}"
-        try:
-            mutex.release()
-            report["release"] = "released"
-        except MutexLostError as error:
-            report["release"] = f"lost: {error}"
+        check_and_release(mutex, report)
         report["on_lost"] = lost
     except BaseException as error:  # report, never hang the parent
         report["error"] = f"{type(error).__name__}: {error}"
@@ -381,3 +386,68 @@ def test_an_orchestrator_exports_a_driver_adopts_and_keeps_the_lock_past_several
     # The orchestrator's first beat came with its add; the driver's with each of its own writes.
     assert len({b.split(":")[1] for b in beats}) == 2
     assert len(beats) >= 1 + 3 * 4 // 2  # the driver beat about every lease/3 for 4 leases
+
+
+# ---------------------------------------------------------------- max_hold
+
+
+def stuck_holder_worker(addr: Address, rid: str, lease: float, max_hold: float, events, go, results) -> None:
+    """Take the lock with ``max_hold`` and never release it (a stuck command); once told, check it."""
+    report: Dict[str, Any] = {"error": None}
+    try:
+        lost: List[Tuple[float, str]] = []
+        mutex = ReservationMutex(
+            session(addr),
+            rid,
+            owner="stuck command",
+            lease=lease,
+            max_hold=max_hold,
+            on_lost=lambda error: lost.append((time.monotonic(), str(error))),
+            **FAST,
+        )
+        mutex.acquire()
+        events.put(("held", mutex.token, time.monotonic()))
+        time.sleep(max_hold / 2)
+        mutex.ensure_held()  # within max_hold: held, and renewed
+        go.wait(120)  # stuck: no release meanwhile
+        check_and_release(mutex, report)
+        report["on_lost"] = lost
+    except BaseException as error:  # report, never hang the parent
+        report["error"] = f"{type(error).__name__}: {error}"
+    results.put(report)
+
+
+def test_a_stuck_holder_stops_renewing_at_max_hold_and_a_waiter_breaks_it(emu):
+    """max_hold: the holder's heartbeat stops renewing max_hold after it took the lock; a waiter in another
+    process breaks it about a lease (+ margin) later; the holder hears it from on_lost at max_hold, its
+    ensure_held() raises from then on, and its late release removes nothing of the waiter's."""
+    max_hold = 3.0
+    rid = emu.create_reservation()
+    ctx = multiprocessing.get_context("spawn")
+    events, go, results = ctx.Queue(), ctx.Event(), ctx.Queue()
+    process = start(stuck_holder_worker, address(emu), rid, LEASE, max_hold, events, go, results)
+    try:
+        kind, token, acquired = events.get(timeout=60)
+        assert kind == "held"
+        waiter = ReservationMutex(emu.session(), rid, owner="waiter", lease=LEASE, timeout=60, **FAST)
+        waiter.acquire()
+        waited = time.monotonic() - acquired
+        go.set()
+        report = results.get(timeout=60)
+    finally:
+        stop_all(process)
+    bound = max_hold + LEASE + stale_margin(LEASE) + POLL + FRESH_READ_LAG
+    print(f"\nmax_hold={max_hold:g} s, lease={LEASE:g} s: the waiter got the stuck lock after {waited:.2f} s")
+    # Never before the lease lapsed: the last renewal was at most a beat (lease/3) before max_hold.
+    assert max_hold + LEASE <= waited <= bound + SLACK
+    assert report["error"] is None, report["error"]
+    ((told_at, told),) = report["on_lost"]
+    assert max_hold <= told_at - acquired <= max_hold + 1.0
+    assert "held for max_hold (3 s)" in told and "no longer renewed" in told
+    assert report["ensure_held"].startswith("lost") and "max_hold" in report["ensure_held"]
+    assert report["release"].startswith("lost")  # it was broken: nothing of the waiter's was removed
+    assert waiter.holder().token == waiter.token
+    assert any("held for max_hold" in line for line in emu.control.output(rid))  # the sandbox output says so
+    waiter.release()
+    assert check_log(emu, rid) == {"grants": 2, "removes": 2}
+    assert token != waiter.token

@@ -34,6 +34,12 @@ from cloudshell_mutex import MutexOptions, MutexTimeout, ReservationMutex
         ({"retries": 3}, TypeError, "unknown lock option.*retries"),
         ({"reservation_id": ""}, ValueError, "reservation_id"),
         ({"name": " "}, ValueError, "name"),
+        ({"cancellation": "stop"}, TypeError, "cancellation must be the command's CancellationContext"),
+        ({"cancellation": True}, TypeError, "cancellation must be"),
+        ({"max_hold": 600, "lease": 0}, ValueError, "max_hold needs a lease.*Set lease"),
+        ({"max_hold": 0}, ValueError, "max_hold must be a positive number"),
+        ({"max_hold": "600"}, TypeError, "max_hold must be a number of seconds"),
+        ({"max_hold": math.inf}, ValueError, "max_hold must be a finite"),
     ],
 )
 def test_bad_options_fail_when_the_lock_is_made(kwargs, error, message):

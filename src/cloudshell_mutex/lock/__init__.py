@@ -27,6 +27,7 @@ import logging
 from .alias import CallResult, LockAlias, Status
 from .cohort import CohortMutex
 from .errors import (
+    MutexCancelled,
     MutexError,
     MutexHandleError,
     MutexLostError,
@@ -52,6 +53,7 @@ __all__ = [
     "CohortMutex",
     "Holder",
     "LockAlias",
+    "MutexCancelled",
     "MutexError",
     "MutexEvent",
     "MutexHandleError",

@@ -46,11 +46,12 @@ from typing import Any, Callable, Dict, Iterator, Optional, Union
 
 import filelock
 
-from . import catalog
-from .errors import MutexError, MutexLostError, MutexTimeout, MutexUsageError
+from . import catalog, diagnosis
+from .errors import MutexCancelled, MutexError, MutexLostError, MutexTimeout, MutexUsageError
 from .holder import sanitize_label
 from .mutex import ReservationMutex
 from .options import check_duration
+from .pacing import CANCEL_SLICE, CancelledWait, pause
 
 #: Passes in a row before the cohort gives the server lock back (one server acquisition serves at most
 #: 1 + DEFAULT_MAX_PASSES local holders).
@@ -630,6 +631,10 @@ class CohortMutex:
                 raise self._local_timeout(start)
         except CohortStateBusy as busy:
             raise self._state_timeout(start, busy) from None
+        except CancelledWait:
+            holder = self._local_holder() + " on this machine, in cohort mode"
+            self._tidy_orphan()  # as after a timeout: a lock passed to this waiter meanwhile is not orphaned
+            raise self._cancelled(start, holder) from None
         self._mutex._waited_before = self._clock() - start  # the local wait counts in "acquired after"
         try:
             acquired = self._take_server(blocking, deadline)
@@ -643,6 +648,9 @@ class CohortMutex:
         except CohortStateBusy as busy:
             self._leave(clear_holder=self._holder_written, timeout=STATE_GRACE)
             raise self._state_timeout(start, busy) from None
+        except CancelledWait:  # while yielding to other execution servers: nothing held on the server
+            self._leave(clear_holder=True, timeout=STATE_GRACE)
+            raise self._cancelled(start, None) from None
         except BaseException:
             self._leave(clear_holder=True, timeout=STATE_GRACE)
             raise
@@ -680,8 +688,10 @@ class CohortMutex:
     def _wait_local(self, deadline: Optional[float], holder: Optional[Dict[str, Any]]) -> None:
         """Wait for the local lock (``filelock.Timeout`` at the deadline) as a waiter for the server lock
         does: a log line when the wait begins, and the progress line scripts write, at most every
-        ``progress_interval`` seconds when ``progress`` is on. The local wait runs on real time."""
+        ``progress_interval`` seconds when ``progress`` is on; the caller's cancellation is asked every half
+        second (``CancelledWait``). The local wait runs on real time."""
         options = self._mutex.options
+        cancelled = self._mutex._cancelled
         who = "another process"
         if holder:
             here = "this process" if holder.get("pid") == os.getpid() else f"pid {holder.get('pid')}"
@@ -697,6 +707,8 @@ class CohortMutex:
         next_progress = start + options.progress_interval if options.progress else math.inf
         while True:
             until = min(end, next_progress)
+            if cancelled is not None:
+                until = min(until, time.monotonic() + CANCEL_SLICE)
             try:
                 wait = -1.0 if math.isinf(until) else max(0.0, until - time.monotonic())
                 self._local.acquire(timeout=wait, poll_interval=self.local_poll)
@@ -705,6 +717,8 @@ class CohortMutex:
                 now = time.monotonic()
                 if now >= end:
                     raise
+            if cancelled is not None and cancelled():
+                raise CancelledWait()
             if now >= next_progress:
                 next_progress = now + options.progress_interval
                 started = float(holder.get("started", 0)) if holder else 0.0
@@ -787,7 +801,7 @@ class CohortMutex:
             end = min(end, deadline)
         step = max(self.yield_seconds / 3, 0.05)
         while self._clock() < end:
-            self._sleep(max(0.0, min(step, end - self._clock())))
+            pause(max(0.0, min(step, end - self._clock())), self._sleep, self._mutex._cancelled)
             try:
                 if self._mutex.holder() is not None:
                     return
@@ -860,16 +874,26 @@ class CohortMutex:
             if self._held:
                 self._leave(clear_holder=True, timeout=STATE_GRACE)
 
-    def _local_timeout(self, start: float) -> MutexTimeout:
+    def _local_holder(self) -> str:
+        """Who holds the local lock, as the cohort's state says (for an error message)."""
         try:
             with self._files.state(STATE_GRACE) as state:
                 holder = state.holder
         except CohortStateBusy:
             holder = None
-        waited = self._clock() - start
-        who = f"pid {holder.get('pid')} ({holder.get('owner')})" if holder else "another process"
         if holder and holder.get("pid") == os.getpid():
-            who = f"another command of this process (pid {holder.get('pid')}, {holder.get('owner')})"
+            return f"another command of this process (pid {holder.get('pid')}, {holder.get('owner')})"
+        return f"pid {holder.get('pid')} ({holder.get('owner')})" if holder else "another process"
+
+    def _cancelled(self, start: float, holder: Optional[str]) -> MutexCancelled:
+        """The caller cancelled the wait for the local lock, or the yield to other execution servers."""
+        error = diagnosis.cancelled_wait(self.name, self.reservation_id, self._clock() - start, holder)
+        self.logger.warning("cloudshell-mutex: %s", error)
+        return error
+
+    def _local_timeout(self, start: float) -> MutexTimeout:
+        who = self._local_holder()
+        waited = self._clock() - start
         return MutexTimeout(
             f"timed out after {waited:.1f} s waiting for {self.name!r} in reservation {self.reservation_id}: "
             f"{who} on this machine holds it in cohort mode (local lock {self._files.lock_path}). "

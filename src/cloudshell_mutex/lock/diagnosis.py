@@ -14,6 +14,7 @@ from typing import Optional
 from . import protocol
 from .classify import Classification, ErrorKind
 from .errors import (
+    MutexCancelled,
     MutexError,
     MutexLostError,
     MutexNotInstalled,
@@ -158,6 +159,45 @@ def timeout_error(op: Operation, now: float, reservation_id: str, alias: str, no
         waited=waited,
         token=op.token,
         maybe_held=op.add_pending or landing,
+        reservation_id=reservation_id,
+        alias=alias,
+    )
+
+
+def cancelled_error(op: Operation, now: float, reservation_id: str, alias: str) -> MutexCancelled:
+    """The caller cancelled the wait; what it took back was taken back, and what may still land is watched."""
+    if not op.add_can_land(now):
+        return cancelled_wait(alias, reservation_id, now - op.start, op.holder_label)
+    landing = (
+        "an add of this acquisition got no answer and may still be applied for "
+        f"{op.add_lands_by - now:.0f} s: this process watches for it and removes it if it lands. If the "
+        "process exits before that, " + remove_hint(alias, op.token)
+    )
+    return cancelled_wait(alias, reservation_id, now - op.start, op.holder_label, landing)
+
+
+def cancelled_wait(
+    alias: str, reservation_id: str, waited: float, holder: Optional[str], left: Optional[str] = None
+) -> MutexCancelled:
+    """A wait for ``alias`` (a lock, a read lock, a cohort's local lock) that its caller cancelled. ``left``
+    says what may still be there; by default nothing is."""
+    held = f" (held by {holder})" if holder else ""
+    left = left or "it holds nothing, and nothing of this acquisition stays in the reservation"
+    return MutexCancelled(
+        f"cancelled after {waited:.1f} s waiting for {alias!r} in reservation {reservation_id}{held}; {left}",
+        holder=holder,
+        waited=waited,
+        reservation_id=reservation_id,
+        alias=alias,
+    )
+
+
+def expired_error(max_hold: float, lease: float, reservation_id: str, alias: str) -> MutexLostError:
+    """The holder kept the lock for ``max_hold``: its heartbeat stopped renewing the lease."""
+    return MutexLostError(
+        f"{alias!r} in reservation {reservation_id} was held for max_hold ({max_hold:g} s): its lease "
+        f"({lease:g} s) is no longer renewed, so a waiter may break the lock about a lease after its last "
+        "heartbeat. Stop the work done under it; release() still removes it while it is ours",
         reservation_id=reservation_id,
         alias=alias,
     )

@@ -65,6 +65,27 @@ class MutexTimeout(MutexError, TimeoutError):
         self.maybe_held = maybe_held
 
 
+class MutexCancelled(MutexError):
+    """The caller cancelled a waiting acquire (a CloudShell command's Stop, an Event, a callable): the lock
+    was not acquired, and what the acquisition had put on the server is taken back as after a timeout (an
+    add whose outcome is unknown is left to the late-add watcher, which removes it if it lands).
+
+    ``holder`` is the owner label seen last (or None), ``waited`` how long it waited (seconds).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        holder: Optional[str] = None,
+        waited: float = 0.0,
+        **kwargs: Optional[str],
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.holder = holder
+        self.waited = waited
+
+
 class MutexNotInstalled(MutexError):
     """The server has no ``Mutex Service`` model: import Mutex_Package.zip."""
 

@@ -17,13 +17,28 @@ TRANSIENT = "transient"  # a call failed in a way that a retry may fix
 RESOLVED = "resolved"  # an add whose outcome was unknown turned out to be ours
 ACQUIRED = "acquired"
 TIMEOUT = "timeout"
+CANCELLED = "cancelled"  # the caller cancelled the wait; nothing of the acquisition is left
 ERROR = "error"  # a fatal error was raised
 RELEASED = "released"
 LOST = "lost"  # the lock was not ours any more (at release, or seen by the heartbeat); nothing was removed
 BROKEN = "broken"  # this waiter removed a stale holder (holder: its label; error: what it saw)
 DANGER = "danger"  # heartbeats failed for 2/3 of the lease: it may lapse soon
+EXPIRED = "expired"  # held for max_hold: the lease is no longer renewed, so waiters may break it
 
-EVENT_KINDS = (CONTENDED, TRANSIENT, RESOLVED, ACQUIRED, TIMEOUT, ERROR, RELEASED, LOST, BROKEN, DANGER)
+EVENT_KINDS = (
+    CONTENDED,
+    TRANSIENT,
+    RESOLVED,
+    ACQUIRED,
+    TIMEOUT,
+    CANCELLED,
+    ERROR,
+    RELEASED,
+    LOST,
+    BROKEN,
+    DANGER,
+    EXPIRED,
+)
 
 
 @dataclass(frozen=True)

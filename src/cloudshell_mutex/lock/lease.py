@@ -232,6 +232,10 @@ class Heartbeat:
     heartbeat value. :meth:`beat` is one round; :meth:`start` runs rounds in a daemon thread about every
     lease/3 (with jitter) until :meth:`stop`. ``confirmed_at`` is when the last successful write was *sent*
     (monotonic): no waiter can judge the lease lapsed before confirmed_at + lease + margin.
+
+    ``renew_until`` (monotonic; None: never) is when renewal stops for good (the lock's ``max_hold``): from
+    then on no round writes, ``expired`` is True and ``on_expired`` is called once, unless a release is in
+    progress (its remove may land late, and the lease must outlive it).
     """
 
     def __init__(
@@ -247,6 +251,8 @@ class Heartbeat:
         on_lost: Optional[Callable[[Optional[Holder]], None]] = None,
         on_danger: Optional[Callable[[float], None]] = None,
         logger: Optional[logging.Logger] = None,
+        renew_until: Optional[float] = None,
+        on_expired: Optional[Callable[[], None]] = None,
     ) -> None:
         self.alias = alias
         self.token = token
@@ -266,6 +272,11 @@ class Heartbeat:
         #: Set by a release in progress: the alias going away is then most likely our own remove landing,
         #: and the release itself reports what it finds, so neither a loss nor danger is signalled here.
         self.releasing = False
+        self.renew_until = renew_until
+        #: True once renewal stopped at ``renew_until``: waiters may break the lock lease + margin after the
+        #: last write.
+        self.expired = False
+        self._on_expired = on_expired
         self._clock = clock
         self._rng = rng or random.Random()
         self._on_lost = on_lost
@@ -284,6 +295,9 @@ class Heartbeat:
         with self._lock:
             if self.lost:
                 return BeatResult(lost=True, holder=self.lost_to)
+            if self.expired or self._until_expiry() <= 0:
+                self._expire()
+                return BeatResult(error="held for max_hold: the lease is no longer renewed")
             self.beats += 1
             read = self.alias.read()
             if not read.ok:
@@ -329,6 +343,23 @@ class Heartbeat:
         if not self.releasing:
             _call(self._on_lost, holder, self.logger)
 
+    def _until_expiry(self) -> float:
+        """Seconds until renewal stops (MAX_BEAT_INTERVAL when it never does, or while releasing)."""
+        if self.renew_until is None or self.releasing:
+            return MAX_BEAT_INTERVAL
+        return max(0.0, self.renew_until - self._clock())
+
+    def _expire(self) -> None:
+        if self.expired:
+            return
+        self.expired = True
+        self._stop.set()
+        if self._on_expired is not None:
+            try:
+                self._on_expired()
+            except Exception:  # user code (on_lost) must not break the heartbeat's caller
+                self.logger.exception("cloudshell-mutex: lease callback failed")
+
     def lapsed(self, now: float) -> bool:
         """True when no heartbeat was confirmed for a whole lease: a waiter may be about to break it."""
         return now - self.confirmed_at >= self.lease
@@ -361,7 +392,8 @@ class Heartbeat:
 
     def _run(self, first_delay: Optional[float] = None) -> None:
         delay = beat_interval(self.lease, self._rng) if first_delay is None else max(0.0, first_delay)
-        while not self._stop.wait(delay):
+        # Wake at max_hold too: the round then stops renewal (and tells the holder) on time.
+        while not self._stop.wait(min(delay, self._until_expiry())):
             delay = beat_interval(self.lease, self._rng)
             try:
                 self.beat()

@@ -37,7 +37,15 @@ from .late_adds import LateAdds, late_adds_for
 from .lease import Heartbeat, StaleWatch
 from .operation import Operation
 from .options import FRESH_READ_LAG, MutexOptions, check_duration
-from .pacing import DefaultPacing, ExponentialBackoff, PacingPolicy, clip
+from .pacing import (
+    CancelledWait,
+    DefaultPacing,
+    ExponentialBackoff,
+    PacingPolicy,
+    cancellation_check,
+    clip,
+    pause,
+)
 from .queue import FairQueue
 
 #: The suffix of the alias of a lock's generation counter service.
@@ -116,6 +124,8 @@ class ReservationMutex:
         self.backoff: PacingPolicy = self.options.backoff or ExponentialBackoff()
         self._clock = clock
         self._sleep = sleep
+        # The caller's cancellation (None: none), asked only while a blocking acquire waits.
+        self._cancelled = cancellation_check(self.options.cancellation)
         self._rng = rng if rng is not None else random.Random()
         self._late_adds = late_adds if late_adds is not None else late_adds_for(clock, self.logger)
         self._news = Reporter(self._alias, self.logger, self.options.on_event, clock)
@@ -143,6 +153,7 @@ class ReservationMutex:
                 late_adds=self._late_adds,
                 clock=clock,
                 sleep=sleep,
+                wait=self._pause,
                 rng=self._rng,
                 logger=self.logger,
             )
@@ -230,6 +241,8 @@ class ReservationMutex:
         beat = self._heartbeat
         if beat is not None and beat.lost:
             raise self._lost_notice(beat.lost_to)
+        if beat is not None and beat.expired:
+            raise self._expired_notice()
         if beat is not None and beat.lapsed(self._clock()):
             silent = self._clock() - beat.confirmed_at
             how_long = (
@@ -395,7 +408,7 @@ class ReservationMutex:
             return None
         if self._release_op is not None:  # a release that failed: its remove may still land
             return None
-        if beat is not None and (beat.lost or beat.lapsed(self._clock())):
+        if beat is not None and (beat.lost or beat.expired or beat.lapsed(self._clock())):
             return None
         if beat is not None:
             beat.stop()
@@ -462,8 +475,20 @@ class ReservationMutex:
             )
         op = self._operation(self._new_token())
         op.deadline = op.start if not blocking else (None if timeout is None else op.start + timeout)
+        op.cancellable = blocking
         try:
             acquired = self._acquire(op, blocking)
+        except CancelledWait:
+            # The caller stopped waiting. An add of ours may be in place: take back what a read shows, as
+            # after Ctrl-C. Either way, an add that may still land goes to the watcher, as on timeout.
+            if op.add_pending or op.add_can_land(self._clock()):
+                self._abandon(op)
+            else:
+                self._watch_late_add(op)
+            error = diagnosis.cancelled_error(op, self._clock(), self.reservation_id, self.name)
+            raise self._news.error(
+                error, op, events.CANCELLED, logging.WARNING, holder=error.holder
+            ) from None
         except Exception:
             self._watch_late_add(op)
             raise
@@ -669,7 +694,13 @@ class ReservationMutex:
             if op.deadline is not None and now >= op.deadline:
                 return self._give_up(op, blocking)
             self._write_progress(op, now)
-            self._sleep(clip(delay, now, op.deadline))
+            self._pause(op, clip(delay, now, op.deadline))  # a caller that cancels is heard here
+
+    def _pause(self, op: Operation, seconds: float) -> None:
+        """Sleep between tries. A blocking acquire's caller may cancel meanwhile: checked now and every half
+        second (no call), raising :class:`~.pacing.CancelledWait`, which acquire() turns into
+        :class:`~.errors.MutexCancelled` after taking back what the acquisition left."""
+        pause(seconds, self._sleep, self._cancelled if op.cancellable else None)
 
     def _on_contention(self, op: Operation, add: CallResult) -> bool:
         """Handle "already exists"; return True when the holder turns out to be this acquisition."""
@@ -712,7 +743,7 @@ class ReservationMutex:
         self._news.log(
             logging.WARNING, "transient CloudShell API failure (%s); backing off", add.failure.message
         )
-        self._sleep(clip(op.next_backoff(self.backoff, self._rng), self._clock(), op.deadline))
+        self._pause(op, clip(op.next_backoff(self.backoff, self._rng), self._clock(), op.deadline))
         if not op.add_pending:
             return False
         holder = self._poll_read(op, "reading the lock holder")
@@ -812,14 +843,15 @@ class ReservationMutex:
         return True
 
     def _abandon(self, op: Operation) -> None:
-        """After an interrupt inside acquire(): remove our add if a read shows it, and hand an add
-        that may still land to the late-add watcher (which warns at exit if it cannot settle it)."""
+        """After an interrupt inside acquire() (Ctrl-C, or the caller's cancellation): remove our add if a
+        read shows it, and hand an add that may still land to the late-add watcher (which warns at exit if it
+        cannot settle it)."""
         if op.adds == 0:
             return
         if op.awaiting_add:  # interrupted before the add answered: it may land any time now
             op.add_in_flight(self._clock() + self.options.request_lifetime)
         read = self._alias.read()
-        if read.ok and op.is_ours(read.holder):
+        if read.ok and op.settled_by(read.holder):  # one copy of our add landed: the others land after it
             result = self._alias.remove_once()
             if result.ok:
                 self._news.log(logging.WARNING, "acquire interrupted; removed its add of %s", self.name)
@@ -935,8 +967,18 @@ class ReservationMutex:
     ) -> None:
         """With a lease on a model that takes it: heartbeat (a daemon thread on the real clock; with a
         virtual clock, tests call renew()). ``lease_seconds``: an adopted lock's lease, from its service."""
+        max_hold = self.options.max_hold
         if lease_seconds is None:
             if self.options.lease <= 0 or not self._alias.takes(protocol.ATTR_HEARTBEAT):
+                if max_hold is not None:
+                    self._news.log(
+                        logging.WARNING,
+                        "max_hold (%g s) has no effect on %s: the server's Mutex Service model has no lease "
+                        "attributes (the original package), so nobody can break the lock; import "
+                        "cloudshell-mutex's Mutex_Package.zip",
+                        max_hold,
+                        self.name,
+                    )
                 return
             lease_seconds = self.options.lease
         self._heartbeat = Heartbeat(
@@ -950,6 +992,8 @@ class ReservationMutex:
             on_lost=self._on_heartbeat_lost,
             on_danger=self._on_danger,
             logger=self.logger,
+            renew_until=None if max_hold is None else self._clock() + max_hold,
+            on_expired=self._on_expired,
         )
         self._heartbeat.count = 0
         if self._clock is time.monotonic:
@@ -966,6 +1010,25 @@ class ReservationMutex:
     def _on_heartbeat_lost(self, holder: Optional[Holder]) -> None:
         error = self._lost_notice(holder, report=True)
         self._tell_lost(holder.label if holder is not None else None)
+        if self.options.on_lost is not None:
+            self.options.on_lost(error)
+
+    def _expired_notice(self) -> MutexLostError:
+        beat = self._heartbeat
+        lease_seconds = beat.lease if beat is not None else self.options.lease
+        return diagnosis.expired_error(
+            self.options.max_hold or 0.0, lease_seconds, self.reservation_id, self.name
+        )
+
+    def _on_expired(self) -> None:
+        """max_hold passed (the heartbeat thread): renewal stopped. Say so in the log, the events, the sandbox
+        output and ``on_lost``: the holder's command may be stuck, and waiters break the lock soon."""
+        error = self._expired_notice()
+        op = self._operation(self._token or "")
+        self._news.error(error, op, events.EXPIRED, logging.WARNING)
+        message = f"{sanitize_label(self.owner)}: {error}"
+        if not self._alias.write_output(message, warning=True).ok:
+            self._news.log(logging.DEBUG, "could not write the expired lease to the reservation output")
         if self.options.on_lost is not None:
             self.options.on_lost(error)
 

@@ -59,6 +59,8 @@ class Operation:
         self.read_since_add = False
         # Calls wait on the call budget only while polling: never the first add, never a release.
         self.polling = False
+        # A blocking acquire: its caller may cancel it while it pauses between tries (never a release).
+        self.cancellable = False
         self.last_read_at: Optional[float] = None  # last successful fresh read
         self.last_read_attempt: Optional[float] = None  # last read tried, successful or not
         self.contended_since: Optional[float] = None

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 
 from . import protocol
 from .events import EventHook
-from .pacing import CallBudget, PacingPolicy
+from .pacing import CallBudget, PacingPolicy, cancellation_check
 
 #: A fresh read shows a committed change within this many seconds (an assumption: reads of a real server
 #: are not known to lag; the emulator's ``stale_fresh_read`` fault tests what the lock does if they do).
@@ -67,8 +67,17 @@ class MutexOptions:
       asks again goes to the back. Mutual exclusion still rests on the add alone. See docs/protocol.md,
       "Fair mode".
     * ``on_lost``: called with a :class:`~.errors.MutexLostError` when the heartbeat finds the lock taken
-      from this holder (from the heartbeat thread); ``on_danger``: called with the seconds since the last
-      confirmed heartbeat once heartbeats have failed for 2/3 of the lease (the lease may lapse soon).
+      from this holder, or stops renewing it at ``max_hold`` (from the heartbeat thread); ``on_danger``:
+      called with the seconds since the last confirmed heartbeat once heartbeats have failed for 2/3 of the
+      lease (the lease may lapse soon).
+    * ``cancellation``: lets the caller stop a waiting acquire: a CloudShell ``CancellationContext`` (anything
+      with ``is_cancelled``), a ``threading.Event`` or a callable returning True once cancelled. A blocking
+      acquire checks it between tries and every half second while it sleeps, and raises
+      :class:`~.errors.MutexCancelled`, leaving nothing behind. A held lock and a release never look at it.
+    * ``max_hold``: seconds (default None: no limit; needs a lease). A holder stops renewing its lease this
+      long after it took the lock, so that waiters break it lease + margin later if its command is stuck;
+      ``on_lost`` and :meth:`~.mutex.ReservationMutex.ensure_held` tell the holder at once. See
+      docs/protocol.md, "Leases".
     """
 
     timeout: Optional[float] = 300.0
@@ -89,6 +98,8 @@ class MutexOptions:
     on_lost: Optional[Callable[[Any], None]] = None
     on_danger: Optional[Callable[[float], None]] = None
     fair: bool = False
+    cancellation: Any = None
+    max_hold: Optional[float] = None
 
     def __post_init__(self) -> None:
         check_duration("timeout", self.timeout, allow_none=True)
@@ -120,6 +131,18 @@ class MutexOptions:
         for name in ("on_lost", "on_danger"):
             if getattr(self, name) is not None and not callable(getattr(self, name)):
                 raise TypeError(f"{name} must be a callable, got {getattr(self, name)!r}")
+        cancellation_check(self.cancellation)  # raises TypeError for anything it cannot ask
+        check_duration("max_hold", self.max_hold, allow_none=True)
+        if self.max_hold is not None and self.max_hold <= 0:
+            raise ValueError(
+                f"max_hold must be a positive number of seconds (or None: no limit), got {self.max_hold!r}"
+            )
+        if self.max_hold is not None and self.lease <= 0:
+            raise ValueError(
+                "max_hold needs a lease: a holder without one is never broken, so stopping its renewal "
+                f"frees nothing. Set lease (e.g. lease={DEFAULT_LEASE:g}) with max_hold={self.max_hold:g}, "
+                "or leave max_hold out"
+            )
         if not isinstance(self.model, str) or not self.model.strip():
             raise ValueError("model must be the name of the lock's service model, e.g. 'Mutex Service'")
 

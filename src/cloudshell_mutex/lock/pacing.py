@@ -3,7 +3,8 @@
 CloudShell has no notifications, so a waiter learns that the lock is free only by trying again.
 Short waits shorten the hand-off gap; every try is a call on a server that the whole site shares.
 The policies here trade these off; the lock never sleeps past its caller's deadline whatever a
-policy returns (see :func:`clip`).
+policy returns (see :func:`clip`), and a caller that cancels its wait is heard within a second
+(:func:`cancellation_check`, :func:`pause`).
 
 A policy is any object with ``next_delay(attempt, previous, rng) -> seconds``; ``attempt`` counts
 retries from 1, ``previous`` is the delay this policy returned last time (0.0 before the first).
@@ -178,6 +179,59 @@ def budget_for(api: Any) -> CallBudget:
             return budget
         except TypeError:  # not weak-referenceable: a budget of its own
             return CallBudget()
+
+
+#: While a wait can be cancelled, it sleeps in slices of at most this many seconds and checks between them.
+CANCEL_SLICE = 0.5
+
+
+class CancelledWait(Exception):
+    """Internal: a cancellable pause found its caller cancelled. The lock that paused turns it into
+    :class:`~.errors.MutexCancelled` once it has taken back what its acquisition left behind."""
+
+
+def cancellation_check(source: Any) -> Optional[Callable[[], bool]]:
+    """The check for the ``cancellation`` option: None for None, else a callable that is True once cancelled.
+
+    ``source`` is CloudShell's ``CancellationContext`` (any object with ``is_cancelled``, an attribute or a
+    method), a ``threading.Event`` (set = cancelled) or a callable returning a bool. Anything else raises
+    ``TypeError``.
+    """
+    if source is None:
+        return None
+    if isinstance(source, threading.Event):
+        return source.is_set
+    if hasattr(source, "is_cancelled"):
+
+        def cancelled() -> bool:
+            flag = source.is_cancelled
+            return bool(flag() if callable(flag) else flag)
+
+        return cancelled
+    if callable(source):
+        return lambda: bool(source())
+    raise TypeError(
+        "cancellation must be the command's CancellationContext (an object with is_cancelled), a "
+        f"threading.Event or a callable that returns True once cancelled, got {type(source).__name__}"
+    )
+
+
+def pause(seconds: float, sleep: Callable[[float], None], cancelled: Optional[Callable[[], bool]]) -> None:
+    """Sleep ``seconds`` with ``sleep``. With a ``cancelled`` check: check it first (even for 0 s) and after
+    every slice of at most :data:`CANCEL_SLICE` seconds, and raise :class:`CancelledWait` once it is True.
+    No server call: only the caller's own flag is looked at."""
+    if cancelled is None:
+        sleep(seconds)
+        return
+    left = max(0.0, seconds)
+    while True:
+        if cancelled():
+            raise CancelledWait()
+        if left <= 0:
+            return
+        step = min(left, CANCEL_SLICE)
+        sleep(step)
+        left -= step
 
 
 def clip(delay: float, now: float, deadline: Optional[float]) -> float:

@@ -339,6 +339,7 @@ class FairQueue:
         late_adds: LateAdds,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        wait: Optional[Callable[[Any, float], None]] = None,
         rng: Optional[random.Random] = None,
         logger: Optional[logging.Logger] = None,
         budget: float = LOCK_BUDGET,
@@ -354,6 +355,9 @@ class FairQueue:
         self._late_adds = late_adds
         self._clock = clock
         self._sleep = sleep
+        # The pause in line, ``wait(op, seconds)``: the mutex's, which its caller can cancel (a break's own
+        # waits use ``sleep``: a break is never left half done).
+        self._wait = wait or (lambda op, seconds: sleep(seconds))
         self._rng = rng or random.Random()
         self._aliases: Dict[int, TicketAlias] = {}
         # Tickets ahead whose waiter died are broken as a waiting mutex breaks a stale holder.
@@ -486,7 +490,7 @@ class FairQueue:
                     return default
                 if self.ticket is None:
                     # Not granted yet (an add without an answer, or numbers taken): the next read tells.
-                    self._sleep(clip(MIN_INTERVAL, self._clock(), op.deadline))
+                    self._wait(op, clip(MIN_INTERVAL, self._clock(), op.deadline))
                     continue
                 mine = ticket_number(self.ticket.alias, self.lock.alias)
                 if mine != view.highest + 1:
@@ -502,7 +506,7 @@ class FairQueue:
             self._waiting()
             waiters = len(view.tickets)
             interval = self._jitter(wait_interval(position, waiters, self.memory.period, self.budget))
-            self._sleep(clip(self._hinted_wait(position, interval), self._clock(), op.deadline))
+            self._wait(op, clip(self._hinted_wait(position, interval), self._clock(), op.deadline))
 
     def _recent_view(self, now: float) -> Optional[QueueView]:
         """A read of this process made a moment ago (the mutex's after a busy add, or the release's of the

@@ -36,7 +36,7 @@ from .lease import StaleWatch
 from .mutex import LOGGER_NAME, ReservationMutex
 from .operation import Operation
 from .options import FRESH_READ_LAG, MutexOptions, check_duration
-from .pacing import DefaultPacing, PacingPolicy, clip
+from .pacing import CancelledWait, DefaultPacing, PacingPolicy, cancellation_check, clip, pause
 
 __all__ = ["DEFAULT_MAX_READERS", "ReadLock", "ReservationRWLock", "WriteLock"]
 
@@ -157,6 +157,7 @@ class ReservationRWLock:
         self.pacing: PacingPolicy = self.options.pacing or DefaultPacing()
         self._clock = clock
         self._sleep = sleep
+        self._cancelled = cancellation_check(self.options.cancellation)  # asked while a reader waits
         self._rng = rng if rng is not None else random.Random()
         # Watches the breaker adds of this lock's breaks (each alias's mutex has its own for its adds).
         self._late_adds = late_adds if late_adds is not None else late_adds_for(clock, self.logger)
@@ -228,8 +229,10 @@ class ReservationRWLock:
             sleep=self._sleep,
         )
 
-    def _mutex(self, alias: str, kind: type = _PartMutex) -> ReservationMutex:
-        return kind(self.api, self.reservation_id, owner=self.owner, name=alias, **self._common)
+    def _mutex(self, alias: str, kind: type = _PartMutex, **changes: Any) -> ReservationMutex:
+        """A mutex on ``alias`` with this lock's options (``changes`` replaced)."""
+        common = {**self._common, "options": self.options.replace(**changes)} if changes else self._common
+        return kind(self.api, self.reservation_id, owner=self.owner, name=alias, **common)
 
     def _deadline(self, blocking: bool, timeout: Any) -> Optional[float]:
         if timeout is _UNSET:
@@ -259,7 +262,8 @@ class WriteLock:
     def __init__(self, rw: ReservationRWLock) -> None:
         self._rw = rw
         self._mutex = rw._mutex(rw.name, ReservationMutex)
-        self._waiting = rw._mutex(protocol.writer_waiting_alias(rw.name))
+        # Held while the writer waits, however long: never stopped by max_hold (that bounds holding MUTEX).
+        self._waiting = rw._mutex(protocol.writer_waiting_alias(rw.name), max_hold=None)
 
     @property
     def calls(self) -> int:
@@ -346,11 +350,11 @@ class ReadLock:
         name = rw.name
         self._slot_names = [protocol.reader_slot_alias(name, index + 1) for index in range(rw.max_readers)]
         self._slots = [rw._mutex(alias) for alias in self._slot_names]
-        # Closers hold MUTEX~c for a few calls and never wait inside: poll it quickly.
-        self._closer = _PartMutex(
-            rw.api, rw.reservation_id, owner=rw.owner, name=protocol.closer_alias(name),
-            **{**rw._common, "options": rw.options.replace(pacing=CLOSER_PACING)},
-        )  # fmt: skip
+        # Closers hold MUTEX~c for a few calls and never wait inside: poll it quickly. A close is part of a
+        # release (or of taking back a reader's slot): the caller's cancellation never interrupts it.
+        self._closer = rw._mutex(
+            protocol.closer_alias(name), pacing=CLOSER_PACING, cancellation=None, max_hold=None
+        )
         # For breaking a crashed reader's slot (any reader's: others may have more slots than this one) or a
         # crashed writer: the alias, made when first needed, judged on this reader's clock from every
         # snapshot it reads (lease.StaleWatch) and broken as a waiting mutex breaks its holder.
@@ -489,7 +493,17 @@ class ReadLock:
                 )
             attempt += 1
             delay = rw.pacing.next_delay(attempt, delay, rw._rng)
-            rw._sleep(clip(delay, now, deadline))
+            try:
+                pause(clip(delay, now, deadline), rw._sleep, rw._cancelled)
+            except CancelledWait:  # between tries: this reader holds nothing here
+                what = f"{blocker}; " if blocker else ""
+                raise diagnosis.cancelled_wait(
+                    rw.name,
+                    rw.reservation_id,
+                    rw._clock() - start,
+                    None,
+                    what + "nothing of this reader was left",
+                ) from None
 
     def release(self) -> None:
         """Stop reading: give the slot back, then close the group if no other reader is in it.

@@ -1,0 +1,227 @@
+"""Cancelling a waiting acquire, across OS processes (spawn), against the emulator with the real client.
+
+A waiter in a process of its own waits for a lock the test holds; the test cancels it (shell-core's real
+``CancellationContext``, a ``threading.Event`` or a callable, flipped by a thread of the waiter when the test
+sets a shared event). The waiter must raise ``MutexCancelled`` within a second of the cancellation
+(CLOCK_MONOTONIC is system-wide, so the two processes' times compare) and leave nothing behind: no add, no
+queue ticket, no reader slot, no writer-waiting marker, no cohort waiter registration. Adds whose reply is
+lost (``apply_late``) are followed until they land, before or after the cancellation.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+from typing import Any, Dict
+
+import pytest
+import test_lease_processes as lease_processes
+from cloudshell.shell.core.driver_context import CancellationContext
+from test_lease_processes import FAST, Address, address, session
+
+from cloudshell_mutex import MutexCancelled, ReservationMutex, ReservationRWLock, protocol
+from cloudshell_mutex.lock.cohort import CohortMutex
+from cloudshell_mutex.lock.pacing import FixedPacing
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+emu = lease_processes.emu  # the fixture: an emulator with our package imported
+#: The promise: a waiting acquire stops within a second of its cancellation.
+WITHIN = 1.0
+
+
+# ---------------------------------------------------------------- the waiter (a spawned process)
+
+
+def cancellation_source(source: str, stop: Any) -> Any:
+    """What the waiter is cancelled with; ``stop`` (a multiprocessing Event) is set by the test."""
+    if source == "callable":
+        return stop.is_set
+    if source == "event":
+        flag: Any = threading.Event()
+        setter = flag.set
+    else:  # shell-core's own class, flipped as CloudShell flips it when someone clicks Stop
+        flag = CancellationContext()
+
+        def setter() -> None:
+            flag.is_cancelled = True
+
+    threading.Thread(target=lambda: (stop.wait(120), setter()), daemon=True).start()
+    return flag
+
+
+def waiter_worker(
+    kind: str, source: str, addr: Address, rid: str, options: Dict[str, Any], stop, go, out
+) -> None:
+    """Wait for the lock as ``kind``, cancelled through ``source``; report when and how it ended. After
+    ``go``, let this process's late-add watcher settle what may still land (it removes our adds that do)."""
+    report: Dict[str, Any] = {"error": None}
+    try:
+        cancellation = cancellation_source(source, stop)
+        api = session(addr)
+        common = dict(owner=f"{kind} waiter", timeout=120, cancellation=cancellation, **options)
+        if kind == "read":
+            lock: Any = ReservationRWLock(api, rid, **common).read()
+        elif kind == "write":
+            lock = ReservationRWLock(api, rid, **common).write()
+        elif kind == "cohort":
+            lock = CohortMutex(api, rid, **common)
+        else:
+            lock = ReservationMutex(api, rid, **common)
+        out.put(("waiting", None))
+        try:
+            lock.acquire()
+            report["acquired"] = True
+            lock.release()
+        except MutexCancelled as error:
+            report["cancelled_at"] = time.monotonic()
+            report["message"] = str(error)
+        if go is not None:
+            go.wait(60)
+            from cloudshell_mutex.lock.late_adds import process_late_adds
+
+            report["settled"] = process_late_adds().settle(30)
+    except BaseException as error:  # report, never hang the test
+        report["error"] = f"{type(error).__name__}: {error}"
+    out.put(("done", report))
+
+
+def spawn_waiter(emu, rid: str, kind: str, source: str, go=None, **options: Any):
+    ctx = multiprocessing.get_context("spawn")
+    stop, out = ctx.Event(), ctx.Queue()
+    args = (kind, source, address(emu), rid, {**FAST, **options}, stop, go, out)
+    process = ctx.Process(target=waiter_worker, args=args, daemon=True)
+    process.start()
+    assert out.get(timeout=60) == ("waiting", None)
+    return process, stop, out
+
+
+def cancel_and_report(process, stop, out, wait_first: float = 1.5) -> Dict[str, Any]:
+    time.sleep(wait_first)  # it polls meanwhile
+    stop.set()
+    cancelled = time.monotonic()
+    kind, report = out.get(timeout=60)
+    process.join(30)
+    assert kind == "done" and report["error"] is None, report
+    assert "cancelled_at" in report, report
+    report["latency"] = report["cancelled_at"] - cancelled
+    return report
+
+
+def services(emu, rid: str) -> Dict[str, str]:
+    return {
+        s["alias"]: s["attributes"].get(protocol.ATTR_OWNER, "")
+        for s in emu.control.reservation(rid)["services"]
+    }
+
+
+# ---------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize(
+    "kind, source, options",
+    [
+        ("mutex", "cancellation_context", {}),
+        ("mutex", "callable", {"pacing": FixedPacing(30.0)}),  # cancelled in the middle of a long pause
+        ("fair", "event", {"fair": True}),
+        ("read", "callable", {}),
+        ("write", "cancellation_context", {}),
+    ],
+)
+def test_a_waiter_stops_within_a_second_of_cancellation_and_leaves_nothing(emu, kind, source, options):
+    rid = emu.create_reservation()
+    holder = ReservationMutex(emu.session(), rid, owner="holder")
+    holder.acquire()
+    process, stop, out = spawn_waiter(emu, rid, kind, source, **options)
+    report = cancel_and_report(process, stop, out)
+    print(f"\n{kind} waiter cancelled through {source}: stopped {report['latency'] * 1000:.0f} ms later")
+    assert 0 <= report["latency"] < WITHIN
+    assert "cancelled after" in report["message"] and "holder" in report["message"]
+    # Nothing of the waiter's: no add, no queue ticket, no reader slot, no writer-waiting marker.
+    assert services(emu, rid) == {"MUTEX": holder.token}
+    holder.release()
+    assert services(emu, rid) == {}
+
+
+def test_fair_waiters_in_line_behind_the_head_stop_and_take_their_tickets_back(emu):
+    """The second fair waiter waits in the queue's own loop (not the mutex's): it too stops at once."""
+    rid = emu.create_reservation()
+    holder = ReservationMutex(emu.session(), rid, owner="holder")
+    holder.acquire()
+    head = spawn_waiter(emu, rid, "mutex", "event", fair=True)
+    time.sleep(1.0)  # the first takes ticket 1 and becomes the head
+    second = spawn_waiter(emu, rid, "mutex", "cancellation_context", fair=True)
+    time.sleep(1.5)
+    assert sum(alias.startswith("MUTEX~q") for alias in services(emu, rid)) == 2, services(emu, rid)
+    for process, stop, out in (second, head):
+        report = cancel_and_report(process, stop, out, wait_first=0.0)
+        assert 0 <= report["latency"] < WITHIN
+    assert services(emu, rid) == {"MUTEX": holder.token}
+    holder.release()
+
+
+def test_a_cohort_waiter_stops_its_local_wait_and_unregisters(emu, tmp_path):
+    """Cohort mode: the waiter waits for the local lock another process holds (no server call)."""
+    rid = emu.create_reservation()
+    holder = CohortMutex(emu.session(), rid, owner="local holder", cohort_dir=tmp_path)
+    holder.acquire()
+    process, stop, out = spawn_waiter(emu, rid, "cohort", "cancellation_context", cohort_dir=str(tmp_path))
+    time.sleep(0.5)
+    assert len(holder.local_state().waiters) == 1
+    report = cancel_and_report(process, stop, out)
+    assert 0 <= report["latency"] < WITHIN
+    assert "local holder" in report["message"] and "cohort mode" in report["message"]
+    assert holder.local_state().waiters == {}  # its registration was taken back
+    assert not list(tmp_path.glob("*.w.*.lock"))  # and its waiter file
+    assert services(emu, rid) == {"MUTEX": holder.token}
+    holder.release()
+    assert services(emu, rid) == {}
+
+
+@pytest.mark.client_resend
+@pytest.mark.parametrize("lands", ["after the cancellation", "before the cancellation"])
+def test_a_cancelled_waiter_whose_add_lands_late_leaves_nothing_behind(emu, lands):
+    """The waiter's add gets no reply (the connection is reset, the client re-sends it, and the copy finds
+    the holder's MUTEX); the first copy lands later, when the holder has gone. Landed after the
+    cancellation, the waiter's late-add watcher removes it; landed before (the waiter pausing long), the
+    cancellation's own read finds it and removes it. Nothing stays either way."""
+    rid = emu.create_reservation()
+    holder = ReservationMutex(emu.session(), rid, owner="holder")
+    holder.acquire()
+    go = multiprocessing.get_context("spawn").Event()
+    emu.control.inject_fault("AddServiceToReservation", "apply_late", delay=None, reset_after=0.05)
+    process, stop, out = spawn_waiter(
+        emu, rid, "mutex", "cancellation_context", go, request_lifetime=30, pacing=FixedPacing(30.0)
+    )
+    time.sleep(2.5)  # the reset, the client's re-send 1 s later ("already exists"), a read: now it pauses
+    if lands == "before the cancellation":
+        holder.release()
+        assert emu.control.land_late() == 1
+        token = services(emu, rid)["MUTEX"]
+        assert token.startswith("mutex waiter@")  # its add landed: the lock is the waiter's, unknown to it
+    stop.set()
+    cancelled = time.monotonic()
+    if lands == "after the cancellation":
+        time.sleep(1.0)
+        holder.release()
+        assert emu.control.land_late() == 1
+        token = services(emu, rid)["MUTEX"]
+        assert token.startswith("mutex waiter@")
+    go.set()
+    kind, report = out.get(timeout=90)
+    process.join(30)
+    assert kind == "done" and report["error"] is None, report
+    assert report["cancelled_at"] - cancelled < WITHIN
+    if lands == "after the cancellation":
+        assert "may still be applied" in report["message"]  # and it says what to do if it exits first
+    else:
+        assert "nothing of this acquisition stays" in report["message"]
+    assert report["settled"]
+    assert services(emu, rid) == {}
+    history = [
+        (e["op"], e["attributes"].get(protocol.ATTR_OWNER))
+        for e in emu.control.events(rid)
+        if e["alias"] == "MUTEX"
+    ]
+    assert history[-2:] == [("service_added", token), ("service_removed", token)]
