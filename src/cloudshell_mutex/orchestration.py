@@ -20,7 +20,8 @@ import contextlib
 import functools
 from typing import Any, Callable, Iterator, Optional, Tuple, TypeVar, cast
 
-from cloudshell_mutex import Holder, MutexError, ReservationMutex, ReservationRWLock
+from cloudshell_mutex import MutexError, ReservationMutex, ReservationRWLock
+from cloudshell_mutex.lock.holder import Holder
 from cloudshell_mutex.lock.nesting import CommandMutex
 
 __all__ = ["report_left_behind_lock", "sandbox_lock", "sandbox_mutex", "sandbox_rwlock", "with_sandbox_mutex"]

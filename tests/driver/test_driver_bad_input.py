@@ -16,9 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cloudshell_mutex import MutexError, MutexUsageError, ReservationNotActive, protocol
+from cloudshell_mutex import MutexError, MutexUsageError, protocol
 from cloudshell_mutex.demo.contexts import resource_command_context
 from cloudshell_mutex.driver import ReservationMutexMixin, with_reservation_mutex
+from cloudshell_mutex.lock.errors import ReservationNotActive
 from cloudshell_mutex.lock.holder import MAX_LABEL_LENGTH, parse_token
 from cloudshell_mutex.lock.pacing import DefaultPacing
 

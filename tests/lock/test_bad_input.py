@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cloudshell_mutex import MutexError, ReservationMutex, ReservationNotActive
+from cloudshell_mutex import MutexError, ReservationMutex
+from cloudshell_mutex.lock.errors import ReservationNotActive
 from cloudshell_mutex.lock.holder import (
     MAX_LABEL_LENGTH,
     describe_owner,

@@ -8,7 +8,7 @@ hypothesis = pytest.importorskip("hypothesis")  # a dev dependency; not in the P
 from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from cloudshell_mutex import MutexHandleError  # noqa: E402
+from cloudshell_mutex.lock.errors import MutexHandleError  # noqa: E402
 from cloudshell_mutex.lock.handle import HandleInfo, make_handle, parse_handle  # noqa: E402
 from cloudshell_mutex.lock.holder import make_token  # noqa: E402
 

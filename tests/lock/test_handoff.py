@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from fakes import RES, FakeApi, http_500, make
 
-from cloudshell_mutex import MutexHandleError, MutexLostError, MutexUsageError, ReservationMutex, protocol
+from cloudshell_mutex import MutexLostError, MutexUsageError, ReservationMutex, protocol
 from cloudshell_mutex.lock import catalog
+from cloudshell_mutex.lock.errors import MutexHandleError
 from cloudshell_mutex.lock.handle import HandleInfo, make_handle, parse_handle
 from cloudshell_mutex.lock.options import FRESH_READ_LAG
 

@@ -20,16 +20,14 @@ from urllib3.exceptions import NewConnectionError, ProtocolError
 from cloudshell_mutex import (
     MutexError,
     MutexLostError,
-    MutexNotInstalled,
-    MutexPermissionError,
     MutexReleaseError,
     MutexTimeout,
     MutexUsageError,
     ReservationMutex,
-    ReservationNotActive,
     protocol,
 )
 from cloudshell_mutex.lock import catalog
+from cloudshell_mutex.lock.errors import MutexNotInstalled, MutexPermissionError, ReservationNotActive
 from cloudshell_mutex.lock.holder import parse_token
 from cloudshell_mutex.lock.pacing import CallBudget, FixedPacing
 

@@ -16,16 +16,9 @@ from pathlib import Path
 import pytest
 
 from client_features import CLIENT_RESENDS
-from cloudshell_mutex import (
-    MutexLostError,
-    MutexNotInstalled,
-    MutexPermissionError,
-    MutexTimeout,
-    ReservationMutex,
-    ReservationNotActive,
-    protocol,
-)
+from cloudshell_mutex import MutexLostError, MutexTimeout, ReservationMutex, protocol
 from cloudshell_mutex.lock import catalog
+from cloudshell_mutex.lock.errors import MutexNotInstalled, MutexPermissionError, ReservationNotActive
 from cloudshell_mutex.lock.pacing import DefaultPacing
 from original_protocol import OriginalMutex
 

@@ -11,15 +11,9 @@ import time
 
 import pytest
 
-from cloudshell_mutex import (
-    MutexLostError,
-    MutexNotInstalled,
-    MutexTimeout,
-    ReservationMutex,
-    ReservationNotActive,
-    protocol,
-)
+from cloudshell_mutex import MutexLostError, MutexTimeout, ReservationMutex, protocol
 from cloudshell_mutex.lock import catalog
+from cloudshell_mutex.lock.errors import MutexNotInstalled, ReservationNotActive
 from cloudshell_mutex.lock.late_adds import LateAdds
 from cloudshell_mutex.lock.pacing import DefaultPacing
 

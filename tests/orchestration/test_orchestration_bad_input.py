@@ -16,7 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cloudshell_mutex import MutexTimeout, ReservationNotActive, protocol
+from cloudshell_mutex import MutexTimeout, protocol
+from cloudshell_mutex.lock.errors import ReservationNotActive
 from cloudshell_mutex.lock.holder import MAX_LABEL_LENGTH, parse_token
 from cloudshell_mutex.lock.pacing import DefaultPacing
 from cloudshell_mutex.orchestration import (

@@ -5,6 +5,7 @@ anyone does (threading's and redis-py's ``locked()``); ``blocking=False`` and ``
 from __future__ import annotations
 
 import pickle
+import types
 from pathlib import Path
 
 import pytest
@@ -55,3 +56,23 @@ def test_every_lock_object_has_owned(
         with side:
             assert side.owned() and side.locked()
         assert not side.owned()
+
+
+def test_the_package_exports_the_locks_and_the_errors_a_caller_handles_and_no_more() -> None:
+    """At most twelve names at the top (kazoo keeps its exceptions in a module of their own): every error is
+    in cloudshell_mutex.lock.errors, each with a docstring."""
+    import cloudshell_mutex
+    from cloudshell_mutex.lock import errors
+
+    assert len(cloudshell_mutex.__all__) <= 12
+    # Submodules (lock, and the emulator or testing once imported) are attributes too: not counted.
+    public = {
+        name
+        for name, value in vars(cloudshell_mutex).items()
+        if not name.startswith("_") and (not isinstance(value, types.ModuleType) or name == "protocol")
+    }
+    assert public - {"annotations"} == set(cloudshell_mutex.__all__) - {"__version__"}
+    for name in errors.__all__:
+        assert getattr(errors, name).__doc__, name
+    exported_errors = {n for n in cloudshell_mutex.__all__ if n.startswith("Mutex") and n != "MutexOptions"}
+    assert exported_errors <= set(errors.__all__)

@@ -10,6 +10,19 @@ from __future__ import annotations
 
 from typing import Optional
 
+__all__ = [
+    "MutexCancelled",
+    "MutexError",
+    "MutexHandleError",
+    "MutexLostError",
+    "MutexNotInstalled",
+    "MutexPermissionError",
+    "MutexReleaseError",
+    "MutexTimeout",
+    "MutexUsageError",
+    "ReservationNotActive",
+]
+
 
 class MutexError(Exception):
     """Base class of every lock error.
