@@ -22,6 +22,9 @@ BIN := $(VENV)/bin
 # installed without its pins for the tests of the real Sandbox class, whose imports work with the new ones.
 ORCH_CORE := cloudshell-orch-core==4.5.0.5000
 PYTEST_ARGS ?=
+# The suite waits on sleeps and other processes far more than it computes: two pytest workers (pytest-xdist)
+# halve its time on two cores. PYTEST_WORKERS=0 runs it in one process.
+PYTEST_WORKERS ?= 2
 # make bench: the quick plan (about ten minutes, plus the cohort and readers-and-writers benches) by default;
 # BENCH=quick,budget adds the N=32 call-budget cell; BENCH=full the whole matrix (hours).
 BENCH ?= quick
@@ -73,7 +76,7 @@ lint: venv
 	$(BIN)/ruff format --check src tests examples drivers tools
 
 test: lint test-py39 test-oldest-client
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # The contract suite against a real server; `make test` runs the same tests against the emulator.
 # Variables and their meaning: docs/contract.md (printed here when CLOUDSHELL_TEST_HOST is missing).
