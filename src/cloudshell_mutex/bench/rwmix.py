@@ -74,7 +74,8 @@ def mix_client(
     from cloudshell.api.cloudshell_api import CloudShellAPISession
 
     from ..lock.errors import MutexTimeout
-    from ..lock.mutex import LOGGER_NAME, ReservationMutex
+    from ..lock.mutex import ReservationMutex
+    from ..lock.options import LOGGER_NAME
     from ..lock.rwlock import ReservationRWLock
 
     # A timeout at the window's end is how a run ends, not news.

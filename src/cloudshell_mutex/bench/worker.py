@@ -97,7 +97,8 @@ def serve(client: int, address: Address, commands: Any, results: Any) -> None:
     """
     from cloudshell.api.cloudshell_api import CloudShellAPISession
 
-    from ..lock.mutex import LOGGER_NAME, ReservationMutex
+    from ..lock.mutex import ReservationMutex
+    from ..lock.options import LOGGER_NAME
 
     # A timeout at the window's end is how a run ends, not news: keep the lock's log out of the output.
     logging.getLogger(LOGGER_NAME).addHandler(logging.NullHandler())

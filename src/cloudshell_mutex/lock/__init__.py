@@ -41,12 +41,12 @@ from .errors import (
 from .events import MutexEvent
 from .holder import Holder
 from .mutex import ReservationMutex
-from .options import MutexOptions
+from .options import LOGGER_NAME, MutexOptions
 from .rwlock import ReservationRWLock
 
 # A library's logger: records reach whatever handlers the application sets up, and never Python's
 # last-resort stderr handler when it sets up none (a driver logs to its command's logger instead).
-logging.getLogger("cloudshell_mutex").addHandler(logging.NullHandler())
+logging.getLogger(LOGGER_NAME).addHandler(logging.NullHandler())
 
 __all__ = [
     "CallResult",

@@ -50,7 +50,7 @@ from . import catalog, diagnosis
 from .errors import MutexCancelled, MutexError, MutexLostError, MutexTimeout, MutexUsageError
 from .holder import sanitize_label
 from .mutex import ReservationMutex
-from .options import check_duration
+from .options import UNSET, check_duration
 from .pacing import CANCEL_SLICE, CancelledWait, pause
 
 #: Passes in a row before the cohort gives the server lock back (one server acquisition serves at most
@@ -109,8 +109,6 @@ TRUST_WITHOUT_LEASE = 5.0
 STATE_VERSION = 1
 #: The suffix of a cohort's releasing record (``<key>.releasing.json``), apart from its state file.
 _RELEASING = ".releasing"
-
-_UNSET: Any = object()
 
 
 def default_cohort_dir() -> Path:
@@ -462,7 +460,7 @@ class CohortMutex:
         reservation_id: str,
         owner: Optional[str] = "cloudshell-mutex",
         name: str = "MUTEX",
-        timeout: Optional[float] = _UNSET,
+        timeout: Optional[float] = UNSET,
         logger: Optional[logging.Logger] = None,
         *,
         cohort_dir: Optional[Union[str, Path]] = None,
@@ -485,7 +483,7 @@ class CohortMutex:
         self.max_pass_seconds = check_duration("max_pass_seconds", max_pass_seconds)
         self.yield_seconds = check_duration("yield_seconds", yield_seconds)
         self.local_poll = check_duration("local_poll", local_poll, minimum=0.0005)
-        if timeout is not _UNSET:
+        if timeout is not UNSET:
             options["timeout"] = timeout
         if options.get("options") is None:
             options.setdefault("pacing", COHORT_PACING)
@@ -603,11 +601,11 @@ class CohortMutex:
 
     # ------------------------------------------------------------------ acquire
 
-    def acquire(self, blocking: bool = True, timeout: Optional[float] = _UNSET) -> bool:
+    def acquire(self, blocking: bool = True, timeout: Optional[float] = UNSET) -> bool:
         """Take the local lock, then the server lock: from the cohort (no call) when it holds it, else from
         the server as :meth:`ReservationMutex.acquire` does. Same contract: True, False (non-blocking, busy)
         or :class:`~.errors.MutexTimeout`."""
-        if timeout is _UNSET:
+        if timeout is UNSET:
             timeout = self._mutex.timeout
         elif not blocking:
             raise ValueError("a non-blocking acquire cannot have a timeout; leave timeout out")

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 
 from .alias import LockAlias, Status
-from .options import FRESH_READ_LAG
+from .options import FRESH_READ_LAG, default_logger
 
 #: Seconds between two reads of a watched alias.
 SWEEP_INTERVAL = 1.0
@@ -70,7 +70,7 @@ class LateAdds:
         interval: float = SWEEP_INTERVAL,
     ) -> None:
         self._clock = clock
-        self.logger = logger or logging.getLogger("cloudshell_mutex")
+        self.logger = default_logger(logger)
         self._background = background
         self._interval = interval
         self._entries: List[LateAdd] = []

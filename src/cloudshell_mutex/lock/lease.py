@@ -34,7 +34,7 @@ from . import protocol
 from .alias import CallResult, LockAlias, Status
 from .holder import Holder, describe_owner, make_token, parse_token
 from .late_adds import LateAdds
-from .options import DEFAULT_LEASE, FRESH_READ_LAG, MIN_LEASE
+from .options import DEFAULT_LEASE, FRESH_READ_LAG, MIN_LEASE, default_logger
 
 __all__ = ["DEFAULT_LEASE", "MIN_LEASE", "Breaker", "Heartbeat", "StaleWatch", "break_stale", "lease_of"]
 
@@ -281,7 +281,7 @@ class Heartbeat:
         self._rng = rng or random.Random()
         self._on_lost = on_lost
         self._on_danger = on_danger
-        self.logger = logger or logging.getLogger("cloudshell_mutex")
+        self.logger = default_logger(logger)
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()

@@ -36,7 +36,7 @@ from .holder import Holder, make_token, namesake, sanitize_label
 from .late_adds import LateAdds, late_adds_for
 from .lease import Heartbeat, StaleWatch
 from .operation import Operation
-from .options import FRESH_READ_LAG, MutexOptions, check_duration
+from .options import FRESH_READ_LAG, UNSET, MutexOptions, check_duration, default_logger
 from .pacing import (
     CancelledWait,
     DefaultPacing,
@@ -54,9 +54,6 @@ from .queue import FairQueue
 ADOPTED_BEAT_TRIES = 3
 
 #: The logger the lock writes to unless it is given one.
-LOGGER_NAME = "cloudshell_mutex"
-
-_UNSET: Any = object()
 
 
 class ReservationMutex:
@@ -90,7 +87,7 @@ class ReservationMutex:
         reservation_id: str,
         owner: Optional[str] = "cloudshell-mutex",
         name: str = "MUTEX",
-        timeout: Optional[float] = _UNSET,
+        timeout: Optional[float] = UNSET,
         logger: Optional[logging.Logger] = None,
         *,
         options: Optional[MutexOptions] = None,
@@ -104,11 +101,11 @@ class ReservationMutex:
             raise TypeError(f"options must be a MutexOptions, got {type(options).__name__}")
         if not self._derived_name:
             protocol.check_lock_name(name)
-        if timeout is not _UNSET:
+        if timeout is not UNSET:
             tuning["timeout"] = timeout
         base = options if options is not None else MutexOptions()
         self.options = base.replace(**tuning) if tuning else base
-        self.logger = logger if logger is not None else logging.getLogger(LOGGER_NAME)
+        self.logger = default_logger(logger)
         self._alias = LockAlias(
             api,
             reservation_id,
@@ -450,7 +447,7 @@ class ReservationMutex:
             raise self._diagnose(result.failure, "reading the lock holder")
         return result.holder
 
-    def acquire(self, blocking: bool = True, timeout: Optional[float] = _UNSET) -> bool:
+    def acquire(self, blocking: bool = True, timeout: Optional[float] = UNSET) -> bool:
         """Take the lock.
 
         Blocking (the default), it returns True once held, or raises :class:`~.errors.MutexTimeout`
@@ -458,7 +455,7 @@ class ReservationMutex:
         With ``blocking=False`` it makes exactly one add attempt and returns False when the lock is
         busy (a timeout cannot be given then). Fatal problems raise at once (see :mod:`.errors`).
         """
-        if timeout is _UNSET:
+        if timeout is UNSET:
             timeout = self.timeout
         elif not blocking:
             raise ValueError("a non-blocking acquire cannot have a timeout; leave timeout out")

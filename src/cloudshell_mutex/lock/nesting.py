@@ -27,10 +27,9 @@ from . import catalog
 from .cohort import CohortMutex
 from .errors import MutexUsageError
 from .mutex import ReservationMutex
+from .options import UNSET
 
 __all__ = ["CommandCohortMutex", "CommandMutex", "held_in_command"]
-
-_UNSET: Any = object()
 
 
 @dataclass
@@ -72,7 +71,7 @@ class _CommandScoped:
     def _command_key(self) -> Tuple[str, str, str]:
         return catalog.server_key(self.api), self.reservation_id, self.name
 
-    def acquire(self, blocking: bool = True, timeout: Optional[float] = _UNSET) -> bool:
+    def acquire(self, blocking: bool = True, timeout: Optional[float] = UNSET) -> bool:
         """As the lock class's ``acquire``; when this command already holds the lock through another object,
         it is served at once by that acquisition (True, no call), or refused at once from another thread."""
         if self._serving is None and not super().locked():
@@ -91,7 +90,7 @@ class _CommandScoped:
                 self._serving = entry
                 return True
         # The lock classes tell "no timeout given" by a sentinel of their own: pass only what was given.
-        acquired = super().acquire(*((blocking,) if timeout is _UNSET else (blocking, timeout)))
+        acquired = super().acquire(*((blocking,) if timeout is UNSET else (blocking, timeout)))
         if acquired and _find(self._command_key()) is None:
             _HELD.set((*_HELD.get(), _Held(self._command_key(), self, threading.get_ident())))
         return acquired

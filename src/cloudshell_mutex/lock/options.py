@@ -9,6 +9,7 @@ the lock held) or silently (a NaN that turns a check off).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -31,6 +32,16 @@ MIN_REQUEST_LIFETIME = 1.0
 
 #: Progress messages go to the reservation output that people read: not more often than this.
 MIN_PROGRESS_INTERVAL = 1.0
+
+#: The library's logger: a lock given no ``logger`` logs here (the package gives it a NullHandler).
+LOGGER_NAME = "cloudshell_mutex"
+#: "Left out": an argument that then takes its value from the options (None is a value: wait forever).
+UNSET: Any = object()
+
+
+def default_logger(logger: Optional[logging.Logger]) -> logging.Logger:
+    """``logger``, or the library's logger (:data:`LOGGER_NAME`) when it is None."""
+    return logger if logger is not None else logging.getLogger(LOGGER_NAME)
 
 
 @dataclass(frozen=True)

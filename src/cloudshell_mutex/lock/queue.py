@@ -48,7 +48,7 @@ from .alias import CallResult, LockAlias, Status
 from .holder import Holder
 from .late_adds import LateAdds
 from .lease import parse_ticket, ticket_holder, ticket_value
-from .options import FRESH_READ_LAG
+from .options import FRESH_READ_LAG, default_logger
 from .pacing import clip
 from .protocol import ticket_alias, ticket_number
 
@@ -351,7 +351,7 @@ class FairQueue:
         self.ticket_lease = ticket_lease
         self.request_lifetime = request_lifetime
         self.memory = memory_for(lock.api, lock.reservation_id, lock.alias)
-        self.logger = logger or logging.getLogger("cloudshell_mutex")
+        self.logger = default_logger(logger)
         self._late_adds = late_adds
         self._clock = clock
         self._sleep = sleep

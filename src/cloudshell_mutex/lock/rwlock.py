@@ -33,9 +33,9 @@ from .handle import HandleInfo, make_handle
 from .holder import Holder, is_read_group, make_token
 from .late_adds import LateAdds, late_adds_for
 from .lease import StaleWatch
-from .mutex import LOGGER_NAME, ReservationMutex
+from .mutex import ReservationMutex
 from .operation import Operation
-from .options import FRESH_READ_LAG, MutexOptions, check_duration
+from .options import FRESH_READ_LAG, UNSET, MutexOptions, check_duration, default_logger
 from .pacing import CancelledWait, DefaultPacing, PacingPolicy, cancellation_check, clip, pause
 
 __all__ = ["DEFAULT_MAX_READERS", "ReadLock", "ReservationRWLock", "WriteLock"]
@@ -56,7 +56,6 @@ CLOSE_ROUNDS = 6
 #: that closer crashed, to the next reader or a writer's lease break. A release has no caller's deadline.
 RELEASE_CLOSE_WAIT = 5.0
 
-_UNSET: Any = object()
 #: "The last read did not tell who holds MUTEX" (None means: nobody).
 _UNKNOWN: Any = object()
 
@@ -94,7 +93,7 @@ class _GroupMutex(ReservationMutex):
     (:class:`_GroupAdds`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs["late_adds"] = _GroupAdds(kwargs.get("logger") or logging.getLogger(LOGGER_NAME))
+        kwargs["late_adds"] = _GroupAdds(default_logger(kwargs.get("logger")))
         super().__init__(*args, **kwargs)
 
     def _new_token(self) -> str:
@@ -129,7 +128,7 @@ class ReservationRWLock:
         reservation_id: str,
         owner: Optional[str] = "cloudshell-mutex",
         name: str = protocol.DEFAULT_ALIAS,
-        timeout: Optional[float] = _UNSET,
+        timeout: Optional[float] = UNSET,
         logger: Optional[logging.Logger] = None,
         *,
         max_readers: int = DEFAULT_MAX_READERS,
@@ -147,11 +146,11 @@ class ReservationRWLock:
         if options is not None and not isinstance(options, MutexOptions):
             raise TypeError(f"options must be a MutexOptions, got {type(options).__name__}")
         protocol.check_lock_name(name)
-        if timeout is not _UNSET:
+        if timeout is not UNSET:
             tuning["timeout"] = timeout
         base = options if options is not None else MutexOptions()
         self.options = base.replace(**tuning) if tuning else base
-        self.logger = logger if logger is not None else logging.getLogger(LOGGER_NAME)
+        self.logger = default_logger(logger)
         self.owner = "cloudshell-mutex" if owner is None else str(owner)
         self.max_readers = max_readers
         self.pacing: PacingPolicy = self.options.pacing or DefaultPacing()
@@ -235,7 +234,7 @@ class ReservationRWLock:
         return kind(self.api, self.reservation_id, owner=self.owner, name=alias, **common)
 
     def _deadline(self, blocking: bool, timeout: Any) -> Optional[float]:
-        if timeout is _UNSET:
+        if timeout is UNSET:
             timeout = self.options.timeout
         elif not blocking:
             raise ValueError("a non-blocking acquire cannot have a timeout; leave timeout out")
@@ -287,7 +286,7 @@ class WriteLock:
         """As :meth:`ReservationMutex.ensure_held`: raise :class:`MutexLostError` unless still held."""
         self._mutex.ensure_held(read)
 
-    def acquire(self, blocking: bool = True, timeout: Optional[float] = _UNSET) -> bool:
+    def acquire(self, blocking: bool = True, timeout: Optional[float] = UNSET) -> bool:
         """Take the lock alone. Blocking, returns True or raises :class:`MutexTimeout`; with
         ``blocking=False`` one attempt, False when busy."""
         deadline = self._rw._deadline(blocking, timeout)
@@ -416,7 +415,7 @@ class ReadLock:
         self._slot.ensure_held()
         self._group.ensure_held(read)
 
-    def acquire(self, blocking: bool = True, timeout: Optional[float] = _UNSET) -> bool:
+    def acquire(self, blocking: bool = True, timeout: Optional[float] = UNSET) -> bool:
         """Read alongside other readers. Blocking, returns True or raises :class:`MutexTimeout` (nothing of
         this reader is left behind); with ``blocking=False`` one attempt, False when a writer holds or
         waits for the lock or every slot is taken."""
