@@ -264,11 +264,8 @@ def test_kill_9_of_a_local_holder_mid_hold_the_next_local_waiter_carries_on_at_o
     rid, addr = prepare(emu)
     ctx = multiprocessing.get_context("spawn")
     here, elsewhere = str(tmp_path / "exec-1"), str(tmp_path / "exec-2")
-    barrier, results = ctx.Barrier(1), ctx.Queue()
     options = {"lease": LEASE}
-    victim = ctx.Process(target=worker, args=("victim", 0, addr, rid, here, 1, options, barrier, results))
-    victim.start()
-    held = results.get(timeout=120)
+    victim, held = _leased_holder(addr, rid, here)
     waiters_barrier, waiter_results = ctx.Barrier(2), ctx.Queue()
     waiters = [
         ctx.Process(
@@ -354,6 +351,21 @@ def cohort_holder(addr: Address, rid: str, cohort_dir: str, options: Dict[str, A
         events.put(("error", f"{type(error).__name__}: {error}", False))
 
 
+def _leased_holder(addr: Address, rid: str, folder: str) -> Tuple[multiprocessing.Process, Dict[str, Any]]:
+    """A cohort member in ``folder`` that takes the lock with a lease and holds it until killed, and what it
+    reported once it held."""
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(1), ctx.Queue()
+    args = ("victim", 0, addr, rid, folder, 1, {"lease": LEASE}, barrier, results)
+    holder = ctx.Process(target=worker, args=args)
+    holder.start()
+    try:
+        return holder, results.get(timeout=120)
+    except BaseException:
+        holder.kill()
+        raise
+
+
 def _spawn(target, *args) -> multiprocessing.Process:
     process = multiprocessing.get_context("spawn").Process(target=target, args=args, daemon=True)
     process.start()
@@ -416,15 +428,10 @@ def test_a_lease_0_member_that_carries_on_under_a_leased_lock_heartbeats_it(
     rid, addr = prepare(emu)
     ctx = multiprocessing.get_context("spawn")
     here = str(tmp_path / "exec-1")
-    barrier, results = ctx.Barrier(1), ctx.Queue()
-    victim = ctx.Process(
-        target=worker, args=("victim", 0, addr, rid, here, 1, {"lease": LEASE}, barrier, results)
-    )
-    victim.start()
+    victim, held = _leased_holder(addr, rid, here)
     events, go = ctx.Queue(), ctx.Event()
     successor = None
     try:
-        held = results.get(timeout=120)
         successor = _spawn(cohort_holder, addr, rid, here, {"lease": 0}, events, go)
         time.sleep(0.5)
         victim.kill()  # mid-hold: the successor carries on under its lease
@@ -457,15 +464,9 @@ def test_a_transient_failure_of_the_read_that_checks_a_dead_holders_lock_does_no
     an acquire is, not end it with "CloudShell API unavailable while reading the lock to adopt it"."""
     emu = cloudshell_emulator_factory(packages=[our_package()])
     rid, addr = prepare(emu)
-    ctx = multiprocessing.get_context("spawn")
     here = str(tmp_path / "exec-1")
-    barrier, results = ctx.Barrier(1), ctx.Queue()
-    victim = ctx.Process(
-        target=worker, args=("victim", 0, addr, rid, here, 1, {"lease": LEASE}, barrier, results)
-    )
-    victim.start()
+    victim, held = _leased_holder(addr, rid, here)
     try:
-        held = results.get(timeout=120)
         victim.kill()  # mid-hold: its successor here verifies the lock with one read
         victim.join(10)
         emu.control.inject_fault("GetReservationDetails", "error_before_commit")
