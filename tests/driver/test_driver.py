@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 from cloudshell.shell.core.resource_driver_interface import ResourceDriverInterface
+from driver_support import context_for
 
 from cloudshell_mutex import MutexTimeout, MutexUsageError, ReservationMutex
-from cloudshell_mutex.demo.contexts import autoload_context, resource_command_context
+from cloudshell_mutex.demo.contexts import autoload_context
 from cloudshell_mutex.driver import ReservationMutexMixin, with_reservation_mutex
 from cloudshell_mutex.lock.pacing import DefaultPacing
 
@@ -55,19 +56,8 @@ class Driver(ResourceDriverInterface, ReservationMutexMixin):
 
 
 @pytest.fixture
-def emu(cloudshell_emulator_factory, original_package_zip, tmp_path, monkeypatch):
-    monkeypatch.setenv("LOG_PATH", str(tmp_path / "logs"))
-    return cloudshell_emulator_factory(packages=[original_package_zip])
-
-
-@pytest.fixture
 def rid(emu):
     return emu.create_reservation("driver tests")
-
-
-def context_for(emu, rid, resource="Router A", remote=False, token=None):
-    token = token or emu.issue_token()
-    return resource_command_context(emu.host, emu.port, token, rid, resource, remote=remote)
 
 
 def services(emu, rid):

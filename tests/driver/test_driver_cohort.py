@@ -6,9 +6,9 @@ import threading
 
 import pytest
 from cloudshell.shell.core.resource_driver_interface import ResourceDriverInterface
+from driver_support import context_for
 
 from cloudshell_mutex import MutexUsageError, ReservationMutex
-from cloudshell_mutex.demo.contexts import resource_command_context
 from cloudshell_mutex.driver import ReservationMutexMixin
 from cloudshell_mutex.lock.cohort import CohortMutex
 from cloudshell_mutex.lock.pacing import DefaultPacing
@@ -30,16 +30,6 @@ class Driver(ResourceDriverInterface, ReservationMutexMixin):
 
 class PlainDriver(Driver):
     reservation_mutex_cohort = False
-
-
-@pytest.fixture
-def emu(cloudshell_emulator_factory, original_package_zip, tmp_path, monkeypatch):
-    monkeypatch.setenv("LOG_PATH", str(tmp_path / "logs"))
-    return cloudshell_emulator_factory(packages=[original_package_zip])
-
-
-def context_for(emu, rid, resource="Router A"):
-    return resource_command_context(emu.host, emu.port, emu.issue_token(), rid, resource)
 
 
 def test_the_mixin_makes_a_cohort_lock_unless_told_not_to(emu, tmp_path):

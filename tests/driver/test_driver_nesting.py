@@ -11,9 +11,9 @@ import time
 
 import pytest
 from cloudshell.shell.core.resource_driver_interface import ResourceDriverInterface
+from driver_support import context_for
 
 from cloudshell_mutex import MutexUsageError
-from cloudshell_mutex.demo.contexts import resource_command_context
 from cloudshell_mutex.driver import ReservationMutexMixin, with_reservation_mutex
 from cloudshell_mutex.lock.pacing import DefaultPacing
 
@@ -52,16 +52,6 @@ class Driver(ResourceDriverInterface, ReservationMutexMixin):
         with self.reservation_mutex(context, timeout=5, **self.options) as lock:
             self.seen.append((lock.locked(), lock.token))
             return lock.token
-
-
-@pytest.fixture
-def emu(cloudshell_emulator_factory, original_package_zip, tmp_path, monkeypatch):
-    monkeypatch.setenv("LOG_PATH", str(tmp_path / "logs"))
-    return cloudshell_emulator_factory(packages=[original_package_zip])
-
-
-def context_for(emu, rid, resource="Router A"):
-    return resource_command_context(emu.host, emu.port, emu.issue_token(), rid, resource)
 
 
 def adds(emu, rid):

@@ -19,7 +19,7 @@ import os
 import time
 import zipfile
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 from cloudshell.api.cloudshell_api import AttributeNameValue, CloudShellAPISession
@@ -366,6 +366,15 @@ def _leased_holder(addr: Address, rid: str, folder: str) -> Tuple[multiprocessin
         raise
 
 
+def _stop(*processes: Optional[multiprocessing.Process]) -> None:
+    """Kill what still runs of ``processes`` (None: never started) and reap them."""
+    for process in processes:
+        if process is not None:
+            if process.is_alive():
+                process.kill()
+            process.join(10)
+
+
 def _spawn(target, *args) -> multiprocessing.Process:
     process = multiprocessing.get_context("spawn").Process(target=target, args=args, daemon=True)
     process.start()
@@ -409,11 +418,7 @@ def test_a_local_holder_killed_while_its_remove_is_on_the_wire_is_never_carried_
         assert events.get(timeout=60)[0] == "released"
     finally:
         go.set()
-        for process in (victim, successor):
-            if process is not None and process.is_alive():
-                process.kill()
-            if process is not None:
-                process.join(10)
+        _stop(victim, successor)
     assert not got_it, "a plain lock elsewhere got MUTEX while the successor held the cohort lock"
     assert held_token != token and not passed  # acquired from the server, not carried on under the victim's
     check_history(emu.control.events(rid))
@@ -448,11 +453,7 @@ def test_a_lease_0_member_that_carries_on_under_a_leased_lock_heartbeats_it(
         assert kind == "released", detail
     finally:
         go.set()
-        for process in (victim, successor):
-            if process is not None and process.is_alive():
-                process.kill()
-            if process is not None:
-                process.join(10)
+        _stop(victim, successor)
     check_history(emu.control.events(rid))
 
 
