@@ -89,9 +89,9 @@ def test_a_heartbeat_warning_from_its_thread_lands_in_the_reservations_log(emu, 
         with lock:
             emu.control.inject_fault("GetReservationDetails", "error_before_commit")  # the next beat's read
             deadline = time.monotonic() + 20
-            while lock._heartbeat.beats < 2 and time.monotonic() < deadline:
+            while lock._held.heartbeat.beats < 2 and time.monotonic() < deadline:
                 time.sleep(0.05)
-            assert lock._heartbeat.beats >= 2
+            assert lock._held.heartbeat.beats >= 2
 
     run_as_a_command(command)
     text = reservation_log(tmp_path, reservation_id)

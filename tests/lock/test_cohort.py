@@ -13,7 +13,8 @@ from fakes import RES, FakeApi, other_holds
 from cloudshell_mutex import MutexTimeout, MutexUsageError, protocol
 from cloudshell_mutex.lock import catalog
 from cloudshell_mutex.lock import cohort as cohort_module
-from cloudshell_mutex.lock.cohort import CohortMutex, CohortPacing, new_file_lock, trust_window
+from cloudshell_mutex.lock.cohort import CohortMutex, CohortPacing
+from cloudshell_mutex.lock.cohort_files import new_file_lock, trust_window
 from cloudshell_mutex.lock.pacing import CallBudget, FixedPacing
 
 LEASED_MODEL = (protocol.ATTR_OWNER, *protocol.LEASE_ATTRIBUTES)
@@ -325,7 +326,8 @@ def test_a_pass_hands_on_the_heartbeats_write_time_not_a_later_read(clock):
     api.faults["GetReservationDetails"] = [reads_fail_for_40_s] * 1000
     assert mutex.acquire()
     assert clock.now - start >= 40  # settled by a read long after the add
-    _token, confirmed, lease_seconds = mutex._cohort_pass()
+    passed = mutex.hand_over()
+    confirmed, lease_seconds = passed.confirmed_at, passed.lease
     assert lease_seconds == 60.0
     assert confirmed - start < 1.0, "the pass must carry the add's send time, not the settling read's"
     assert confirmed + trust_window(60.0) < start + 60.0  # trusted only while no waiter can break it

@@ -91,10 +91,10 @@ def worker(
     report: Dict[str, Any] = {"kind": kind, "index": index, "holds": [], "error": None, "pid": os.getpid()}
     try:
         if kind == "no-local-lock":  # negative control: a cohort whose local lock excludes nobody
-            from cloudshell_mutex.lock import cohort
+            from cloudshell_mutex.lock import cohort_files
 
             counter = iter(range(10**6))
-            cohort.CohortFiles.local_lock = lambda files: cohort.new_file_lock(  # type: ignore[method-assign]
+            cohort_files.CohortFiles.local_lock = lambda files: cohort_files.new_file_lock(  # type: ignore[method-assign]
                 files.directory / f"own-{os.getpid()}-{next(counter)}.lock"
             )
             kind, stagger = "cohort", True

@@ -19,7 +19,7 @@ from cloudshell.api.cloudshell_api import AttributeNameValue
 from test_lease_processes import our_package
 
 from cloudshell_mutex import MutexTimeout, ReservationRWLock, protocol
-from cloudshell_mutex.lock import catalog, cohort, lease
+from cloudshell_mutex.lock import catalog, cohort, cohort_files, lease
 from cloudshell_mutex.lock.holder import make_token
 from cloudshell_mutex.lock.pacing import DefaultPacing
 from cloudshell_mutex.lock.rwlock import RELEASE_CLOSE_WAIT
@@ -90,7 +90,7 @@ def test_a_readers_release_facing_a_crashed_closer_returns_and_leaves_the_group_
 
 def hold_state_lock(path: str, ready) -> None:
     """Hold the cohort's state-file lock, say so, and sleep in it (the test stops this process)."""
-    lock = cohort.new_file_lock(Path(path))
+    lock = cohort_files.new_file_lock(Path(path))
     lock.acquire()
     ready.set()
     time.sleep(600)
@@ -121,7 +121,7 @@ class StoppedInside:
 def state_holder(emu, tmp_path):
     """(reservation, cohort folder, StoppedInside on that reservation's MUTEX cohort)."""
     rid = emu.create_reservation("deadlines")
-    key = cohort.cohort_key(catalog.server_key(emu.session()), rid, MUTEX)
+    key = cohort_files.cohort_key(catalog.server_key(emu.session()), rid, MUTEX)
     holder = StoppedInside(tmp_path / f"{key}.state.lock")
     yield rid, tmp_path, holder
     holder.end()
@@ -151,7 +151,7 @@ def test_a_cohort_release_goes_on_without_the_state_while_a_stopped_process_hold
     started = time.monotonic()
     lock.release()
     waited = time.monotonic() - started
-    assert waited < cohort.STATE_WAIT + SLACK, f"release waited {waited:.1f} s"
+    assert waited < cohort_files.STATE_WAIT + SLACK, f"release waited {waited:.1f} s"
     assert aliases(emu, rid) == []  # released to the server all the same
     holder.end()
     # The state still names the released token (it could not be cleared): the next holder on this machine
@@ -165,7 +165,7 @@ def test_a_cohort_release_goes_on_without_the_state_while_a_stopped_process_hold
 
 def hold_state_lock_on_cue(path: str, go, ready) -> None:
     """Wait for ``go``, then hold the cohort's state-file lock, say so, and sleep in it (then stopped)."""
-    lock = cohort.new_file_lock(Path(path))
+    lock = cohort_files.new_file_lock(Path(path))
     go.wait(60)
     lock.acquire()
     ready.set()
@@ -191,7 +191,7 @@ def test_a_cohort_acquire_that_verifies_a_dead_holders_lock_ends_by_its_deadline
     check in the state file. A process stopped inside the state-file lock meanwhile (it took it while the
     read was on the wire) must not hold the acquire past its deadline: before, it waited STATE_WAIT (5 s)."""
     rid = emu.create_reservation("deadlines")
-    key = cohort.cohort_key(catalog.server_key(emu.session()), rid, MUTEX)
+    key = cohort_files.cohort_key(catalog.server_key(emu.session()), rid, MUTEX)
     ctx = multiprocessing.get_context("spawn")
     go, ready, events = ctx.Event(), ctx.Event(), ctx.Queue()
     addr = (emu.host, emu.port, emu.admin_user, emu.admin_password, emu.admin_domain)

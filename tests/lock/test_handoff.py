@@ -74,7 +74,7 @@ def test_both_sides_heartbeat_the_same_lease_and_a_release_by_one_is_noticed_by_
     beat_driver = service[protocol.ATTR_HEARTBEAT]  # the adopter beat at once
     assert orchestrator.renew() and driver.renew()
     assert service[protocol.ATTR_HEARTBEAT] != beat_driver
-    parts = {orchestrator._heartbeat.part, driver._heartbeat.part}
+    parts = {orchestrator._held.heartbeat.part, driver._held.heartbeat.part}
     assert len(parts) == 2  # each side writes its own part: the value changes with every beat of either
     driver.release()
     assert protocol.DEFAULT_ALIAS not in api.services

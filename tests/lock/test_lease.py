@@ -373,11 +373,11 @@ def _sweeping(api: FakeApi, mutex, fail_first_breaker_remove: bool = False) -> l
     Returns the owner tokens of the breaker services removed, in order (a failed remove is not counted)."""
     removed_breakers = []
     failed = []
-    sleep = mutex._sleep
+    sleep = mutex.runtime.sleep
 
     def sleep_and_sweep(seconds: float) -> None:
         sleep(seconds)
-        mutex._late_adds.sweep()
+        mutex.runtime.late_adds.sweep()
 
     def record(reservation_id, aliases) -> bool:
         if aliases == [BREAKER] and BREAKER in api.services:
@@ -387,7 +387,7 @@ def _sweeping(api: FakeApi, mutex, fail_first_breaker_remove: bool = False) -> l
             removed_breakers.append(api.services[BREAKER][protocol.ATTR_OWNER])
         return False
 
-    mutex._sleep = sleep_and_sweep
+    mutex.runtime.sleep = sleep_and_sweep
     api.faults["RemoveServicesFromReservation"] = [record] * 1000
     return removed_breakers
 
@@ -417,7 +417,7 @@ def test_a_breaker_add_without_an_answer_that_lands_late_is_removed_by_the_watch
     assert clock.now - start < 2 * (2 + stale_margin(2))
     assert len(removed_breakers) == 2
     assert removed_breakers[0] == landed[0] and removed_breakers[1] != landed[0]  # each attempt its own token
-    assert BREAKER not in api.services and not mutex._late_adds.pending()
+    assert BREAKER not in api.services and not mutex.runtime.late_adds.pending()
     assert api.services[protocol.DEFAULT_ALIAS][protocol.ATTR_OWNER] == mutex.token
 
 
@@ -432,7 +432,7 @@ def test_a_breaker_alias_whose_remove_failed_is_removed_by_the_watcher(clock):
     assert BREAKER in api.services and not removed_breakers  # left behind by the failed remove
     for _ in range(3):
         clock.sleep(1.0)
-        mutex._late_adds.sweep()
+        mutex.runtime.late_adds.sweep()
     assert BREAKER not in api.services and len(removed_breakers) == 1
     mutex.release()
 
@@ -457,11 +457,11 @@ def test_a_breakers_own_remove_that_lands_late_is_waited_for_by_the_watcher_and_
 
     api.faults["RemoveServicesFromReservation"] = [late_and_reset] * 1000
     assert mutex.acquire() is True
-    assert late and BREAKER in api.services and mutex._late_adds.pending()
+    assert late and BREAKER in api.services and mutex.runtime.late_adds.pending()
     for _ in range(130):  # the watch ends once our remove can no longer land (request_lifetime, 120 s)
         clock.sleep(1.0)
-        mutex._late_adds.sweep()
-    assert BREAKER not in api.services and not mutex._late_adds.pending()
+        mutex.runtime.late_adds.sweep()
+    assert BREAKER not in api.services and not mutex.runtime.late_adds.pending()
     assert removed_breakers == late  # removed once: by the late remove, not by a second one
     assert api.calls.count("RemoveServicesFromReservation") == 2  # the holder's, and the breaker's once
     mutex.release()
@@ -533,7 +533,7 @@ def test_a_release_whose_remove_may_still_land_keeps_the_lease_alive_until_it_is
     lost = []
     mutex = make(api, clock, lease=3, on_lost=lost.append)
     mutex.acquire()
-    beat = mutex._heartbeat
+    beat = mutex._held.heartbeat
     seen = []
 
     def heartbeat_thread(method: str) -> None:

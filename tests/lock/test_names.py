@@ -23,7 +23,7 @@ from cloudshell_mutex import MutexUsageError, ReservationMutex, ReservationRWLoc
 from cloudshell_mutex.lock.cohort import CohortMutex
 from cloudshell_mutex.lock.pacing import DefaultPacing
 from cloudshell_mutex.lock.protocol import ticket_alias, ticket_number
-from cloudshell_mutex.lock.queue import queue_view
+from cloudshell_mutex.lock.tickets import queue_view
 
 FAST = dict(pacing=DefaultPacing(first=0.01, base=0.02, cap=0.1), holder_check_interval=0.25)
 

@@ -14,11 +14,12 @@ from urllib3.exceptions import ProtocolError
 
 from cloudshell_mutex import MutexError, MutexTimeout, protocol
 from cloudshell_mutex.lock import queue
+from cloudshell_mutex.lock import tickets as queue_values
 from cloudshell_mutex.lock.holder import Holder
 from cloudshell_mutex.lock.lease import parse_ticket, ticket_value
 from cloudshell_mutex.lock.protocol import ticket_alias, ticket_number
-from cloudshell_mutex.lock.queue import (
-    FALLBACK_AFTER,
+from cloudshell_mutex.lock.queue import FALLBACK_AFTER
+from cloudshell_mutex.lock.tickets import (
     LOCK_BUDGET,
     TICKET_LEASE,
     QueueView,
@@ -61,9 +62,9 @@ def mutex_adds(api: RecordingApi) -> List[float]:
 
 @pytest.fixture(autouse=True)
 def _forget_memories():
-    queue._memories.clear()  # what this process learned about other tests' locks
+    queue_values._memories.clear()  # what this process learned about other tests' locks
     yield
-    queue._memories.clear()
+    queue_values._memories.clear()
 
 
 # ---------------------------------------------------------------- values and views
@@ -115,9 +116,9 @@ def test_waiters_further_back_read_more_rarely() -> None:
     for period in (0.2, 1.0, 10.0):
         intervals = [wait_interval(p, 32, period) for p in range(2, 33)]
         assert intervals == sorted(intervals)
-        assert intervals[0] <= max(queue.MIN_INTERVAL, period / 3) + 1e-9
+        assert intervals[0] <= max(queue_values.MIN_INTERVAL, period / 3) + 1e-9
         # Nobody sleeps through its own turn: the next-but-one reads at least once a period.
-        assert wait_interval(3, 32, period) <= max(queue.MIN_INTERVAL, period) + 1e-9
+        assert wait_interval(3, 32, period) <= max(queue_values.MIN_INTERVAL, period) + 1e-9
 
 
 def test_the_queue_keeps_the_per_lock_budget_when_holds_are_long_and_says_what_it_costs_when_short() -> None:
@@ -125,12 +126,12 @@ def test_the_queue_keeps_the_per_lock_budget_when_holds_are_long_and_says_what_i
     # acquisitions themselves (7 calls each) stay within the lock's budget.
     period = 10.5
     waiting = queue_calls_per_second(32, period)
-    assert waiting + queue.ACQUISITION_CALLS / period <= LOCK_BUDGET
+    assert waiting + queue_values.ACQUISITION_CALLS / period <= LOCK_BUDGET
     # ... and grows much slower than the queue: 8 times the waiters, not 3 times the calls.
     assert queue_calls_per_second(32, period) < 3 * queue_calls_per_second(4, period)
     # Hold 1 s: the acquisitions alone cost more than the budget; the queue does not make it worse than
     # a few calls per second (the default lock made about 50 at N=32).
-    assert queue.ACQUISITION_CALLS / 1.1 > LOCK_BUDGET
+    assert queue_values.ACQUISITION_CALLS / 1.1 > LOCK_BUDGET
     assert queue_calls_per_second(32, 1.1) < 12
 
 
@@ -329,7 +330,7 @@ def test_ctrl_c_removes_our_ticket(clock) -> None:
             raise KeyboardInterrupt
         clock.sleep(seconds)
 
-    lock._sleep = lock._queue._sleep = sleep
+    lock.runtime.sleep = sleep
     with pytest.raises(KeyboardInterrupt):
         lock.acquire()
     assert tickets(api) == [ticket_alias(MUTEX, 0)]
@@ -350,7 +351,7 @@ def test_a_ticket_add_without_an_answer_goes_to_the_late_add_watcher(clock) -> N
     api.faults["AddServiceToReservation"] = [lost_reply] * 3
     with pytest.raises(MutexTimeout):
         lock.acquire()
-    watcher = lock._late_adds
+    watcher = lock.runtime.late_adds
     assert any(entry.alias.alias == ticket_alias(MUTEX, 1) for entry in watcher.pending())
     # Time passes, the late add lands, the watcher removes it (it shows our token).
     while clock.now < late[0] + 40:
@@ -400,7 +401,7 @@ def _view(at: float, holder: Optional[str], *waiting: Tuple[int, str]) -> QueueV
 
 
 def test_the_memory_learns_the_hold_time_and_when_the_holder_will_release() -> None:
-    memory = queue.LockMemory()
+    memory = queue_values.LockMemory()
     memory.update(_view(10.0, "A@h:1:0000000a", (1, SECOND)), None)
     memory.update(_view(10.2, "B@h:2:0000000b", (1, SECOND)), None)  # B granted between 10.0 and 10.2
     assert memory.tenure is None and memory.expected_release() == pytest.approx(10.1 + memory.period)
@@ -430,7 +431,7 @@ def test_the_head_sleeps_until_shortly_before_the_expected_release_then_polls_fa
     assert all(delay <= fast for delay in around)
     clock.now = 110.0 + queue.HINT_LEAD * 10.0 + 0.1  # past it: slower after each miss, up to the normal
     later = [fair._head_delay() for _ in range(4)]
-    assert later[0] > fast and max(later) <= queue.head_interval(memory.period) * (1 + queue.JITTER)
+    assert later[0] > fast and max(later) <= queue_values.head_interval(memory.period) * (1 + queue.JITTER)
 
 
 def test_progress_is_written_while_waiting_in_line(clock) -> None:
@@ -464,7 +465,7 @@ def test_a_ticket_a_lagging_read_did_not_show_is_still_removed_in_the_end(clock)
     assert lock.acquire()
     assert lagged, "the scenario never happened"
     lock.release()
-    watcher = lock._late_adds
+    watcher = lock.runtime.late_adds
     for _ in range(30):
         clock.sleep(1.0)
         api.land_due()  # the first ticket shows up again, as a read that does not lag shows it

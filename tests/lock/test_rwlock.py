@@ -282,7 +282,8 @@ def test_a_group_add_that_lands_after_its_opener_gave_it_up_is_never_removed_bli
     api = FakeApi(clock=clock)
     late_adds = LateAdds(clock)
     rw = make_rw(api, clock)
-    rw._common["late_adds"] = late_adds  # what a plain mutex of this process would hand its late adds to
+    # What a plain mutex of this process would hand its late adds to.
+    rw._parts.mutex_args["late_adds"] = late_adds
     lands_at = clock.now + 3.0
 
     def unanswered(reservation_id, model, alias, attributes):

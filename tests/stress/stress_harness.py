@@ -161,7 +161,7 @@ class RecordedSession:
 def lease_safe_until(lock: ReservationMutex) -> Optional[float]:
     """Until when (monotonic) no waiter can have broken this holder's lease: its last confirmed heartbeat +
     the lease (``ensure_held`` checks the same bound). None: the hold has no lease."""
-    beat = lock._heartbeat  # the harness reads the bound ensure_held() checks, to judge the holds by it
+    beat = lock._held.heartbeat  # the harness reads the bound ensure_held() checks, to judge the holds by it
     return None if beat is None else beat.confirmed_at + beat.lease
 
 

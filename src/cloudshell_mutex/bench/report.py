@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..lock import queue
+from ..lock import tickets
 from .cohort import existing_section
 from .contenders import BASELINE, CONTENDERS
 from .metrics import RunMetrics
@@ -293,8 +293,8 @@ FAIR_MAX_INVERTED = 0.05
 FAIR_WAIT_FACTOR = 1.5
 #: The per-lock call budget (calls/s on the server for one lock, all clients together) at N=32, and the API
 #: calls one contended fair acquisition costs whatever the polling: the floor under the fair mode's calls/s.
-LOCK_BUDGET = queue.LOCK_BUDGET
-FAIR_ACQUISITION_CALLS = queue.ACQUISITION_CALLS
+LOCK_BUDGET = tickets.LOCK_BUDGET
+FAIR_ACQUISITION_CALLS = tickets.ACQUISITION_CALLS
 
 
 FAIR_TEXT = """\

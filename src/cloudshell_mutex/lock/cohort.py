@@ -9,49 +9,47 @@ goes on in the next holder) instead of removing it, at most ``max_passes`` times
 ``max_pass_seconds``; then it removes it, and the local waiters hold back ``yield_seconds`` so that other
 execution servers get their turn. docs/protocol.md ("Cohort mode") gives the steps and the guarantees.
 
-The cohort's files, in the cohort directory (local disk; default: a per-user folder in the temp dir):
-
-* ``<key>.lock``: the local lock; its holder is the only process of this machine that may hold the alias.
-* ``<key>.json``: the cohort's state, read and written only under ``<key>.state.lock`` (held for a moment):
-  the token of the server lock the cohort holds, its lease and last confirmation (this machine's monotonic
-  clock: one clock for every process), the passes in a row and since when, the local holder (pid, start
-  time, label) and the local waiters.
-* ``<key>.w.<id>.lock``: one per waiting process, held while it waits: a waiter whose process died is
-  found by its lock being free, without trusting pids (reused) or process tables (not OS-neutral).
-* ``<key>.releasing.json``: the token of the server lock the local holder is releasing to the server,
-  written *before* its first remove is sent: a remove of a holder that dies meanwhile may still land, so
-  the next local holder never carries on under that token (it acquires from the server instead).
-
-``key`` is a hash of the server, the reservation and the alias.
+The cohort's files on this machine (the local lock, the state, the waiters, the releasing record) are
+:mod:`.cohort_files`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
-import getpass
-import hashlib
-import inspect
-import json
 import logging
 import math
 import os
 import random
 import secrets
 import socket
-import tempfile
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, Optional, Union
+from typing import Any, Callable, Dict, Optional, Union
 
 import filelock
 
 from . import catalog, diagnosis
+from .alias import LockAlias
+from .cohort_files import (
+    STATE_GRACE,
+    STATE_WAIT,
+    CohortFiles,
+    CohortState,
+    CohortStateBusy,
+    cohort_available,
+    cohort_key,
+    default_cohort_dir,
+    new_file_lock,
+    state_wait,
+    sweep_now_and_then,
+    trust_window,
+)
+from .engine import Acquisition, Deadline, acquire_loop
 from .errors import MutexCancelled, MutexError, MutexLostError, MutexTimeout, MutexUsageError
 from .holder import sanitize_label
 from .mutex import ReservationMutex
 from .options import UNSET, check_duration
-from .pacing import CANCEL_SLICE, CancelledWait, pause
+from .pacing import CANCEL_SLICE, CancelledWait, cancellation_check, pause
 
 #: Passes in a row before the cohort gives the server lock back (one server acquisition serves at most
 #: 1 + DEFAULT_MAX_PASSES local holders).
@@ -95,334 +93,6 @@ DEFAULT_YIELD_SECONDS = 2.5
 #: How often a local waiter tries the local lock (filelock polls); the local hand-off gap is about this
 #: divided by the number of waiters plus one.
 DEFAULT_LOCAL_POLL = 0.005
-#: How often the state lock is tried (it is held for a file read and write only).
-STATE_POLL = 0.001
-#: Seconds a step without a caller's deadline (a release, a status read) waits for the state lock. Longer, a
-#: process is stopped or hung inside it (SIGSTOP, a debugger), and the step goes on without the state; each
-#: such step says what that costs. An acquire waits only until its own deadline.
-STATE_WAIT = 5.0
-#: ... and a step after an acquire gave up (taking its registration back): the deadline has passed already.
-STATE_GRACE = 0.1
-#: Without a lease, a passed lock is taken without a read only while its last confirmation is this recent;
-#: older, one read checks it (a party that breaks the protocol may have removed it meanwhile).
-TRUST_WITHOUT_LEASE = 5.0
-STATE_VERSION = 1
-#: The suffix of a cohort's releasing record (``<key>.releasing.json``), apart from its state file.
-_RELEASING = ".releasing"
-
-
-def default_cohort_dir() -> Path:
-    """A per-user folder in the system's temp dir (local disk on an execution server)."""
-    try:
-        user = getpass.getuser()
-    except Exception:  # no user name in the environment (a service account on Windows): one shared folder
-        user = "user"
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in user) or "user"
-    return Path(tempfile.gettempdir()) / f"cloudshell-mutex-{safe}"
-
-
-def cohort_key(server: str, reservation_id: str, alias: str) -> str:
-    """The file name stem of the cohort of one lock on one server."""
-    raw = json.dumps([server, reservation_id, alias]).encode("utf-8")
-    return hashlib.sha256(raw).hexdigest()[:24]
-
-
-def trust_window(lease: float) -> float:
-    """How recent a passed lock's last confirmation must be for the next holder to take it without a read.
-
-    With a lease: half of it. A waiter on another machine breaks the lock only after seeing no heartbeat for
-    lease + margin on its own clock, which cannot start before the confirmation was sent, so a holder that
-    takes it within lease/2 and heartbeats from there cannot have been broken."""
-    return lease / 2 if lease > 0 else TRUST_WITHOUT_LEASE
-
-
-@dataclass
-class CohortState:
-    """The cohort's shared state (``<key>.json``). Times: ``*_at``/``since`` are on this machine's monotonic
-    clock (comparable between its processes); ``holder["started"]`` is wall time, for people."""
-
-    server: str = ""
-    reservation_id: str = ""
-    alias: str = ""
-    token: Optional[str] = None  # the server lock the cohort holds (None: it holds none)
-    lease: float = 0.0
-    confirmed_at: Optional[float] = None  # see ReservationMutex._cohort_confirmed_at
-    since: Optional[float] = None  # when the cohort took it from the server
-    passes: int = 0  # hand-offs within the cohort since then
-    holder: Optional[Dict[str, Any]] = None  # the local holder: pid, started, owner
-    waiters: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # waiter id -> pid, since
-    yielded_at: Optional[float] = None  # when the cohort last gave the lock back because of a bound
-    version: int = STATE_VERSION
-
-    @classmethod
-    def from_text(cls, text: str) -> CohortState:
-        """Parse the file; a damaged or foreign one gives a fresh state (see :class:`CohortFiles`)."""
-        try:
-            data = json.loads(text)
-            if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
-                return cls()
-            known = {f for f in cls.__dataclass_fields__}
-            return cls(**{k: v for k, v in data.items() if k in known})
-        except (ValueError, TypeError):
-            return cls()
-
-    def to_text(self) -> str:
-        """The file's text."""
-        return json.dumps(asdict(self), sort_keys=True)
-
-
-class CohortStateBusy(MutexTimeout):
-    """The cohort's state file stayed locked by another process of this machine (one stopped or hung inside
-    it: the lock is held for a file read and write only) for as long as the caller could wait."""
-
-
-class CohortFiles:
-    """The files of one cohort: the local lock, the state (under its own short lock), the waiters' locks."""
-
-    def __init__(self, directory: Union[str, Path], key: str) -> None:
-        self.directory = Path(directory)
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            raise MutexUsageError(
-                f"cannot create the cohort directory {self.directory} ({error.strerror or error}): pass "
-                "cohort_dir= a folder on a local disk that this user can write, or cohort=False"
-            ) from None
-        self.key = key
-        self.lock_path = self.directory / f"{key}.lock"
-        self.state_path = self.directory / f"{key}.json"
-        self.releasing_path = self.directory / f"{key}{_RELEASING}.json"
-        self._state_lock = new_file_lock(self.directory / f"{key}.state.lock")
-
-    def local_lock(self) -> filelock.BaseFileLock:
-        """A new handle on the local lock (one per lock object: OS file locks exclude handles)."""
-        return new_file_lock(self.lock_path)
-
-    def waiter_path(self, waiter: str) -> Path:
-        """The lock file a waiter holds while it waits."""
-        return self.directory / f"{self.key}.w.{waiter}.lock"
-
-    @contextlib.contextmanager
-    def state(self, timeout: float = STATE_WAIT) -> Iterator[CohortState]:
-        """The state, under the state lock; written back (atomically) when the block ends without error.
-
-        The lock is waited for at most ``timeout`` seconds (-1: forever), then :class:`CohortStateBusy`."""
-        try:
-            self._state_lock.acquire(timeout=timeout, poll_interval=STATE_POLL)
-        except filelock.Timeout:
-            raise CohortStateBusy(
-                f"the cohort's state file {self.state_path} stayed locked by another process on this "
-                f"machine for {max(timeout, 0.0):.1f} s (a process stopped or hung inside it: that lock is "
-                "held for a file read and write only)",
-                waited=max(timeout, 0.0),
-            ) from None
-        try:
-            try:
-                state = CohortState.from_text(self.state_path.read_text(encoding="utf-8"))
-            except FileNotFoundError:
-                state = CohortState()
-            yield state
-            _write_atomically(self.state_path, state.to_text())
-        finally:
-            self._state_lock.release()
-
-    def mark_releasing(self, token: str) -> None:
-        """Record, before the first remove is sent, that the local holder releases ``token`` to the server.
-        Only the local lock's holder writes or reads it, so it needs no state lock."""
-        _write_atomically(self.releasing_path, json.dumps({"token": token, "pid": os.getpid()}))
-
-    def releasing(self) -> Optional[str]:
-        """The token a local holder was releasing to the server when it last let go (None: none)."""
-        try:
-            record = json.loads(self.releasing_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        token = record.get("token") if isinstance(record, dict) else None
-        return token if isinstance(token, str) else None
-
-    def live_waiters(self, state: CohortState) -> int:
-        """How many registered waiters are alive (their lock is held); drops dead ones from ``state``."""
-        alive = 0
-        for waiter in list(state.waiters):
-            probe = new_file_lock(self.waiter_path(waiter))
-            try:
-                probe.acquire(timeout=0)
-            except filelock.Timeout:
-                alive += 1
-                continue
-            # Free: its process died while waiting (a live waiter unregisters before it lets go).
-            probe.release()
-            state.waiters.pop(waiter, None)
-            with contextlib.suppress(OSError):
-                self.waiter_path(waiter).unlink()
-        return alive
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(text, encoding="utf-8")
-    os.replace(temporary, path)
-
-
-def _left(deadline: Optional[float], now: float) -> float:
-    """Seconds to wait for the state lock until ``deadline`` (-1: no deadline), at least STATE_GRACE."""
-    return -1.0 if deadline is None else max(STATE_GRACE, deadline - now)
-
-
-class _NamedFileLock(filelock.FileLock):  # type: ignore[misc,valid-type]
-    """filelock's OS file lock, held only on the file its path names *now*.
-
-    Cohort files are removed when idle (:func:`sweep_cohort_dir`), under their locks. A process that opened
-    a file just before it was removed would then lock a file no path names, while the next one locks the new
-    file at that path: both would hold. So after each lock attempt the locked file is compared with what the
-    path names (device and inode), and an attempt on a removed file is let go and tried again, the way
-    filelock 4 does for its own removals (filelock 3, for Python 3.9, does not). Windows refuses to remove a
-    file that a process has open, so there the check is moot."""
-
-    def _acquire(self) -> None:
-        super()._acquire()
-        fd = getattr(getattr(self, "_context", None), "lock_file_fd", None)
-        if fd is not None and os.name != "nt" and not self._names_its_file(fd):
-            self._release()  # not locked: filelock's loop tries again, opening the path anew
-
-    def _names_its_file(self, fd: int) -> bool:
-        try:
-            held, named = os.fstat(fd), os.stat(self.lock_file)
-        except OSError:
-            return False
-        return held.st_nlink > 0 and (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino)
-
-
-def new_file_lock(path: Path) -> filelock.BaseFileLock:
-    """An OS file lock (fcntl.flock, or msvcrt.locking on Windows) on ``path``, usable from any thread.
-
-    Never a lock file that only exists: the OS must free the lock when its process dies (filelock 4 falls
-    back to such files on a file system without flock unless told not to; it then raises instead). Held
-    only on the file the path names (:class:`_NamedFileLock`), so that idle cohort files can be removed."""
-    return _NamedFileLock(str(path), thread_local=False, **_NO_SOFT_FALLBACK)
-
-
-#: Cohort files untouched for this long, of a cohort that holds nothing and has no holder and no waiter, are
-#: removed (reservations end; without this the folder grows by three files per lock used).
-IDLE_FILES_SECONDS = 3600.0
-#: A process sweeps the cohort folder at most this often (a stamp file in it says when it was last swept).
-SWEEP_INTERVAL = 3600.0
-_SWEEP_STAMP = ".swept"
-
-
-def sweep_cohort_dir(directory: Union[str, Path], idle: float = IDLE_FILES_SECONDS) -> int:
-    """Remove the files of every cohort in ``directory`` that has been idle ``idle`` seconds (its state file
-    untouched, no server lock held, no local holder, no live waiter), and waiters' and temporary files left by
-    processes that died; return how many files were removed. A cohort in use is left alone: its files are
-    removed only under its local lock and its state lock, taken without waiting, and every process holds
-    those only on the file their path names (:class:`_NamedFileLock`)."""
-    folder, removed = Path(directory), 0
-    cutoff = time.time() - idle
-    for state_path in folder.glob("*.json"):
-        key = state_path.stem
-        if not key.endswith(_RELEASING) and _older(state_path, cutoff):
-            removed += _sweep_key(folder, key)
-    for leftover in [*folder.glob("*.w.*.lock"), *folder.glob("*.json.*.tmp")]:
-        if _older(leftover, cutoff):
-            removed += _remove_unlocked(leftover)
-    return removed
-
-
-def _older(path: Path, cutoff: float) -> bool:
-    try:
-        return path.stat().st_mtime < cutoff
-    except OSError:
-        return False
-
-
-def _sweep_key(folder: Path, key: str) -> int:
-    files = CohortFiles(folder, key)
-    local, state_lock = files.local_lock(), new_file_lock(folder / f"{key}.state.lock")
-    try:
-        local.acquire(timeout=0)
-    except filelock.Timeout:
-        return 0  # held: in use
-    try:
-        try:
-            state_lock.acquire(timeout=0)
-        except filelock.Timeout:
-            return 0
-        try:
-            try:
-                state = CohortState.from_text(files.state_path.read_text(encoding="utf-8"))
-            except OSError:
-                return 0
-            if state.token is not None or state.holder is not None or files.live_waiters(state):
-                return 0
-            count = 0
-            # The releasing record matters only while the state names its token (it holds none here).
-            for path in (
-                files.state_path,
-                files.releasing_path,
-                files.lock_path,
-                folder / f"{key}.state.lock",
-            ):
-                with contextlib.suppress(OSError):
-                    path.unlink()
-                    count += 1
-            return count
-        finally:
-            state_lock.release()
-    finally:
-        local.release()
-
-
-def _remove_unlocked(path: Path) -> int:
-    if path.suffix == ".tmp":
-        with contextlib.suppress(OSError):
-            path.unlink()
-            return 1
-        return 0
-    probe = new_file_lock(path)
-    try:
-        probe.acquire(timeout=0)
-    except filelock.Timeout:
-        return 0  # a live waiter's
-    try:
-        with contextlib.suppress(OSError):
-            path.unlink()
-            return 1
-        return 0
-    finally:
-        probe.release()
-
-
-def sweep_now_and_then(directory: Union[str, Path], logger: Optional[logging.Logger] = None) -> None:
-    """Sweep ``directory`` (:func:`sweep_cohort_dir`) if no process did in the last :data:`SWEEP_INTERVAL`
-    seconds. Never raises: tidying is a courtesy."""
-    stamp = Path(directory) / _SWEEP_STAMP
-    try:
-        if time.time() - stamp.stat().st_mtime < SWEEP_INTERVAL:
-            return
-    except OSError:
-        pass  # never swept
-    try:
-        stamp.touch()
-        removed = sweep_cohort_dir(directory)
-    except Exception as error:  # a folder we cannot tidy still works
-        if logger is not None:
-            logger.debug("cloudshell-mutex: could not sweep the cohort folder %s: %s", directory, error)
-        return
-    if removed and logger is not None:
-        logger.debug("cloudshell-mutex: removed %d idle cohort files from %s", removed, directory)
-
-
-_NO_SOFT_FALLBACK = (
-    {"fallback_to_soft": False}
-    if "fallback_to_soft" in inspect.signature(filelock.FileLock.__init__).parameters
-    else {}
-)
-
-
-def cohort_available() -> bool:
-    """True where cohort mode can work: filelock has an OS file lock here (fcntl or msvcrt). Elsewhere it
-    falls back to lock files that the OS does not free when their process dies."""
-    return not issubclass(filelock.FileLock, filelock.SoftFileLock)
 
 
 class CohortMutex:
@@ -494,6 +164,20 @@ class CohortMutex:
         self.logger = self._mutex.logger
         self._clock = clock
         self._sleep = sleep
+        # The caller's cancellation, asked while this waits for the local lock or yields to other servers.
+        self._cancellation = cancellation_check(self._mutex.options.cancellation)
+        # The cohort's own lines in the reservation output (a local waiter's progress).
+        self._output = LockAlias(
+            api,
+            self._mutex.reservation_id,
+            name,
+            self._mutex.options.model,
+            budget=self._mutex.options.budget,
+            logger=self.logger,
+            clock=clock,
+            sleep=sleep,
+        )
+        self._nested = 0  # acquires counted on top of the one that holds (reentrant)
         server = catalog.server_key(api)
         self.cohort_dir = Path(cohort_dir) if cohort_dir is not None else default_cohort_dir()
         self._files = CohortFiles(self.cohort_dir, cohort_key(server, self._mutex.reservation_id, name))
@@ -550,7 +234,7 @@ class CohortMutex:
     @property
     def calls(self) -> int:
         """API calls made by this object in total."""
-        return self._mutex.calls
+        return self._mutex.calls + self._output.calls
 
     @property
     def token(self) -> Optional[str]:
@@ -612,6 +296,7 @@ class CohortMutex:
         check_duration("timeout", timeout, allow_none=True)
         if self._held:
             if self.options.reentrant:
+                self._nested += 1
                 return self._mutex.acquire()  # counted, no call
             raise MutexUsageError(
                 f"this CohortMutex already holds {self.name!r} in reservation {self.reservation_id}; "
@@ -633,7 +318,7 @@ class CohortMutex:
             holder = self._local_holder() + " on this machine, in cohort mode"
             self._tidy_orphan()  # as after a timeout: a lock passed to this waiter meanwhile is not orphaned
             raise self._cancelled(start, holder) from None
-        self._mutex._waited_before = self._clock() - start  # the local wait counts in "acquired after"
+        self._mutex.waited_before = self._clock() - start  # the local wait counts in "acquired after"
         try:
             acquired = self._take_server(blocking, deadline)
             if acquired and self.passed:
@@ -667,14 +352,10 @@ class CohortMutex:
         mark = new_file_lock(self._files.waiter_path(waiter))
         mark.acquire(timeout=-1)  # its own file: free at once
         try:
-            with self._files.state(_left(deadline, self._clock())) as state:
+            with self._files.state(state_wait(deadline, self._clock())) as state:
                 state.waiters[waiter] = {"pid": os.getpid(), "since": self._clock()}
                 holder = state.holder
-            try:
-                self._wait_local(deadline, holder)
-                return True
-            except filelock.Timeout:
-                return False
+            return self._wait_local(deadline, holder)
         finally:
             # Best effort: a registration left behind is dropped by the next count, its lock being free.
             with contextlib.suppress(CohortStateBusy), self._files.state(STATE_GRACE) as state:
@@ -683,52 +364,37 @@ class CohortMutex:
             with contextlib.suppress(OSError):
                 self._files.waiter_path(waiter).unlink()
 
-    def _wait_local(self, deadline: Optional[float], holder: Optional[Dict[str, Any]]) -> None:
-        """Wait for the local lock (``filelock.Timeout`` at the deadline) as a waiter for the server lock
-        does: a log line when the wait begins, and the progress line scripts write, at most every
+    def _wait_local(self, deadline: Optional[float], holder: Optional[Dict[str, Any]]) -> bool:
+        """Wait for the local lock (False at the deadline) as a waiter for the server lock does, on the
+        engine's loop: a log line when the wait begins, and the progress line scripts write, at most every
         ``progress_interval`` seconds when ``progress`` is on; the caller's cancellation is asked every half
         second (``CancelledWait``). The local wait runs on real time."""
-        options = self._mutex.options
-        cancelled = self._mutex._cancelled
-        who = "another process"
-        if holder:
-            here = "this process" if holder.get("pid") == os.getpid() else f"pid {holder.get('pid')}"
-            who = f"{holder.get('owner')} ({here} on this execution server)"
+        left = None if deadline is None else max(0.0, deadline - self._clock())
+        wait = _LocalWait(self, left, deadline, holder, self._cancellation is not None)
         self.logger.info(
             "cloudshell-mutex: %s in reservation %s is held by %s in cohort mode; waiting for it",
             self.name,
             self.reservation_id,
-            who,
+            wait.who,
         )
-        start = time.monotonic()
-        end = math.inf if deadline is None else start + max(0.0, deadline - self._clock())
-        next_progress = start + options.progress_interval if options.progress else math.inf
-        while True:
-            until = min(end, next_progress)
-            if cancelled is not None:
-                until = min(until, time.monotonic() + CANCEL_SLICE)
-            try:
-                wait = -1.0 if math.isinf(until) else max(0.0, until - time.monotonic())
-                self._local.acquire(timeout=wait, poll_interval=self.local_poll)
-                return
-            except filelock.Timeout:
-                now = time.monotonic()
-                if now >= end:
-                    raise
-            if cancelled is not None and cancelled():
-                raise CancelledWait()
-            if now >= next_progress:
-                next_progress = now + options.progress_interval
-                started = float(holder.get("started", 0)) if holder else 0.0
-                held = time.time() - started if started else now - start
-                label = sanitize_label(self.owner)
-                message = f"{label}: waiting for {self.name} held by {who} for {held:.0f} s"
-                if not self._mutex._alias.write_output(message, paced=True, deadline=deadline).ok:
-                    self.logger.debug("cloudshell-mutex: could not write progress to the reservation output")
+        return acquire_loop(wait, wait.end, lambda seconds: pause(seconds, time.sleep, self._cancellation))
+
+    def try_local(self, seconds: float) -> bool:
+        """Try the local lock for up to ``seconds`` (-1: until it is free); True when this object has it."""
+        try:
+            self._local.acquire(timeout=seconds, poll_interval=self.local_poll)
+            return True
+        except filelock.Timeout:
+            return False
+
+    def write_progress(self, message: str, deadline: Optional[float]) -> None:
+        """One progress line in the reservation output (a courtesy: a failure is logged)."""
+        if not self._output.write_output(message, paced=True, deadline=deadline).ok:
+            self.logger.debug("cloudshell-mutex: could not write progress to the reservation output")
 
     def _take_server(self, blocking: bool, deadline: Optional[float]) -> bool:
         self._holder_written = False
-        with self._files.state(_left(deadline, self._clock())) as state:
+        with self._files.state(state_wait(deadline, self._clock())) as state:
             self._holder_written = True
             state.server, state.reservation_id, state.alias = self._where
             dead = state.holder  # a live holder clears it before it lets go of the local lock
@@ -773,12 +439,12 @@ class CohortMutex:
             acquired = self._mutex.acquire(False)
         if acquired:
             self._held = True
-            beat = self._mutex._heartbeat
+            held = self._mutex.acquisition
             try:
-                with self._files.state(_left(deadline, self._clock())) as state:
-                    state.token = self._mutex.token
-                    state.lease = beat.lease if beat is not None else 0.0
-                    state.confirmed_at = self._mutex._cohort_confirmed_at()
+                with self._files.state(state_wait(deadline, self._clock())) as state:
+                    state.token = held.token
+                    state.lease = held.lease
+                    state.confirmed_at = held.confirmed_at
                     state.since = self._clock()
                     state.passes = 0
                     state.yielded_at = None
@@ -799,7 +465,7 @@ class CohortMutex:
             end = min(end, deadline)
         step = max(self.yield_seconds / 3, 0.05)
         while self._clock() < end:
-            pause(max(0.0, min(step, end - self._clock())), self._sleep, self._mutex._cancelled)
+            pause(max(0.0, min(step, end - self._clock())), self._sleep, self._cancellation)
             try:
                 if self._mutex.holder() is not None:
                     return
@@ -821,13 +487,13 @@ class CohortMutex:
         fresh = confirmed_at is not None and self._clock() - confirmed_at < trust_window(lease_seconds)
         try:
             if fresh and not verify:
-                self._mutex._cohort_join(token, confirmed_at, lease_seconds)
+                self._mutex.take_over(Acquisition(token, confirmed_at, lease_seconds))
             else:
                 # One read (transient failures waited out until the deadline, as the acquire's own reads
                 # are); raises MutexLostError when it is not ours.
-                self._mutex._adopt(token, math.inf if deadline is None else deadline)
+                self._mutex.join(token, Deadline(deadline, self._clock))
         except MutexLostError:
-            wait = _left(deadline, self._clock())
+            wait = state_wait(deadline, self._clock())
             with contextlib.suppress(CohortStateBusy), self._files.state(wait) as state:
                 state.token = state.confirmed_at = state.since = None
                 state.passes = 0
@@ -839,9 +505,9 @@ class CohortMutex:
             )
             return False
         if not fresh or verify:
-            wait = _left(deadline, self._clock())
+            wait = state_wait(deadline, self._clock())
             with contextlib.suppress(CohortStateBusy), self._files.state(wait) as state:
-                state.confirmed_at = self._mutex._cohort_confirmed_at()
+                state.confirmed_at = self._mutex.acquisition.confirmed_at
         self.passed = True
         self._held = True
         return True
@@ -926,7 +592,8 @@ class CohortMutex:
         """:meth:`release`, waiting at most ``wait`` seconds for the state lock at each step."""
         if not self._held:
             return
-        if self._mutex._depth > 1:
+        if self._nested > 0:
+            self._nested -= 1
             self._mutex.release()  # nested: counted down, no call
             return
         token = self._mutex.token
@@ -943,13 +610,12 @@ class CohortMutex:
         except CohortStateBusy as busy:
             self.logger.warning("cloudshell-mutex: %s; releasing %s to the server", busy, self.name)
             wait = STATE_GRACE  # once is enough: the release goes on without the state
-        passed = self._mutex._cohort_pass() if waiting and within else None
+        passed = self._mutex.hand_over() if waiting and within else None
         if passed is not None:
-            token, confirmed_at, lease_seconds = passed
             try:
                 with self._files.state(wait) as state:
-                    state.token, state.lease = token, lease_seconds
-                    state.confirmed_at = confirmed_at if math.isfinite(confirmed_at) else None
+                    state.token, state.lease = passed.token, passed.lease
+                    state.confirmed_at = passed.confirmed_at if math.isfinite(passed.confirmed_at) else None
                     state.passes += 1
                     state.holder = None
             except CohortStateBusy as busy:
@@ -1009,36 +675,55 @@ class CohortMutex:
         return f"<CohortMutex {self.name!r} reservation={self.reservation_id} {state}>"
 
 
-def local_status(
-    api: Any, reservation_id: str, alias: str, cohort_dir: Optional[Union[str, Path]] = None
-) -> Optional[CohortState]:
-    """The cohort state of a lock on *this* machine, or None when no cohort here has used it. Another
-    execution server's local holder is only visible there."""
-    directory = Path(cohort_dir) if cohort_dir is not None else default_cohort_dir()
-    key = cohort_key(catalog.server_key(api), reservation_id, alias)
-    if not (directory / f"{key}.json").exists():
-        return None
-    files = CohortFiles(directory, key)
-    with files.state() as state:
-        files.live_waiters(state)
-        return state
+class _LocalWait:
+    """:meth:`CohortMutex._wait_local` as the engine's attempt: one try waits for the local file lock until
+    the next progress line, the next cancellation check or the deadline, whichever comes first."""
 
+    def __init__(
+        self,
+        cohort: CohortMutex,
+        left: Optional[float],
+        deadline: Optional[float],
+        holder: Optional[Dict[str, Any]],
+        cancellable: bool,
+    ) -> None:
+        self.cohort = cohort
+        self.cancellable = cancellable
+        self.holder = holder
+        self.deadline = deadline
+        self.who = "another process"
+        if holder:
+            here = "this process" if holder.get("pid") == os.getpid() else f"pid {holder.get('pid')}"
+            self.who = f"{holder.get('owner')} ({here} on this execution server)"
+        options = cohort.options
+        self.start = time.monotonic()
+        #: The caller's deadline on real time (the local lock's waits are real).
+        self.end = Deadline.after(left)
+        self.interval = options.progress_interval if options.progress else math.inf
+        self.next_progress = self.start + self.interval
 
-def describe_local(state: CohortState, token: Optional[str], now: Optional[float] = None) -> str:
-    """One line for ``cloudshell-mutex status`` on this machine: whether this machine's cohort holds the lock
-    (the server holder's token is the cohort's), its local holder, waiters and passes."""
-    if state.token is None or state.token != token:
-        return "cohort on this machine: does not hold it"
-    now = time.monotonic() if now is None else now
-    parts = [f"cohort on this machine: holds it ({state.passes} passes in a row"]
-    if state.since is not None:
-        parts[0] += f", for {max(0.0, now - state.since):.1f} s"
-    parts[0] += ")"
-    holder = state.holder
-    if holder:
-        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(holder.get("started", 0))))
-        parts.append(f"local holder pid {holder.get('pid')} ({holder.get('owner')}) since {started}")
-    else:
-        parts.append("passed, not yet taken by a local waiter")
-    parts.append(f"{len(state.waiters)} local waiters")
-    return "; ".join(parts)
+    def try_once(self) -> Optional[float]:
+        """Wait for the local lock until the next thing to do; None once this process has it."""
+        now = time.monotonic()
+        until = min(math.inf if self.end.at is None else self.end.at, self.next_progress)
+        if self.cancellable:
+            until = min(until, now + CANCEL_SLICE)
+        return None if self.cohort.try_local(-1.0 if math.isinf(until) else max(0.0, until - now)) else 0.0
+
+    def waiting(self) -> None:
+        """The progress line, when it is due."""
+        now = time.monotonic()
+        if now < self.next_progress:
+            return
+        self.next_progress = now + self.interval
+        started = float(self.holder.get("started", 0)) if self.holder else 0.0
+        held = time.time() - started if started else now - self.start
+        cohort = self.cohort
+        message = (
+            f"{sanitize_label(cohort.owner)}: waiting for {cohort.name} held by {self.who} for {held:.0f} s"
+        )
+        cohort.write_progress(message, self.deadline)
+
+    def give_up(self) -> bool:
+        """The deadline came: not taken (the caller tidies up and raises the timeout)."""
+        return False

@@ -223,7 +223,7 @@ def run_status(args: argparse.Namespace) -> int:
 
 def _show_cohort(alias: LockAlias, token: str, cohort_dir: Optional[str]) -> None:
     """A holder in cohort mode: what this machine's cohort files say (other machines' are not visible)."""
-    from .cohort import describe_local, local_status  # filelock is needed only here
+    from .cohort_files import describe_local, local_status  # filelock is needed only here
 
     try:
         state = local_status(alias.api, alias.reservation_id, alias.alias, cohort_dir)

@@ -9,6 +9,7 @@ never credentials (:func:`~.classify.classify` already cut raw replies off).
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 from . import protocol
@@ -124,10 +125,22 @@ def note_pending_add(error: MutexError, alias: str, token: str) -> MutexError:
     return error
 
 
-def timeout_error(op: Operation, now: float, reservation_id: str, alias: str, note: str = "") -> MutexTimeout:
-    """The acquisition ran out of time: say who held the lock, and for how long this waiter saw it."""
+#: A timeout's advice when the holder has no lease.
+UNLEASED_HOLDER_NOTE = (
+    "; the holder has no lease (the original protocol, a model without the lease attributes, or lease=0), so "
+    "it is never broken automatically: if its process is gone, an administrator removes it with Force "
+    "Release (cloudshell-mutex release --force)"
+)
+
+
+def timeout_error(
+    op: Operation, now: float, reservation_id: str, alias: str, unleased_holder: bool = False
+) -> MutexTimeout:
+    """The acquisition ran out of time: say who held the lock, and for how long this waiter saw it
+    (``unleased_holder``: the holder has no lease, so only an administrator can free it)."""
+    note = UNLEASED_HOLDER_NOTE if unleased_holder else ""
     waited = now - op.start
-    limit = waited if op.deadline is None else op.deadline - op.start
+    limit = waited if op.deadline.at is None else op.deadline.at - op.start
     holder = op.holder_label
     held_for = op.held_for(now)
     waiting = f"timed out after {limit:g} s waiting for {alias!r} in reservation {reservation_id}"
@@ -258,4 +271,93 @@ def broke_stale(
         f"{sanitize_label(breaker)} broke the stale {what} {alias!r} held by {holder.label} "
         f"(Mutex Owner {holder.token!r}, lease {lease_seconds:g} s): no heartbeat seen for {seen:.1f} s on "
         "this waiter's own clock"
+    )
+
+
+def not_held_error(
+    kind: str, reservation_id: str, alias: str, what: str = "acquire it first"
+) -> MutexUsageError:
+    """A call that needs the lock held, on an object of ``kind`` that does not hold it."""
+    return MutexUsageError(
+        f"this {kind} does not hold {alias!r} in reservation {reservation_id}: {what}",
+        reservation_id=reservation_id,
+        alias=alias,
+    )
+
+
+def export_unheld_error(reservation_id: str, alias: str) -> MutexUsageError:
+    """export() on an object that does not hold the lock."""
+    return MutexUsageError(
+        f"export() needs the lock held: acquire {alias!r} first", reservation_id=reservation_id, alias=alias
+    )
+
+
+def held_again_error(kind: str, reservation_id: str, alias: str) -> MutexUsageError:
+    """A second acquire by an object of ``kind`` that holds the lock and is not reentrant."""
+    return MutexUsageError(
+        f"this {kind} already holds {alias!r} in reservation {reservation_id}; release it first, pass "
+        "reentrant=True to allow nesting, or use one object per task",
+        reservation_id=reservation_id,
+        alias=alias,
+    )
+
+
+def lapsed_error(silent: float, lease: float, reservation_id: str, alias: str) -> MutexLostError:
+    """No heartbeat was confirmed for ``silent`` seconds (inf: none since an adopt), longer than the lease."""
+    how_long = (
+        f"since it was adopted (lease {lease:g} s)"
+        if math.isinf(silent)
+        else f"for {silent:.1f} s, longer than the lease ({lease:g} s)"
+    )
+    return MutexLostError(
+        f"{alias!r} in reservation {reservation_id}: no heartbeat was confirmed {how_long}; a waiter may "
+        "have broken the lock. Stop the work done under it; release() tells whether it was",
+        reservation_id=reservation_id,
+        alias=alias,
+    )
+
+
+def danger_message(silent: float, lease: float, alias: str) -> str:
+    """The warning when heartbeats failed for most of the lease."""
+    since = "since it was adopted" if math.isinf(silent) else f"for {silent:.1f} s"
+    return (
+        f"no heartbeat of {alias!r} confirmed {since} (lease {lease:g} s): the lease may lapse; finish or "
+        "stop the work done under the lock"
+    )
+
+
+def lost_output_line(owner: str, alias: str, holder_label: Optional[str]) -> str:
+    """The sandbox output's line when a held lock was lost: the people watching see it."""
+    return (
+        f"{sanitize_label(owner)} lost the {alias} lock it held: it is now held by "
+        f"{holder_label or 'nobody'} (a lease break, a Force Release, or code that removed it). The work "
+        "done under it may not have been exclusive"
+    )
+
+
+def adopt_lost_error(
+    reservation_id: str, alias: str, token: str, holder_label: Optional[str]
+) -> MutexLostError:
+    """An adopt whose read shows the lock is not the handle's acquisition's any more."""
+    return MutexLostError(
+        f"cannot adopt {alias!r} in reservation {reservation_id}: it is not held by the handle's acquisition "
+        f"({token}) any more; it is held by {holder_label or 'nobody'}",
+        reservation_id=reservation_id,
+        alias=alias,
+    )
+
+
+def read_timeout_error(
+    alias: str, reservation_id: str, waited: float, what: str, blocker: Optional[str], blocked_for: float
+) -> MutexTimeout:
+    """A read lock's acquire ran out of time: ``what`` kept it out, for ``blocked_for`` seconds."""
+    return MutexTimeout(
+        f"could not read-lock {alias!r} in reservation {reservation_id} within {waited:.1f} s: {what} (for "
+        f"{blocked_for:.1f} s). Nothing of this reader was left behind; retry later, or see "
+        "`cloudshell-mutex status --all` for who holds what",
+        holder=blocker,
+        held_for=blocked_for,
+        waited=waited,
+        reservation_id=reservation_id,
+        alias=alias,
     )

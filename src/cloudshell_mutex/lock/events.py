@@ -5,11 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
-
-if TYPE_CHECKING:  # annotations only: the lock's modules import this one
-    from .alias import LockAlias
-    from .operation import Operation
+from typing import Any, Callable, Optional, TypeVar
 
 #: Event kinds, in the order an acquisition can emit them.
 CONTENDED = "contended"  # the alias is taken; holder names the owner read (None if unread)
@@ -83,12 +79,13 @@ class Reporter:
     """Where one lock's news goes: its ``on_event`` hook and its logger.
 
     ``calls`` in events count the API calls of the operation so far (the alias's count since the
-    operation began).
+    operation began). ``alias`` is the lock's :class:`~.alias.LockAlias` and each ``op`` an
+    :class:`~.operation.Operation`; they are not imported here, so that every module may report.
     """
 
     def __init__(
         self,
-        alias: LockAlias,
+        alias: Any,
         logger: logging.Logger,
         on_event: Optional[EventHook] = None,
         clock: Callable[[], float] = time.monotonic,
@@ -98,13 +95,11 @@ class Reporter:
         self.on_event = on_event
         self._clock = clock
 
-    def calls_of(self, op: Operation) -> int:
+    def calls_of(self, op: Any) -> int:
         """The API calls ``op`` made so far."""
         return self.alias.calls - op.calls_at_start
 
-    def event(
-        self, kind: str, op: Operation, holder: Optional[str] = None, error: Optional[str] = None
-    ) -> None:
+    def event(self, kind: str, op: Any, holder: Optional[str] = None, error: Optional[str] = None) -> None:
         """Send one event about ``op`` to the hook (if any)."""
         if self.on_event is None:
             return
@@ -128,7 +123,7 @@ class Reporter:
     def error(
         self,
         error: _E,
-        op: Operation,
+        op: Any,
         kind: str = ERROR,
         level: int = logging.ERROR,
         holder: Optional[str] = None,

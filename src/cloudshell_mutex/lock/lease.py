@@ -14,29 +14,25 @@ writes only while the token is ours. Between that read and the write (one round 
 hands; the late write then lands on the successor's service, where it is recognisably foreign (above) and
 changes nothing but the heartbeat value, which the successor's own next beat overwrites.
 
-Breaking (:func:`break_stale`) is done by exactly one waiter at a time: it holds a breaker alias
+Breaking (:class:`Breaker`) is done by exactly one waiter at a time: it holds a breaker alias
 (``<alias>~break``, itself leased) while it re-reads the stale holder and removes it.
 """
 
 from __future__ import annotations
 
-import contextvars
-import logging
 import math
 import random
 import secrets
-import threading
-import time
 from dataclasses import dataclass
 from typing import Callable, Dict, Mapping, Optional, Tuple
 
 from . import protocol
 from .alias import CallResult, LockAlias, Status
+from .engine import Runtime
 from .holder import Holder, describe_owner, make_token, parse_token
-from .late_adds import LateAdds
-from .options import DEFAULT_LEASE, FRESH_READ_LAG, MIN_LEASE, default_logger
+from .options import DEFAULT_LEASE, FRESH_READ_LAG, MIN_LEASE
 
-__all__ = ["DEFAULT_LEASE", "MIN_LEASE", "Breaker", "Heartbeat", "StaleWatch", "break_stale", "lease_of"]
+__all__ = ["DEFAULT_LEASE", "MIN_LEASE", "Breaker", "StaleWatch", "lease_of"]
 
 # The default lease (options.DEFAULT_LEASE, 60 s): a holder heartbeats about every lease/3: 2 calls (a
 # fresh read and a write) per 20 s = 0.1 calls/s per held lock, a small fraction of one waiter's polling;
@@ -214,205 +210,6 @@ class StaleWatch:
         return (holder.token, beat) == self.key and own_heartbeat(holder) in ("", self.key[1])
 
 
-# ---------------------------------------------------------------- the holder's heartbeat
-
-
-@dataclass
-class BeatResult:
-    """What one heartbeat found: ``ok`` (written), ``lost`` (the alias is not ours), or a failure."""
-
-    ok: bool = False
-    lost: bool = False
-    holder: Optional[Holder] = None
-    error: Optional[str] = None
-
-
-class Heartbeat:
-    """Keeps one acquisition's lease alive: reads the holder (fresh), and while it is ours writes the next
-    heartbeat value. :meth:`beat` is one round; :meth:`start` runs rounds in a daemon thread about every
-    lease/3 (with jitter) until :meth:`stop`. ``confirmed_at`` is when the last successful write was *sent*
-    (monotonic): no waiter can judge the lease lapsed before confirmed_at + lease + margin.
-
-    ``renew_until`` (monotonic; None: never) is when renewal stops for good (the lock's ``max_hold``): from
-    then on no round writes, ``expired`` is True and ``on_expired`` is called once, unless a release is in
-    progress (its remove may land late, and the lease must outlive it).
-    """
-
-    def __init__(
-        self,
-        alias: LockAlias,
-        token: str,
-        lease: float,
-        confirmed_at: float,
-        *,
-        part: Optional[str] = None,
-        clock: Callable[[], float] = time.monotonic,
-        rng: Optional[random.Random] = None,
-        on_lost: Optional[Callable[[Optional[Holder]], None]] = None,
-        on_danger: Optional[Callable[[float], None]] = None,
-        logger: Optional[logging.Logger] = None,
-        renew_until: Optional[float] = None,
-        on_expired: Optional[Callable[[], None]] = None,
-    ) -> None:
-        self.alias = alias
-        self.token = token
-        self.nonce = nonce_of(token) or token
-        self.part = part or new_part()
-        self.lease = lease
-        self.confirmed_at = confirmed_at
-        #: When the lock was last known to be ours (made now, once it is; then each read that shows our
-        #: token, by its sent time). A fresh read may lag (FRESH_READ_LAG) and show the past: one that does
-        #: not show our token proves a loss only when sent that long after this.
-        self.seen_at = clock()
-        self.count = 0
-        self.beats = 0  # rounds made (each a read, and a write while ours)
-        self.lost = False
-        self.lost_to: Optional[Holder] = None
-        self.in_danger = False
-        #: Set by a release in progress: the alias going away is then most likely our own remove landing,
-        #: and the release itself reports what it finds, so neither a loss nor danger is signalled here.
-        self.releasing = False
-        self.renew_until = renew_until
-        #: True once renewal stopped at ``renew_until``: waiters may break the lock lease + margin after the
-        #: last write.
-        self.expired = False
-        self._on_expired = on_expired
-        self._clock = clock
-        self._rng = rng or random.Random()
-        self._on_lost = on_lost
-        self._on_danger = on_danger
-        self.logger = default_logger(logger)
-        self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
-        self._lock = threading.Lock()
-
-    def value(self) -> str:
-        """The heartbeat value to write next."""
-        return heartbeat_value(self.nonce, self.part, self.count)
-
-    def beat(self) -> BeatResult:
-        """One round: read the holder; write the next value only while the token is ours."""
-        with self._lock:
-            if self.lost:
-                return BeatResult(lost=True, holder=self.lost_to)
-            if self.expired or self._until_expiry() <= 0:
-                self._expire()
-                return BeatResult(error="held for max_hold: the lease is no longer renewed")
-            self.beats += 1
-            read = self.alias.read()
-            if not read.ok:
-                return self._failed(read.failure.message if read.failure else "read failed")
-            if read.holder is None or read.holder.token != self.token:
-                if read.sent_at - FRESH_READ_LAG < self.seen_at:
-                    # It may show the lock as it was before it was ours (a lagging read, found when a reader
-                    # that had just joined a read group was told its lock was lost): the next beat asks again.
-                    return self._failed("a read that may lag behind the lock did not show it")
-                self._mark_lost(read.holder)
-                return BeatResult(lost=True, holder=read.holder)
-            self.seen_at = max(self.seen_at, read.sent_at)
-            self.count += 1
-            write = self.alias.set_attributes([(protocol.ATTR_HEARTBEAT, self.value())])
-            if write.ok:
-                # Sent after the read showed our token: no waiter saw this value before write.sent_at.
-                self.confirmed_at = write.sent_at
-                self.in_danger = False
-                return BeatResult(ok=True, holder=read.holder)
-            if write.status is Status.MISSING:
-                self._mark_lost(None)
-                return BeatResult(lost=True)
-            return self._failed(write.failure.message if write.failure else "write failed")
-
-    def _failed(self, message: str) -> BeatResult:
-        silent = self._clock() - self.confirmed_at
-        self.logger.warning(
-            "cloudshell-mutex: heartbeat of %r in reservation %s failed (%s); %s",
-            self.alias.alias,
-            self.alias.reservation_id,
-            message,
-            "none of ours confirmed yet" if math.isinf(silent) else f"last confirmed {silent:.1f} s ago",
-        )
-        if silent >= danger_after(self.lease) and not self.in_danger and not self.releasing:
-            self.in_danger = True
-            _call(self._on_danger, silent, self.logger)
-        return BeatResult(error=message)
-
-    def _mark_lost(self, holder: Optional[Holder]) -> None:
-        self.lost = True
-        self.lost_to = holder
-        self._stop.set()
-        if not self.releasing:
-            _call(self._on_lost, holder, self.logger)
-
-    def _until_expiry(self) -> float:
-        """Seconds until renewal stops (MAX_BEAT_INTERVAL when it never does, or while releasing)."""
-        if self.renew_until is None or self.releasing:
-            return MAX_BEAT_INTERVAL
-        return max(0.0, self.renew_until - self._clock())
-
-    def _expire(self) -> None:
-        if self.expired:
-            return
-        self.expired = True
-        self._stop.set()
-        if self._on_expired is not None:
-            try:
-                self._on_expired()
-            except Exception:  # user code (on_lost) must not break the heartbeat's caller
-                self.logger.exception("cloudshell-mutex: lease callback failed")
-
-    def lapsed(self, now: float) -> bool:
-        """True when no heartbeat was confirmed for a whole lease: a waiter may be about to break it."""
-        return now - self.confirmed_at >= self.lease
-
-    def start(self, first_delay: Optional[float] = None) -> None:
-        """Beat in a daemon thread until :meth:`stop` (real time). ``first_delay``: seconds to the first
-        beat (default: one interval), so a holder that took over a running lease keeps its schedule."""
-        if self._thread is not None:
-            return
-        # The thread runs in a copy of the context of the code that took the lock: cloudshell-logging 2.x
-        # routes records by context variables; a record from a thread without them lands in missed_logs.log.
-        context = contextvars.copy_context()
-        self._thread = threading.Thread(
-            target=context.run,
-            args=(self._run, first_delay),
-            name="cloudshell-mutex-heartbeat",
-            daemon=True,
-        )
-        self._thread.start()
-
-    def stop(self, wait: float = 5.0) -> None:
-        """Stop beating; waits (up to ``wait`` s) for a round in progress to end. Never longer: a call that
-        hangs must not hold up a release, and a write of that round landing later is harmless (it lands
-        on a removed alias, or on a successor's service, where its foreign nonce is ignored). Safe to call
-        from the heartbeat thread itself (an ``on_lost`` callback that releases)."""
-        self._stop.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(wait)
-
-    def _run(self, first_delay: Optional[float] = None) -> None:
-        delay = beat_interval(self.lease, self._rng) if first_delay is None else max(0.0, first_delay)
-        # Wake at max_hold too: the round then stops renewal (and tells the holder) on time.
-        while not self._stop.wait(min(delay, self._until_expiry())):
-            delay = beat_interval(self.lease, self._rng)
-            try:
-                self.beat()
-            except Exception:  # never let the heartbeat die silently
-                self.logger.exception("cloudshell-mutex: heartbeat failed")
-
-
-def _call(callback: Optional[Callable[..., None]], argument: object, logger: logging.Logger) -> None:
-    if callback is None:
-        return
-    try:
-        callback(argument)
-    except Exception:  # user code must not stop the heartbeat
-        logger.exception("cloudshell-mutex: lease callback failed")
-
-
-# ---------------------------------------------------------------- breaking a stale lock
-
-
 @dataclass
 class BreakResult:
     """What one attempt to break a stale holder came to.
@@ -432,9 +229,9 @@ def breaker_lease(lease_option: float) -> float:
 
 class Breaker:
     """One waiter's breaker of stale holders, for every lock kind: a mutex's holder, a read group's reader
-    slots and writer, a queue's tickets. Each break is :func:`break_stale` (one breaker at a time per alias,
-    on the record); this object keeps the breaker alias of each alias it broke (made by ``make_alias``) and
-    its judgement of other waiters' breakers there."""
+    slots and writer, a queue's tickets. It keeps the breaker alias of each alias it broke (made by
+    ``make_alias``) and its judgement of other waiters' breakers there; ``label`` names it in the tokens of
+    its breaker services, leased ``lease_seconds`` (:func:`breaker_lease`)."""
 
     def __init__(
         self,
@@ -442,17 +239,13 @@ class Breaker:
         label: str,
         lease_seconds: float,
         request_lifetime: float,
-        late_adds: LateAdds,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
+        runtime: Runtime,
     ) -> None:
         self.label = label
         self.lease_seconds = lease_seconds
         self.request_lifetime = request_lifetime
+        self.runtime = runtime
         self._make_alias = make_alias
-        self._late_adds = late_adds
-        self._clock = clock
-        self._sleep = sleep
         self._breakers: Dict[str, LockAlias] = {}
         self._watches: Dict[str, StaleWatch] = {}
 
@@ -462,75 +255,57 @@ class Breaker:
         return sum(breaker.calls for breaker in self._breakers.values())
 
     def break_holder(self, lock: LockAlias, watch: StaleWatch) -> BreakResult:
-        """Break the holder of ``lock`` that ``watch`` judged stale (:func:`break_stale`). After a break,
-        ``watch`` has seen the lock free."""
-        alias = lock.alias
-        if alias not in self._breakers:
-            self._breakers[alias] = self._make_alias(protocol.breaker_alias(alias))
-        result = break_stale(
-            lock,
-            self._breakers[alias],
-            watch,
-            self._watches.setdefault(alias, StaleWatch()),
-            self.label,
-            self.lease_seconds,
-            self.request_lifetime,
-            self._late_adds,
-            self._clock,
-            self._sleep,
-        )
+        """Remove the holder of ``lock`` that ``watch`` judged stale, as the only breaker at work. After a
+        break, ``watch`` has seen the lock free.
+
+        1. Add the breaker alias (``Mutex Owner``: a new token of ``label``; leased). Busy: another breaker
+           is at work; its service is itself removed once this waiter has seen it unchanged for breaker
+           lease + margin (a crashed breaker), after a re-read shows it is still the same one.
+        2. Wait ``FRESH_READ_LAG``, then re-read the lock: the holder must still be the stale one (same
+           token, same heartbeat). The wait makes the read show any break done by the previous breaker (done
+           before it gave up its alias, so before this breaker's add): a read that lags could still show the
+           dead holder when the lock already is a successor's.
+        3. Remove it (sent once), but only within the breaker's own lease, measured from when its add was
+           sent: nobody can judge this breaker stale before then, so no second breaker acts meanwhile. A
+           remove without an answer is never sent again: the breaker keeps its alias alive (heartbeats) and
+           reads until the stale holder is gone or the remove can no longer land.
+        4. Remove the breaker alias (after a read shows it is still ours).
+
+        A breaker alias of ours that may be left behind (an add without an answer, a remove that failed, a
+        read that could not tell) goes to the late-add watcher, which removes it while it shows its token.
+        Each attempt has a token of its own, so the watcher never takes a later attempt's live breaker for
+        the leftover it watches.
+        """
+        if lock.alias not in self._breakers:
+            self._breakers[lock.alias] = self._make_alias(protocol.breaker_alias(lock.alias))
+        breaker = self._breakers[lock.alias]
+        breaker_watch = self._watches.setdefault(lock.alias, StaleWatch())
+        clock, lifetime, late_adds = self.runtime.clock, self.request_lifetime, self.runtime.late_adds
+        token = make_token(self.label)
+        add = breaker.add_owner(token, self.label, lease=self.lease_seconds)
+        if not add.ok:
+            # Even "busy" may be our own first copy, re-sent by the client after it had committed.
+            if add.may_land_later:
+                late_adds.watch(breaker, token, add.lands_by(lifetime), lifetime, add.unanswered_copies)
+            elif add.may_have_committed:
+                late_adds.watch(breaker, token, clock() + 2 * FRESH_READ_LAG, lifetime)
+            if add.status is Status.BUSY:
+                return _other_breaker(breaker, breaker_watch, clock)
+            return BreakResult(False, f"could not take the breaker ({_why(add)})")
+        try:
+            result = self._break_under(lock, breaker, watch, token, add)
+        finally:
+            _drop_breaker(breaker, add, token, lifetime, self.runtime)
         if result.broken:
-            watch.observe(None, self._clock())
+            watch.observe(None, clock())
         return result
 
-
-def break_stale(
-    lock: LockAlias,
-    breaker: LockAlias,
-    watch: StaleWatch,
-    breaker_watch: StaleWatch,
-    label: str,
-    breaker_lease: float,
-    request_lifetime: float,
-    late_adds: LateAdds,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-) -> BreakResult:
-    """Remove the holder ``watch`` judged stale, as the only breaker at work.
-
-    1. Add the breaker alias (``Mutex Owner``: a new token of ``label``; leased ``breaker_lease``). Busy:
-       another breaker is at work; its service is itself removed once this waiter has seen it unchanged for
-       breaker lease + margin (a crashed breaker), after a re-read shows it is still the same one.
-    2. Wait ``FRESH_READ_LAG``, then re-read the lock: the holder must still be the stale one (same token,
-       same heartbeat). The wait makes the read show any break done by the previous breaker (done before
-       it gave up its alias, so before this breaker's add): a read that lags could still show the dead
-       holder when the lock already is a successor's.
-    3. Remove it (sent once), but only within the breaker's own lease, measured from when its add was
-       sent: nobody can judge this breaker stale before then, so no second breaker acts meanwhile. A
-       remove without an answer is never sent again: the breaker keeps its alias alive (heartbeats) and
-       reads until the stale holder is gone or the remove can no longer land.
-    4. Remove the breaker alias (after a read shows it is still ours).
-
-    A breaker alias of ours that may be left behind (an add without an answer, a remove that failed, a read
-    that could not tell) goes to the late-add watcher ``late_adds``, which removes it while it shows its
-    token: forgotten, it stayed until another waiter judged it a crashed breaker, lease + margin later, and
-    held up the next break meanwhile (found by make stress). Each attempt has a token of its own, so the
-    watcher can never take a later attempt's live breaker for the leftover it watches.
-    """
-    token = make_token(label)
-    add = breaker.add_owner(token, label, lease=breaker_lease)
-    if not add.ok:
-        # Even "busy" may be our own first copy, re-sent by the client after it had committed.
-        if add.may_land_later:
-            lands_by = add.lands_by(request_lifetime)
-            late_adds.watch(breaker, token, lands_by, request_lifetime, add.unanswered_copies)
-        elif add.may_have_committed:
-            late_adds.watch(breaker, token, clock() + 2 * FRESH_READ_LAG, request_lifetime)
-        if add.status is Status.BUSY:
-            return _other_breaker(breaker, breaker_watch, clock)
-        return BreakResult(False, f"could not take the breaker ({_why(add)})")
-    try:
-        sleep(FRESH_READ_LAG)
+    def _break_under(
+        self, lock: LockAlias, breaker: LockAlias, watch: StaleWatch, token: str, add: CallResult
+    ) -> BreakResult:
+        """Steps 2 and 3 of :meth:`break_holder`, with the breaker alias held."""
+        clock = self.runtime.clock
+        self.runtime.sleep(FRESH_READ_LAG)
         read = lock.read()
         if not read.ok:
             return BreakResult(False, f"could not re-read the holder ({_why(read)})")
@@ -541,7 +316,7 @@ def break_stale(
             company = _group_company(lock.alias, breaker.alias, token, read.services, watch, clock())
             if company is not None:
                 return BreakResult(False, company)
-        if clock() - add.sent_at >= breaker_lease:
+        if clock() - add.sent_at >= self.lease_seconds:
             return BreakResult(False, "breaking took longer than the breaker's lease")
         removed = lock.remove_once()
         if removed.ok:
@@ -550,9 +325,8 @@ def break_stale(
             return BreakResult(False, "the holder went away by itself")
         if not (removed.may_land_later or removed.may_have_committed):
             return BreakResult(False, f"the remove failed ({_why(removed)})")
-        return _await_remove(lock, breaker, watch, token, removed.sent_at + request_lifetime, clock, sleep)
-    finally:
-        _drop_breaker(breaker, add, token, request_lifetime, late_adds, clock)
+        lands_by = removed.sent_at + self.request_lifetime
+        return _await_remove(lock, breaker, watch, token, lands_by, clock, self.runtime.sleep)
 
 
 def _drop_breaker(
@@ -560,8 +334,7 @@ def _drop_breaker(
     add: CallResult,
     token: str,
     request_lifetime: float,
-    late_adds: LateAdds,
-    clock: Callable[[], float],
+    runtime: Runtime,
 ) -> None:
     """Remove our breaker alias (sent once, after a read shows it is still ours). What cannot be settled
     here goes to the watcher: the alias when the read or the remove failed, or when the read may lag behind
@@ -577,9 +350,11 @@ def _drop_breaker(
         unsettled = not (removed.ok or removed.status is Status.MISSING)
         if removed.may_land_later:
             removing_until = removed.lands_by(request_lifetime)
-    lifetime = request_lifetime
+    lifetime, late_adds = request_lifetime, runtime.late_adds
     if unsettled:  # committed: one read that does not lag settles it (after our remove, if one may land)
-        late_adds.watch(breaker, token, clock() + 2 * FRESH_READ_LAG, lifetime, removing_until=removing_until)
+        late_adds.watch(
+            breaker, token, runtime.clock() + 2 * FRESH_READ_LAG, lifetime, removing_until=removing_until
+        )
     if add.may_land_later:
         late_adds.watch(breaker, token, add.lands_by(lifetime), lifetime, add.unanswered_copies)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from typing import Optional
 
+from .engine import Deadline
 from .holder import Holder
 from .pacing import PacingPolicy
 
@@ -26,11 +27,12 @@ class Operation:
     """
 
     def __init__(
-        self, token: str, start: float, deadline: Optional[float] = None, calls_at_start: int = 0
+        self, token: str, start: float, deadline: Optional[Deadline] = None, calls_at_start: int = 0
     ) -> None:
         self.token = token
         self.start = start
-        self.deadline = deadline
+        #: When the operation's waits end (a blocking acquire's; never for a release or a read).
+        self.deadline = deadline if deadline is not None else Deadline(None)
         self.calls_at_start = calls_at_start
         self.adds = 0
         self.contentions = 0

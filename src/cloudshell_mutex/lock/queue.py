@@ -31,50 +31,35 @@ corrupt, stale, missing or foreign queue costs speed, never safety, and code of 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
-import random
-import threading
-import time
-import weakref
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from cloudshell.api.cloudshell_api import AttributeNameValue
 
 from . import lease, protocol
 from .alias import CallResult, LockAlias, Status
-from .holder import Holder
-from .late_adds import LateAdds
-from .lease import parse_ticket, ticket_holder, ticket_value
+from .engine import Runtime, acquire_loop
+from .lease import ticket_value
 from .options import FRESH_READ_LAG, default_logger
-from .pacing import clip
 from .protocol import ticket_alias, ticket_number
+from .tickets import (
+    HEAD_MIN,
+    LOCK_BUDGET,
+    MAX_INTERVAL,
+    MIN_INTERVAL,
+    TICKET_LEASE,
+    QueueView,
+    TicketAlias,
+    head_interval,
+    memory_for,
+    queue_view,
+    wait_interval,
+)
 
-#: A ticket's lease (seconds): its waiter rewrites the heartbeat every lease/3 while it waits. Long,
-#: because at N=32 every waiter's heartbeat is a write on the shared server (32 x 3/120 = 0.8 calls/s);
-#: a crashed waiter's ticket is removed lease + margin (150 s) after it stopped.
-TICKET_LEASE = 120.0
-#: The whole lock's call budget (calls/s on the server, all waiters together) that the queue aims for.
-LOCK_BUDGET = 5.0
-#: Calls one contended acquisition costs whatever the polling: the add that found the lock busy, a read,
-#: the ticket's add, the granted add, the ticket's remove, the release's read and remove.
-ACQUISITION_CALLS = 7
-#: The waiters behind the next in line share at least this many calls/s (the budget's spare, when the
-#: acquisitions alone do not exceed it).
-MIN_WAIT_RATE = 0.5
-#: The head polls the lock's add every period/4, within these bounds (seconds).
-HEAD_MIN, HEAD_MAX = 0.1, 1.0
-#: A waiter that is not the head reads the reservation at most this often, and at least this rarely.
-MIN_INTERVAL, MAX_INTERVAL = 0.25, 30.0
-#: The period (seconds from one grant to the next) assumed before a waiter has seen the queue move.
-DEFAULT_PERIOD = 1.0
 #: A waiter that saw the lock free at two reads this far apart, with the same head both times, adds
 #: anyway: the head is gone or stuck, and the queue must not stall the lock (it is only advisory).
 FALLBACK_AFTER = 3.0
-#: How long this process remembers that others were queued at its last read of a lock.
-MEMORY_SECONDS = 60.0
 #: Ticket numbers tried after the first one said "already exists", before reading again.
 JOIN_TRIES = 4
 #: The head times its polls by the holders' observed tenure (False: it polls every head_interval).
@@ -85,237 +70,6 @@ HINT_LEAD = 0.2
 RECENT = 1.0
 #: Jitter of every interval (a fraction), so that waiters do not poll in lock-step.
 JITTER = 0.2
-
-
-class TicketAlias(LockAlias):
-    """One ticket alias: a :class:`LockAlias` whose reads show the ticket's token as the holder's, so the
-    late-add watcher and the stale-lock breaker work on tickets as they do on the lock."""
-
-    def read(self, *, paced: bool = False, deadline: Optional[float] = None) -> CallResult:
-        """One fresh read; the holder of the ticket alias as :func:`ticket_holder` makes it."""
-        result = super().read(paced=paced, deadline=deadline)
-        if result.holder is None:
-            return result
-        return dataclasses.replace(result, holder=ticket_holder(result.holder))
-
-
-# ---------------------------------------------------------------- what one read shows
-
-
-@dataclass(frozen=True)
-class Ticket:
-    """One ticket in a read: its number, its alias and its holder (as :func:`ticket_holder` makes it)."""
-
-    number: int
-    alias: str
-    holder: Holder
-
-    @property
-    def token(self) -> str:
-        """The token of the acquisition that queued with it."""
-        return self.holder.token
-
-
-@dataclass(frozen=True)
-class QueueView:
-    """The lock and its queue in one fresh read.
-
-    ``tickets`` are the parseable tickets in queue order, without the one of the lock's holder (an
-    acquisition removes its ticket right after its grant; until that remove lands, the ticket is not a
-    waiter). ``highest`` is the highest ticket number of any value, foreign ones too (-1: none).
-    """
-
-    holder: Optional[Holder]
-    tickets: Tuple[Ticket, ...]
-    highest: int
-    at: float
-
-    def position(self, token: str) -> Optional[int]:
-        """1 for the head, 2 for the next, ...; None when ``token`` has no ticket here."""
-        for index, ticket in enumerate(self.tickets, 1):
-            if ticket.token == token:
-                return index
-        return None
-
-    def mine(self, token: str) -> List[Ticket]:
-        """The tickets of ``token`` (normally one; a late add of ours may make two)."""
-        return [t for t in self.tickets if t.token == token]
-
-    def others(self, token: Optional[str]) -> int:
-        """How many tickets belong to other acquisitions."""
-        return sum(1 for t in self.tickets if t.token != token)
-
-
-def queue_view(services: Mapping[str, Holder], alias: str, at: float) -> QueueView:
-    """The queue of the lock ``alias`` in a read's services."""
-    holder = services.get(alias)
-    tickets = []
-    highest = -1
-    for name, service in services.items():
-        number = ticket_number(name, alias)
-        if number is None:
-            continue
-        highest = max(highest, number)
-        ticket = Ticket(number, name, ticket_holder(service))
-        if parse_ticket(service.token) is None:
-            continue  # foreign or corrupt: not a waiter, only a number taken
-        if holder is not None and ticket.token == holder.token:
-            continue  # the holder's own ticket, not removed yet
-        tickets.append(ticket)
-    tickets.sort(key=lambda t: t.number)
-    return QueueView(holder, tuple(tickets), highest, at)
-
-
-# ---------------------------------------------------------------- the budget
-
-
-def harmonic(count: int) -> float:
-    """1 + 1/2 + ... + 1/count (0 for count < 1)."""
-    return sum(1.0 / i for i in range(1, count + 1))
-
-
-def head_interval(period: float) -> float:
-    """Seconds between the head's adds: a quarter of the period between grants, within the bounds."""
-    return min(HEAD_MAX, max(HEAD_MIN, period / 4))
-
-
-def wait_rate(waiters: int, period: float, budget: float = LOCK_BUDGET) -> float:
-    """Calls/s left to the waiters behind the next in line: the lock's budget minus the head's polling,
-    the acquisitions themselves and the tickets' heartbeats (at least :data:`MIN_WAIT_RATE`)."""
-    spent = 1.0 / head_interval(period) + ACQUISITION_CALLS / period + waiters * 3.0 / TICKET_LEASE
-    return max(MIN_WAIT_RATE, budget - spent)
-
-
-def wait_interval(position: int, waiters: int, period: float, budget: float = LOCK_BUDGET) -> float:
-    """Seconds between two reads of the waiter at ``position`` (2 = next after the head) of ``waiters``.
-
-    * The next in line reads every period/3: it becomes the head when the head is granted, and must learn
-      it before the lock is free again.
-    * The waiter at position p > 2 reads every (p - 2) x c, with c chosen so that all of them together
-      make :func:`wait_rate` calls/s (the sum of 1/((p - 2) c) is harmonic(waiters - 2) / c), but c is
-      never more than one period: a waiter must not sleep through its own turn, or the lock stands free.
-      When the budget asks for more than a period (holds short against the queue's length), the budget
-      yields: the lock cannot be both within it and moving (docs/protocol.md has the figures).
-    * Nobody reads more often than its turn can come: (p - 1) periods away, so every (p - 1) x period/2.
-    """
-    if position <= 2:
-        return min(MAX_INTERVAL, max(MIN_INTERVAL, period / 3))
-    spacing = min(period, harmonic(waiters - 2) / wait_rate(waiters, period, budget))
-    interval = max((position - 2) * spacing, (position - 1) * period / 2)
-    return min(MAX_INTERVAL, max(MIN_INTERVAL, interval))
-
-
-def queue_calls_per_second(waiters: int, period: float, budget: float = LOCK_BUDGET) -> float:
-    """The calls/s a queue of ``waiters`` makes while it waits (polling, reads, heartbeats; not the
-    acquisitions themselves): what :func:`wait_interval` and :func:`head_interval` add up to."""
-    if waiters < 1:
-        return 0.0
-    total = 1.0 / head_interval(period) + waiters * 3.0 / TICKET_LEASE
-    for position in range(2, waiters + 1):
-        total += 1.0 / wait_interval(position, waiters, period, budget)
-    return total
-
-
-# ---------------------------------------------------------------- what this process remembers
-
-
-@dataclass
-class LockMemory:
-    """What this process learned about one lock from its reads: whether others were queued at the last
-    read, and the period between grants (estimated from how fast the head's ticket number advances)."""
-
-    others: int = 0
-    seen_at: float = -math.inf
-    period: float = DEFAULT_PERIOD
-    lowest: Optional[int] = None
-    lowest_at: float = -math.inf
-    #: The last read's view, taken (and forgotten) by the next waiter that joins.
-    view: Optional[QueueView] = None
-    #: The lock's holder at the last read, and when it was granted: after ``holder_lo`` (the read before,
-    #: which showed another holder or none) and by ``holder_hi`` (the read that showed it first).
-    holder: Optional[str] = None
-    holder_lo: float = -math.inf
-    holder_hi: float = -math.inf
-    #: How long holders hold the lock (seconds; None: not seen yet), from holders seen to come and go
-    #: between reads close enough together to tell: the head times its polls by it.
-    tenure: Optional[float] = None
-    #: This process's stale judgement of each ticket it sees (lease.py's rules, on its own clock).
-    watches: Dict[str, lease.StaleWatch] = dataclasses.field(default_factory=dict)
-
-    def crowded(self, now: float) -> bool:
-        """True when others were queued at this process's last read, not long ago."""
-        return self.others > 0 and now - self.seen_at < MEMORY_SECONDS
-
-    def update(self, view: QueueView, token: Optional[str]) -> None:
-        """Take in a read: who waits, and how far the head moved since the last read."""
-        self._observe_holder(view)
-        self._observe_tickets(view)
-        self.others = view.others(token)
-        self.seen_at = view.at
-        self.view = view
-        if not view.tickets:
-            self.lowest = None
-            return
-        lowest = view.tickets[0].number
-        if self.lowest is not None and lowest > self.lowest and view.at > self.lowest_at:
-            sample = (view.at - self.lowest_at) / (lowest - self.lowest)
-            self.period = min(600.0, max(0.05, 0.7 * self.period + 0.3 * sample))
-        if self.lowest is None or lowest != self.lowest:
-            self.lowest, self.lowest_at = lowest, view.at
-
-    def _observe_holder(self, view: QueueView) -> None:
-        token = view.holder.token if view.holder is not None else None
-        if token == self.holder:
-            return
-        if self.holder is not None:
-            # The previous holder released between the last read and this one: a tenure sample when both
-            # its start and its end are known to within a third of it.
-            start, end = (self.holder_lo + self.holder_hi) / 2, (self.seen_at + view.at) / 2
-            sample = end - start
-            known = max(self.holder_hi - self.holder_lo, view.at - self.seen_at)
-            if math.isfinite(sample) and sample > 0 and known <= sample / 2:
-                self.tenure = sample if self.tenure is None else 0.7 * self.tenure + 0.3 * sample
-        self.holder, self.holder_lo, self.holder_hi = token, self.seen_at, view.at
-
-    def _observe_tickets(self, view: QueueView) -> None:
-        seen = {t.alias for t in view.tickets}
-        for alias in [a for a in self.watches if a not in seen]:
-            del self.watches[alias]  # gone (or the holder's): a ticket that comes back is judged afresh
-        for ticket in view.tickets:
-            self.watches.setdefault(ticket.alias, lease.StaleWatch()).observe(ticket.holder, view.at)
-
-    def stale(self, alias: str, now: float) -> bool:
-        """True when this process has seen the ticket ``alias`` unchanged for its lease + margin."""
-        watch = self.watches.get(alias)
-        return watch is not None and watch.stale(now)
-
-    def hold_estimate(self) -> float:
-        """How long a holder holds: the tenure seen, else the period between grants (a queue that does
-        not run dry hands the lock on about once a period)."""
-        return self.tenure if self.tenure is not None else self.period
-
-    def expected_release(self) -> Optional[float]:
-        """When the holder seen last is expected to release (monotonic), or None when unknown."""
-        if self.holder is None or not math.isfinite(self.holder_lo):
-            return None
-        return (self.holder_lo + self.holder_hi) / 2 + self.hold_estimate()
-
-
-_memories: weakref.WeakKeyDictionary[Any, Dict[Tuple[str, str], LockMemory]] = weakref.WeakKeyDictionary()
-_memories_lock = threading.Lock()
-
-
-def memory_for(api: Any, reservation_id: str, alias: str) -> LockMemory:
-    """This process's memory of one lock (per API session, reservation and alias)."""
-    with _memories_lock:
-        try:
-            locks = _memories.setdefault(api, {})
-        except TypeError:  # not weak-referenceable: nothing is remembered across lock objects
-            return LockMemory()
-        return locks.setdefault((reservation_id, alias), LockMemory())
-
-
-# ---------------------------------------------------------------- one waiter's place
 
 
 def _nothing() -> None:
@@ -336,11 +90,8 @@ class FairQueue:
         *,
         label: str,
         request_lifetime: float,
-        late_adds: LateAdds,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
+        runtime: Runtime,
         wait: Optional[Callable[[Any, float], None]] = None,
-        rng: Optional[random.Random] = None,
         logger: Optional[logging.Logger] = None,
         budget: float = LOCK_BUDGET,
         ticket_lease: float = TICKET_LEASE,
@@ -352,24 +103,15 @@ class FairQueue:
         self.request_lifetime = request_lifetime
         self.memory = memory_for(lock.api, lock.reservation_id, lock.alias)
         self.logger = default_logger(logger)
-        self._late_adds = late_adds
-        self._clock = clock
-        self._sleep = sleep
+        self.runtime = runtime
+        self._clock = runtime.clock
+        self._rng = runtime.rng
         # The pause in line, ``wait(op, seconds)``: the mutex's, which its caller can cancel (a break's own
-        # waits use ``sleep``: a break is never left half done).
-        self._wait = wait or (lambda op, seconds: sleep(seconds))
-        self._rng = rng or random.Random()
+        # waits use the runtime's sleep: a break is never left half done).
+        self._wait = wait or (lambda op, seconds: runtime.sleep(seconds))
         self._aliases: Dict[int, TicketAlias] = {}
         # Tickets ahead whose waiter died are broken as a waiting mutex breaks a stale holder.
-        self._breaker = lease.Breaker(
-            lock.sibling,
-            label,
-            ticket_lease,
-            request_lifetime,
-            late_adds,
-            clock,
-            sleep,
-        )
+        self._breaker = lease.Breaker(lock.sibling, label, ticket_lease, request_lifetime, runtime)
         #: The model refused a ticket (no ``Mutex Owner``): this object waits the default way from now on.
         self.off = False
         self._reset()
@@ -449,6 +191,7 @@ class FairQueue:
         """The acquire ended (the lock granted, a timeout, an error, Ctrl-C): remove our ticket, and hand
         every ticket add of ours without an answer to the late-add watcher. Never raises."""
         ticket, unsettled, dropped, token = self.ticket, self._unsettled, self._dropped, self.token
+        late_adds = self.runtime.late_adds
         self._reset()
         if token is None:
             return
@@ -458,55 +201,58 @@ class FairQueue:
                 if not (removed.ok or removed.status is Status.MISSING):
                     # It may be there still: the watcher reads it and removes it while it shows our token.
                     lands_by = self._clock() + self.request_lifetime
-                    self._late_adds.watch(ticket, token, lands_by, self.request_lifetime)
+                    late_adds.watch(ticket, token, lands_by, self.request_lifetime)
             for alias in dropped:
                 # Committed long ago: one read that does not lag settles it (removed if it shows our token).
-                self._late_adds.watch(alias, token, self._clock() + FRESH_READ_LAG, self.request_lifetime)
+                late_adds.watch(alias, token, self._clock() + FRESH_READ_LAG, self.request_lifetime)
             for alias, lands_by, copies in unsettled:
                 # A copy may land after our remove, even of the ticket we had: the watcher settles it.
-                self._late_adds.watch(alias, token, lands_by, self.request_lifetime, copies)
+                late_adds.watch(alias, token, lands_by, self.request_lifetime, copies)
         except Exception:  # a ticket left behind costs speed (others break it later), never safety
             self.logger.debug("cloudshell-mutex: could not remove the queue ticket", exc_info=True)
 
     # ---------------------------------------------------------------- waiting in line
 
     def _wait_turn(self, op: Any, first: bool, default: float = 0.0) -> float:
-        """Read, join, and read again now and then, until this waiter is the head (0: add now)."""
-        while True:
-            now = self._clock()
-            if op.deadline is not None and now >= op.deadline:
-                return 0.0  # the mutex's loop gives up (or, for the first add, tries once)
-            view = self._recent_view(now) if self.ticket is None else None
-            view = view or self._look(op)
-            if view is None:
-                return default  # the lock's own loop deals with a failing server
-            if first and not view.tickets and view.holder is None:
-                return 0.0  # nobody waits and the lock is free: no ticket needed
-            first = False
-            if view.mine(op.token):
-                position = view.position(op.token) or 1
-            else:
-                if not self._join(op, view):
-                    return default
-                if self.ticket is None:
-                    # Not granted yet (an add without an answer, or numbers taken): the next read tells.
-                    self._wait(op, clip(MIN_INTERVAL, self._clock(), op.deadline))
-                    continue
-                mine = ticket_number(self.ticket.alias, self.lock.alias)
-                if mine != view.highest + 1:
-                    continue  # numbers were taken since that read: read who is ahead of us
-                position = 1 + len(view.tickets)
-            if position == 1:
-                self.head = True
-                return 0.0
-            if self._head_seems_gone(view):
-                return 0.0
-            self._judge_ahead(op, view, position)
-            self._beat(op, view)
-            self._waiting()
-            waiters = len(view.tickets)
-            interval = self._jitter(wait_interval(position, waiters, self.memory.period, self.budget))
-            self._wait(op, clip(self._hinted_wait(position, interval), self._clock(), op.deadline))
+        """Read, join, and read again now and then, until this waiter is the head (0: add now), on the
+        engine's loop and the acquisition's deadline."""
+        turn = _Turn(self, op, first, default)
+        acquire_loop(turn, op.deadline, lambda seconds: self._wait(op, seconds))
+        return turn.delay
+
+    def take_turn(self, op: Any, first: bool, default: float) -> Tuple[bool, float]:
+        """One try of :meth:`_wait_turn`: (True, the delay before the next add) once the wait in line is
+        over, else (False, the seconds until the next look)."""
+        if op.deadline.passed():
+            return True, 0.0  # the mutex's loop gives up (or, for the first add, tries once)
+        view = self._recent_view(self._clock()) if self.ticket is None else None
+        view = view or self._look(op)
+        if view is None:
+            return True, default  # the lock's own loop deals with a failing server
+        if first and not view.tickets and view.holder is None:
+            return True, 0.0  # nobody waits and the lock is free: no ticket needed
+        if view.mine(op.token):
+            position = view.position(op.token) or 1
+        else:
+            if not self._join(op, view):
+                return True, default
+            if self.ticket is None:
+                return False, MIN_INTERVAL  # not granted yet (an add without an answer, or numbers taken)
+            mine = ticket_number(self.ticket.alias, self.lock.alias)
+            if mine != view.highest + 1:
+                return False, 0.0  # numbers were taken since that read: read who is ahead of us
+            position = 1 + len(view.tickets)
+        if position == 1:
+            self.head = True
+            return True, 0.0
+        if self._head_seems_gone(view):
+            return True, 0.0
+        self._judge_ahead(op, view, position)
+        self._beat(op, view)
+        self._waiting()
+        waiters = len(view.tickets)
+        interval = self._jitter(wait_interval(position, waiters, self.memory.period, self.budget))
+        return False, self._hinted_wait(position, interval)
 
     def _recent_view(self, now: float) -> Optional[QueueView]:
         """A read of this process made a moment ago (the mutex's after a busy add, or the release's of the
@@ -527,7 +273,7 @@ class FairQueue:
 
     def _look(self, op: Any) -> Optional[QueueView]:
         """One fresh read of the reservation: the lock and its queue (None when the read failed)."""
-        result = self.lock.read(paced=op.polling, deadline=op.deadline)
+        result = self.lock.read(paced=op.polling, deadline=op.deadline.at)
         view = self.saw(result, op.token)
         if view is None:
             return None
@@ -555,7 +301,7 @@ class FairQueue:
         for tries in range(JOIN_TRIES):
             alias = self._alias(number)
             result = alias.try_add(
-                [AttributeNameValue(protocol.ATTR_OWNER, value)], paced=op.polling, deadline=op.deadline
+                [AttributeNameValue(protocol.ATTR_OWNER, value)], paced=op.polling, deadline=op.deadline.at
             )
             if result.may_land_later or result.may_have_committed:
                 lands_by = result.lands_by(self.request_lifetime)
@@ -638,3 +384,28 @@ class FairQueue:
 
     def _jitter(self, seconds: float) -> float:
         return seconds * self._rng.uniform(1 - JITTER, 1 + JITTER)
+
+
+class _Turn:
+    """:meth:`FairQueue._wait_turn` as the engine's attempt: one try is one look at the queue."""
+
+    def __init__(self, queue: FairQueue, op: Any, first: bool, default: float) -> None:
+        self.queue, self.op, self.first, self.default = queue, op, first, default
+        self.delay = 0.0
+
+    def try_once(self) -> Optional[float]:
+        """One look (and join or beat); None once this waiter's turn has come."""
+        done, seconds = self.queue.take_turn(self.op, self.first, self.default)
+        self.first = False
+        if done:
+            self.delay = seconds
+            return None
+        return seconds
+
+    def waiting(self) -> None:
+        """Nothing: the queue writes the lock's progress itself, once per look in line."""
+
+    def give_up(self) -> bool:
+        """The deadline came while in line: the mutex's loop gives up (or tries once)."""
+        self.delay = 0.0
+        return True

@@ -28,15 +28,14 @@ from typing import Any, Callable, Dict, List, Optional
 
 from . import diagnosis, lease, protocol
 from .alias import LockAlias, Status
+from .engine import Deadline, Runtime, acquire_loop
 from .errors import MutexError, MutexLostError, MutexReleaseError, MutexTimeout, MutexUsageError
-from .handle import HandleInfo, make_handle
-from .holder import Holder, is_read_group, make_token
+from .holder import Holder, is_read_group
 from .late_adds import LateAdds, late_adds_for
 from .lease import StaleWatch
 from .mutex import ReservationMutex
-from .operation import Operation
 from .options import FRESH_READ_LAG, UNSET, MutexOptions, check_duration, default_logger
-from .pacing import CancelledWait, DefaultPacing, PacingPolicy, cancellation_check, clip, pause
+from .pacing import CancelledWait, DefaultPacing, PacingPolicy, cancellation_check, pause
 
 __all__ = ["DEFAULT_MAX_READERS", "ReadLock", "ReservationRWLock", "WriteLock"]
 
@@ -92,23 +91,15 @@ class _GroupMutex(ReservationMutex):
     :data:`~.protocol.READ_GROUP_MARK`, and whose adds that may land late are never removed blindly
     (:class:`_GroupAdds`)."""
 
+    _token_mark = protocol.READ_GROUP_MARK
+    # After an interrupt inside acquire(): never remove the add, even when a read shows it (a plain mutex
+    # does): a reader may have joined the group in that instant. The opener's slot is given back and the
+    # group closed through MUTEX~c, which removes it only without readers.
+    _removes_abandoned_add = False
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["late_adds"] = _GroupAdds(default_logger(kwargs.get("logger")))
         super().__init__(*args, **kwargs)
-
-    def _new_token(self) -> str:
-        return protocol.READ_GROUP_MARK + make_token(self.owner)
-
-    def _abandon(self, op: Operation) -> None:
-        """After an interrupt inside acquire(): never remove the add, even when a read shows it (a plain
-        mutex does): a reader may have joined the group in that instant. The opener's slot is given back
-        and the group closed through ``MUTEX~c`` (ReadLock._enter), which removes it only without readers;
-        an add that may still land goes to :class:`_GroupAdds`."""
-        if op.adds == 0:
-            return
-        if op.awaiting_add:  # interrupted before the add answered: it may land any time now
-            op.add_in_flight(self._clock() + self.options.request_lifetime)
-        self._watch_late_add(op)
 
 
 class ReservationRWLock:
@@ -153,54 +144,37 @@ class ReservationRWLock:
         self.logger = default_logger(logger)
         self.owner = "cloudshell-mutex" if owner is None else str(owner)
         self.max_readers = max_readers
-        self.pacing: PacingPolicy = self.options.pacing or DefaultPacing()
-        self._clock = clock
-        self._sleep = sleep
-        self._cancelled = cancellation_check(self.options.cancellation)  # asked while a reader waits
-        self._rng = rng if rng is not None else random.Random()
         # Watches the breaker adds of this lock's breaks (each alias's mutex has its own for its adds).
-        self._late_adds = late_adds if late_adds is not None else late_adds_for(clock, self.logger)
-        # The snapshot reader: checks the reservation id and the name (no call is made here).
-        self._lock_alias = LockAlias(
-            api,
-            reservation_id,
-            name,
-            self.options.model,
-            budget=self.options.budget,
-            logger=self.logger,
-            clock=clock,
-            sleep=sleep,
+        runtime = Runtime(
+            clock,
+            sleep,
+            rng if rng is not None else random.Random(),
+            late_adds if late_adds is not None else late_adds_for(clock, self.logger),
         )
-        self._common: Dict[str, Any] = {
-            "options": self.options,
-            "logger": self.logger,
-            "clock": clock,
-            "sleep": sleep,
-            "rng": self._rng,
-            "late_adds": late_adds,
-        }
-        self._reader = ReadLock(self)
-        self._writer = WriteLock(self)
+        self._parts = RWParts(api, reservation_id, name, self.owner, self.options, self.logger, runtime)
+        self._parts.mutex_args["late_adds"] = late_adds
+        self._reader = ReadLock(self._parts, max_readers, writing=lambda: self._writer.locked())
+        self._writer = WriteLock(self._parts, reading=self._reader.locked)
 
     @property
     def api(self) -> Any:
         """The API session the lock makes its calls with."""
-        return self._lock_alias.api
+        return self._parts.lock_alias.api
 
     @property
     def reservation_id(self) -> str:
         """The reservation this lock is in."""
-        return self._lock_alias.reservation_id
+        return self._parts.reservation_id
 
     @property
     def name(self) -> str:
         """The lock's alias (``MUTEX`` unless given): the writer's, and the read group's."""
-        return self._lock_alias.alias
+        return self._parts.name
 
     @property
     def calls(self) -> int:
         """API calls made by this object in total (both sides, every alias)."""
-        return self._lock_alias.calls + self._reader.calls + self._writer.calls
+        return self._parts.lock_alias.calls + self._reader.calls + self._writer.calls
 
     def read(self) -> ReadLock:
         """The shared side: ``with rw.read(): ...`` reads alongside other readers, never with a writer."""
@@ -214,38 +188,82 @@ class ReservationRWLock:
         state = "reading" if self._reader.locked() else "writing" if self._writer.locked() else "not held"
         return f"<ReservationRWLock {self.name!r} reservation={self.reservation_id} {state}>"
 
-    # ------------------------------------------------------------------ shared plumbing
 
-    def _alias(self, alias: str) -> LockAlias:
+class RWParts:
+    """What both sides of one :class:`ReservationRWLock` share: its options, the runtime, the snapshot
+    reader on ``MUTEX``, and how to make the mutexes on its aliases."""
+
+    def __init__(
+        self,
+        api: Any,
+        reservation_id: str,
+        name: str,
+        owner: str,
+        options: MutexOptions,
+        logger: logging.Logger,
+        runtime: Runtime,
+    ) -> None:
+        self.owner = owner
+        self.options = options
+        self.logger = logger
+        self.runtime = runtime
+        self.pacing: PacingPolicy = options.pacing or DefaultPacing()
+        #: The caller's cancellation (None: none), asked while a reader waits.
+        self.cancelled = cancellation_check(options.cancellation)
+        #: The snapshot reader: checks the reservation id and the name (no call is made here).
+        self.lock_alias = self.alias(name, api, reservation_id)
+        #: What every mutex of this lock is made with (its options replaced per alias).
+        self.mutex_args: Dict[str, Any] = {
+            "options": options,
+            "logger": logger,
+            "clock": runtime.clock,
+            "sleep": runtime.sleep,
+            "rng": runtime.rng,
+        }
+
+    @property
+    def name(self) -> str:
+        """The lock's alias: the writer's, and the read group's."""
+        return self.lock_alias.alias
+
+    @property
+    def reservation_id(self) -> str:
+        """The reservation the lock is in."""
+        return self.lock_alias.reservation_id
+
+    def alias(self, alias: str, api: Any = None, reservation_id: Optional[str] = None) -> LockAlias:
+        """The calls on ``alias`` of this lock's reservation."""
         return LockAlias(
-            self.api,
-            self.reservation_id,
+            api if api is not None else self.lock_alias.api,
+            reservation_id if reservation_id is not None else self.reservation_id,
             alias,
             self.options.model,
             budget=self.options.budget,
             logger=self.logger,
-            clock=self._clock,
-            sleep=self._sleep,
+            clock=self.runtime.clock,
+            sleep=self.runtime.sleep,
         )
 
-    def _mutex(self, alias: str, kind: type = _PartMutex, **changes: Any) -> ReservationMutex:
+    def mutex(self, alias: str, kind: type = _PartMutex, **changes: Any) -> ReservationMutex:
         """A mutex on ``alias`` with this lock's options (``changes`` replaced)."""
-        common = {**self._common, "options": self.options.replace(**changes)} if changes else self._common
-        return kind(self.api, self.reservation_id, owner=self.owner, name=alias, **common)
+        args = self.mutex_args
+        if changes:
+            args = {**args, "options": self.options.replace(**changes)}
+        return kind(self.lock_alias.api, self.reservation_id, owner=self.owner, name=alias, **args)
 
-    def _deadline(self, blocking: bool, timeout: Any) -> Optional[float]:
+    def deadline(self, blocking: bool, timeout: Any) -> Deadline:
+        """The deadline of one acquire of either side."""
         if timeout is UNSET:
             timeout = self.options.timeout
         elif not blocking:
             raise ValueError("a non-blocking acquire cannot have a timeout; leave timeout out")
         check_duration("timeout", timeout, allow_none=True)
-        now = self._clock()
-        if not blocking:
-            return now
-        return None if timeout is None else now + timeout
+        clock = self.runtime.clock
+        return Deadline.now(clock) if not blocking else Deadline.after(timeout, clock)
 
-    def _fatal(self, failure: Any, doing: str) -> MutexError:
-        state = self._lock_alias.reservation_state() if diagnosis.needs_state(failure) else None
+    def fatal(self, failure: Any, doing: str) -> MutexError:
+        """The error for a fatal failure of a snapshot read."""
+        state = self.lock_alias.reservation_state() if diagnosis.needs_state(failure) else None
         return diagnosis.fatal_error(
             failure, doing, self.reservation_id, self.name, self.options.model, None, state
         )
@@ -258,11 +276,12 @@ class WriteLock:
     busy it holds ``MUTEX~w`` while it waits, so that no new read group opens and the current one drains.
     """
 
-    def __init__(self, rw: ReservationRWLock) -> None:
+    def __init__(self, rw: RWParts, reading: Callable[[], bool]) -> None:
         self._rw = rw
-        self._mutex = rw._mutex(rw.name, ReservationMutex)
+        self._reading = reading  # does the read side of the same lock object read?
+        self._mutex = rw.mutex(rw.name, ReservationMutex)
         # Held while the writer waits, however long: never stopped by max_hold (that bounds holding MUTEX).
-        self._waiting = rw._mutex(protocol.writer_waiting_alias(rw.name), max_hold=None)
+        self._waiting = rw.mutex(protocol.writer_waiting_alias(rw.name), max_hold=None)
 
     @property
     def calls(self) -> int:
@@ -289,8 +308,8 @@ class WriteLock:
     def acquire(self, blocking: bool = True, timeout: Optional[float] = UNSET) -> bool:
         """Take the lock alone. Blocking, returns True or raises :class:`MutexTimeout`; with
         ``blocking=False`` one attempt, False when busy."""
-        deadline = self._rw._deadline(blocking, timeout)
-        if self._rw._reader.locked():
+        deadline = self._rw.deadline(blocking, timeout)
+        if self._reading():
             raise MutexUsageError(
                 f"this ReservationRWLock holds {self._rw.name!r} for reading: release the read side before "
                 "writing (a writer waits for every reader, itself included)",
@@ -307,9 +326,9 @@ class WriteLock:
             # wait on, as a blocking mutex waits through transient failures.
         if not blocking:
             return False
-        self._waiting.acquire(timeout=_remaining(deadline, self._rw._clock()))
+        self._waiting.acquire(timeout=deadline.left())
         try:
-            return self._mutex.acquire(timeout=_remaining(deadline, self._rw._clock()))
+            return self._mutex.acquire(timeout=deadline.left())
         finally:
             self._stop_waiting()
 
@@ -344,14 +363,16 @@ class ReadLock:
     See the module docstring and docs/protocol.md for the protocol; :attr:`calls` counts its API calls.
     """
 
-    def __init__(self, rw: ReservationRWLock) -> None:
+    def __init__(self, rw: RWParts, max_readers: int, writing: Callable[[], bool]) -> None:
         self._rw = rw
+        self._writing = writing  # does the write side of the same lock object hold the lock?
+        self.max_readers = max_readers
         name = rw.name
-        self._slot_names = [protocol.reader_slot_alias(name, index + 1) for index in range(rw.max_readers)]
-        self._slots = [rw._mutex(alias) for alias in self._slot_names]
+        self._slot_names = [protocol.reader_slot_alias(name, index + 1) for index in range(max_readers)]
+        self._slots = [rw.mutex(alias) for alias in self._slot_names]
         # Closers hold MUTEX~c for a few calls and never wait inside: poll it quickly. A close is part of a
         # release (or of taking back a reader's slot): the caller's cancellation never interrupts it.
-        self._closer = rw._mutex(
+        self._closer = rw.mutex(
             protocol.closer_alias(name), pacing=CLOSER_PACING, cancellation=None, max_hold=None
         )
         # For breaking a crashed reader's slot (any reader's: others may have more slots than this one) or a
@@ -359,26 +380,24 @@ class ReadLock:
         # snapshot it reads (lease.StaleWatch) and broken as a waiting mutex breaks its holder.
         self._slot_aliases: Dict[str, LockAlias] = {}
         self._watches: Dict[str, StaleWatch] = {}
+        lifetime = rw.options.request_lifetime
         self._breaker = lease.Breaker(
-            rw._alias,
-            rw.owner,
-            lease.breaker_lease(rw.options.lease),
-            rw.options.request_lifetime,
-            rw._late_adds,
-            rw._clock,
-            rw._sleep,
+            rw.alias, rw.owner, lease.breaker_lease(rw.options.lease), lifetime, rw.runtime
         )
         self._slot: Optional[ReservationMutex] = None
         self._group: Optional[ReservationMutex] = None
         self._extra_calls = 0  # calls of group objects that are gone (joined, then released)
-        self._deadline: Optional[float] = None
+        self._deadline = Deadline(None)
+        #: Why the current acquire() waits (None: nothing seen in its way), and since when.
+        self.blocker: Optional[str] = None
+        self.blocker_since = 0.0
         self._saw_group = False
         # A close whose remove of the group's MUTEX kept failing: that remove may still land, so this
         # reader keeps the group object (it remembers the remove) and MUTEX~c (its heartbeat keeps joiners
         # out) until release() or acquire() finishes the close.
         self._pending_close: Optional[ReservationMutex] = None
-        # What the current acquire() last waited for besides the snapshot's blocker (its timeout says so).
-        self._waited_for: Optional[str] = None
+        #: What the current acquire() last waited for besides the snapshot's blocker (its timeout says so).
+        self.waited_for: Optional[str] = None
 
     # ------------------------------------------------------------------ public
 
@@ -403,6 +422,11 @@ class ReadLock:
         """The read group's owner token while reading, else None."""
         return self._group.token if self._group is not None else None
 
+    @property
+    def slot_name(self) -> Optional[str]:
+        """The alias of the reader slot this side holds (None: none)."""
+        return self._slot.name if self._slot is not None else None
+
     def ensure_held(self, read: bool = False) -> None:
         """Raise :class:`MutexLostError` unless the group's ``MUTEX`` and this reader's slot are still held,
         as far as their heartbeats tell (``read=True``: one fresh read of the group too)."""
@@ -420,7 +444,7 @@ class ReadLock:
         this reader is left behind); with ``blocking=False`` one attempt, False when a writer holds or
         waits for the lock or every slot is taken."""
         rw = self._rw
-        deadline = rw._deadline(blocking, timeout)
+        deadline = rw.deadline(blocking, timeout)
         if self._group is not None:
             raise MutexUsageError(
                 f"this ReservationRWLock already reads {rw.name!r}; release it first, or use one object "
@@ -428,81 +452,51 @@ class ReadLock:
                 reservation_id=rw.reservation_id,
                 alias=rw.name,
             )
-        if rw._writer.locked():
+        if self._writing():
             raise MutexUsageError(
                 f"this ReservationRWLock holds {rw.name!r} for writing: release it before reading",
                 reservation_id=rw.reservation_id,
                 alias=rw.name,
             )
         self._deadline = deadline
-        self._waited_for = None
+        self.waited_for = None
+        self.blocker: Optional[str] = None
+        self.blocker_since = rw.runtime.clock()
         self._finish_close()  # a release that raised left a close unfinished: finish it first
         if self._slot is not None:  # a release that raised left a slot: finish giving it back first
             self._give_back(self._close_by(deadline))
-        start = rw._clock()
-        attempt, delay = 0, 0.0
-        blocker: Optional[str] = None
-        blocker_since = start
-        while True:
-            snap = self._snapshot(paced=attempt > 0)
-            if snap is not None:
-                why = self._blocker(snap)
-                if why != blocker:
-                    blocker, blocker_since = why, rw._clock()
-                    if why is not None:
-                        rw.logger.info("cloudshell-mutex: read of %s waits: %s", rw.name, why)
-                if why is not None and self._abandoned_group(snap):
-                    # A group with no reader left (its readers' last close was skipped on a lagging read, or
-                    # an add of it landed late) would keep a waiting writer out until its lease ends.
-                    self._close(None, self._close_by(deadline))
-                if why is None and self._enter(snap):
-                    rw.logger.info(
-                        "cloudshell-mutex: reading %s in reservation %s (slot %s, group %s) after %.2f s",
-                        rw.name,
-                        rw.reservation_id,
-                        self._slot.name if self._slot else "?",
-                        self.token,
-                        rw._clock() - start,
-                    )
-                    return True
-            now = rw._clock()
-            if not blocking and snap is not None:
-                return False
-            if deadline is not None and now >= deadline:
-                waited = now - start
-                what = (
-                    blocker
-                    or self._waited_for
-                    or (
-                        "the reservation could not be read"
-                        if snap is None
-                        else "other readers kept taking the free slots first"
-                    )
-                )
-                raise MutexTimeout(
-                    f"could not read-lock {rw.name!r} in reservation {rw.reservation_id} within "
-                    f"{waited:.1f} s: "
-                    f"{what} (for {now - blocker_since:.1f} s). Nothing of this reader was left behind; "
-                    "retry later, or see `cloudshell-mutex status --all` for who holds what",
-                    holder=blocker,
-                    held_for=now - blocker_since,
-                    waited=waited,
-                    reservation_id=rw.reservation_id,
-                    alias=rw.name,
-                )
-            attempt += 1
-            delay = rw.pacing.next_delay(attempt, delay, rw._rng)
-            try:
-                pause(clip(delay, now, deadline), rw._sleep, rw._cancelled)
-            except CancelledWait:  # between tries: this reader holds nothing here
-                what = f"{blocker}; " if blocker else ""
-                raise diagnosis.cancelled_wait(
-                    rw.name,
-                    rw.reservation_id,
-                    rw._clock() - start,
-                    None,
-                    what + "nothing of this reader was left",
-                ) from None
+        entry = _Entry(self, rw, blocking, deadline)
+        try:
+            return acquire_loop(
+                entry, deadline, lambda seconds: pause(seconds, rw.runtime.sleep, rw.cancelled)
+            )
+        except CancelledWait:  # between tries: this reader holds nothing here
+            what = f"{entry.blocker}; " if entry.blocker else ""
+            waited = rw.runtime.clock() - entry.start
+            error = diagnosis.cancelled_wait(
+                rw.name, rw.reservation_id, waited, None, what + "nothing of this reader was left"
+            )
+            raise error from None
+
+    def try_entering(self, paced: bool) -> Optional[Dict[str, Holder]]:
+        """One snapshot (``paced``: on the call budget) and, if it lets readers in, one try to enter.
+        Returns the snapshot (None when the read failed); :meth:`locked` tells whether this reader reads."""
+        rw = self._rw
+        snap = self._snapshot(paced=paced)
+        if snap is None:
+            return None
+        why = self._blocker(snap)
+        if why != self.blocker:
+            self.blocker, self.blocker_since = why, rw.runtime.clock()
+            if why is not None:
+                rw.logger.info("cloudshell-mutex: read of %s waits: %s", rw.name, why)
+        if why is not None and self._abandoned_group(snap):
+            # A group with no reader left (its readers' last close was skipped on a lagging read, or an add
+            # of it landed late) would keep a waiting writer out until its lease ends.
+            self._close(None, self._close_by(self._deadline))
+        if why is None:
+            self._enter(snap)
+        return snap
 
     def release(self) -> None:
         """Stop reading: give the slot back, then close the group if no other reader is in it.
@@ -530,7 +524,7 @@ class ReadLock:
             # heartbeat must not take that for a loss.
             group.stop_heartbeat()
         self._saw_group = False  # the member closes below, with its share
-        close_by = self._rw._clock() + RELEASE_CLOSE_WAIT
+        close_by = Deadline.after(RELEASE_CLOSE_WAIT, self._rw.runtime.clock)
         self._give_back(close_by)  # raises MutexReleaseError when the slot's remove kept failing: call again
         self._group = None
         if group is not None and self._others_read():
@@ -576,12 +570,12 @@ class ReadLock:
     def _snapshot(self, paced: bool) -> Optional[Dict[str, Holder]]:
         """One fresh read of every service (None after a transient failure); feeds the stale watches."""
         rw = self._rw
-        result = rw._lock_alias.read(paced=paced, deadline=self._deadline)
+        result = rw.lock_alias.read(paced=paced, deadline=self._deadline.at)
         if not result.ok:
             if result.status is Status.TRANSIENT:
                 rw.logger.debug("cloudshell-mutex: reading %s failed (%s)", rw.name, result.failure.message)
                 return None
-            raise rw._fatal(result.failure, "reading the reservation's lock services")
+            raise rw.fatal(result.failure, "reading the reservation's lock services")
         services = result.services or {}
         watched = {
             rw.name,
@@ -604,7 +598,7 @@ class ReadLock:
     def _writer_waiting(self, snap: Dict[str, Holder]) -> Optional[Holder]:
         """The writer-waiting marker, unless this reader has judged it stale (a crashed writer's)."""
         marker = snap.get(protocol.writer_waiting_alias(self._rw.name))
-        if marker is None or self._watch(marker.alias).stale(self._rw._clock()):
+        if marker is None or self._watch(marker.alias).stale(self._rw.runtime.clock()):
             return None
         return marker
 
@@ -615,7 +609,7 @@ class ReadLock:
         if marker is None:
             return False
         # A breaker removes only within its lease, but that remove may land up to a request's lifetime later.
-        watch, now = self._watch(marker.alias), self._rw._clock()
+        watch, now = self._watch(marker.alias), self._rw.runtime.clock()
         return not (watch.stale(now) and watch.unchanged_for(now) >= self._rw.options.request_lifetime)
 
     def _blocker(self, snap: Dict[str, Holder]) -> Optional[str]:
@@ -632,7 +626,7 @@ class ReadLock:
         if all(alias in snap for alias in self._slot_names):
             if self._break_stale(snap, self._slot_names):
                 return None
-            return f"all {rw.max_readers} reader slots are taken"
+            return f"all {self.max_readers} reader slots are taken"
         return None
 
     def _abandoned_group(self, snap: Dict[str, Holder]) -> bool:
@@ -645,7 +639,7 @@ class ReadLock:
         free = [index for index, alias in enumerate(self._slot_names) if alias not in snap]
         if not free:
             return False
-        slot = self._slots[self._rw._rng.choice(free)]
+        slot = self._slots[self._rw.runtime.rng.choice(free)]
         try:
             if not slot.acquire(blocking=False):
                 return False  # taken since the read
@@ -671,7 +665,7 @@ class ReadLock:
         while rounds < ENTER_ROUNDS:
             rounds += 1
             if mutex_holder is None:  # MUTEX looked free: open a group
-                group = rw._mutex(rw.name, _GroupMutex)
+                group = rw.mutex(rw.name, _GroupMutex)
                 try:
                     if group.acquire(blocking=False):
                         return group
@@ -686,7 +680,7 @@ class ReadLock:
                 # This read does not show our own slot: it lags behind our add, so it cannot show what
                 # happened after it either. Decide nothing on it.
                 mutex_holder = _UNKNOWN
-                rw._sleep(FRESH_READ_LAG / 4)
+                rw.runtime.sleep(FRESH_READ_LAG / 4)
                 continue
             holder = snap.get(rw.name)
             self._saw_group = self._saw_group or is_read_group(holder)
@@ -702,11 +696,11 @@ class ReadLock:
                 # A closer is at work: it may have counted the slots before ours. Keep the slot (the closer
                 # then leaves the group to us) and look again when it is done: it never waits for anything.
                 # A breaker likewise: it breaks the group only when its re-read shows no slot held.
-                self._waited_for = f"{busy.alias} (held by {busy.label}) was at work on the read group"
-                if self._deadline is not None and rw._clock() >= self._deadline:
+                self.waited_for = f"{busy.alias} (held by {busy.label}) was at work on the read group"
+                if self._deadline.passed():
                     return None
                 rounds -= 1
-                rw._sleep(clip(CLOSER_POLL * rw._rng.uniform(0.5, 1.5), rw._clock(), self._deadline))
+                rw.runtime.sleep(self._deadline.clip(CLOSER_POLL * rw.runtime.rng.uniform(0.5, 1.5)))
                 mutex_holder = _UNKNOWN
                 continue
             try:
@@ -716,16 +710,13 @@ class ReadLock:
         return None
 
     def _join(self, holder: Holder) -> ReservationMutex:
-        """Share the group's acquisition (adopt: a read, and with a lease one heartbeat of our own)."""
+        """Share the group's acquisition (a read, and with a lease one heartbeat of our own)."""
         rw = self._rw
-        info = HandleInfo(
-            rw.reservation_id, rw.name, rw.options.model, holder.token, lease.lease_of(holder) or 0.0
-        )
-        common = {key: value for key, value in rw._common.items() if key != "options"}
-        group = _GroupMutex.adopt(rw.api, make_handle(info), owner=rw.owner, options=rw.options, **common)
+        group = rw.mutex(rw.name, _GroupMutex, lease=lease.lease_of(holder) or 0.0)
+        group.join(holder.token)
         return group
 
-    def _give_back(self, close_by: float) -> None:
+    def _give_back(self, close_by: Deadline) -> None:
         """Release the slot held (if any); after seeing a group, try to close it (this slot may be what
         a closer saw when it decided to leave the group open), waiting for ``MUTEX~c`` until ``close_by``."""
         slot = self._slot
@@ -739,18 +730,18 @@ class ReadLock:
 
     # ------------------------------------------------------------------ closing
 
-    def _close(self, group: Optional[ReservationMutex], close_by: float) -> None:
+    def _close(self, group: Optional[ReservationMutex], close_by: Deadline) -> None:
         """Remove the group's ``MUTEX`` if no reader slot is held, as the only closer at work.
 
-        ``group`` is this reader's share (or None). ``MUTEX~c`` is waited for until ``close_by`` (monotonic);
+        ``group`` is this reader's share (or None). ``MUTEX~c`` is waited for until ``close_by``;
         then the group is left to the closer at work, the next closer or its lease. Raises
         :class:`MutexLostError` when that share turns out lost at its removal."""
         rw = self._rw
         closer = self._closer
         try:
-            closer.acquire(timeout=max(0.0, close_by - rw._clock()))
+            closer.acquire(timeout=close_by.left())
         except MutexTimeout as error:
-            self._waited_for = f"{closer.name} (held by {error.holder or 'another reader'}) was at work"
+            self.waited_for = f"{closer.name} (held by {error.holder or 'another reader'}) was at work"
             rw.logger.warning(
                 "cloudshell-mutex: could not take %s to close the read group of %s (%s); the group is left "
                 "to the next closer or its lease",
@@ -776,11 +767,11 @@ class ReadLock:
         for _ in range(CLOSE_ROUNDS):
             snap = self._snapshot(paced=False)
             if snap is None:
-                rw._sleep(FRESH_READ_LAG / 4)
+                rw.runtime.sleep(FRESH_READ_LAG / 4)
                 continue
             mine = snap.get(closer.name)
             if mine is None or mine.token != closer.token:
-                rw._sleep(FRESH_READ_LAG / 4)  # lags behind our closer's add: shows too little
+                rw.runtime.sleep(FRESH_READ_LAG / 4)  # lags behind our closer's add: shows too little
                 continue
             holder = snap.get(rw.name)
             readers = self._readers(snap)
@@ -809,7 +800,7 @@ class ReadLock:
                 except MutexError as error:  # adopt's read failed: look again
                     rw.logger.debug("cloudshell-mutex: joining the read group to close it: %s", error)
                     group = None
-                    rw._sleep(FRESH_READ_LAG / 4)
+                    rw.runtime.sleep(FRESH_READ_LAG / 4)
                     continue
                 joined = group
             else:
@@ -868,14 +859,13 @@ class ReadLock:
             api_message=error.api_message,
         )
 
-    def _close_by(self, deadline: Optional[float]) -> float:
+    def _close_by(self, deadline: Deadline) -> Deadline:
         """Until when a close inside ``acquire()`` waits for ``MUTEX~c``: the caller's deadline, and at most
         long enough to break a crashed closer's ``MUTEX~c`` (lease + margin). A live closer may hold it
         longer (its remove of the group may land up to request_lifetime later); giving up on it is safe: it
         saw no reader slot and is removing the group (docs/protocol.md, "Why every group closes")."""
         lease_seconds = self._rw.options.lease
-        longest = self._rw._clock() + (2 * lease_seconds + 10.0 if lease_seconds > 0 else 60.0)
-        return longest if deadline is None else min(deadline, longest)
+        return deadline.sooner(2 * lease_seconds + 10.0 if lease_seconds > 0 else 60.0)
 
     # ------------------------------------------------------------------ crashed readers
 
@@ -888,9 +878,9 @@ class ReadLock:
         for alias in aliases:
             watch = self._watch(alias)
             holder = snap.get(alias)
-            if holder is None or not watch.stale(rw._clock()):
+            if holder is None or not watch.stale(rw.runtime.clock()):
                 continue
-            seen = watch.unchanged_for(rw._clock())
+            seen = watch.unchanged_for(rw.runtime.clock())
             target = self._part_alias(alias)
             if not self._breaker.break_holder(target, watch).broken:
                 continue
@@ -903,9 +893,65 @@ class ReadLock:
 
     def _part_alias(self, alias: str) -> LockAlias:
         if alias not in self._slot_aliases:
-            self._slot_aliases[alias] = self._rw._alias(alias)
+            self._slot_aliases[alias] = self._rw.alias(alias)
         return self._slot_aliases[alias]
 
 
-def _remaining(deadline: Optional[float], now: float) -> Optional[float]:
-    return None if deadline is None else max(0.0, deadline - now)
+class _Entry:
+    """:meth:`ReadLock.acquire` as the engine's attempt: one try is one snapshot and, if it lets readers
+    in, one try to take a slot and open or join the group."""
+
+    def __init__(self, reader: ReadLock, rw: RWParts, blocking: bool, deadline: Deadline) -> None:
+        self.reader = reader
+        self.rw = rw
+        self.blocking = blocking
+        self.tries = 0
+        self.deadline = deadline
+        self.start = deadline.clock()
+        self.snap: Optional[Dict[str, Holder]] = None
+        self.delay = 0.0
+
+    @property
+    def blocker(self) -> Optional[str]:
+        """What kept the reader out at the last snapshot."""
+        return self.reader.blocker
+
+    def try_once(self) -> Optional[float]:
+        """None once reading; else the pacing policy's next delay."""
+        reader, rw = self.reader, self.rw
+        self.snap = reader.try_entering(paced=self.tries > 0)
+        self.tries += 1
+        if reader.locked():
+            rw.logger.info(
+                "cloudshell-mutex: reading %s in reservation %s (slot %s, group %s) after %.2f s",
+                rw.name,
+                rw.reservation_id,
+                reader.slot_name or "?",
+                reader.token,
+                rw.runtime.clock() - self.start,
+            )
+            return None
+        self.delay = rw.pacing.next_delay(self.tries, self.delay, rw.runtime.rng)
+        return self.delay
+
+    def waiting(self) -> None:
+        """Nothing: a reader writes no progress lines."""
+
+    def give_up(self) -> bool:
+        """Non-blocking and read: busy (False). Otherwise the timeout, naming what kept the reader out."""
+        if not self.blocking and self.snap is not None:
+            return False
+        reader, rw = self.reader, self.rw
+        now = rw.runtime.clock()
+        what = (
+            reader.blocker
+            or reader.waited_for
+            or (
+                "the reservation could not be read"
+                if self.snap is None
+                else "other readers kept taking the free slots first"
+            )
+        )
+        raise diagnosis.read_timeout_error(
+            rw.name, rw.reservation_id, now - self.start, what, reader.blocker, now - reader.blocker_since
+        )

@@ -1,0 +1,128 @@
+"""The one release loop: remove the lock service, but only while it is ours, and only once.
+
+``RemoveServicesFromReservation`` cannot check the owner, so each remove follows a fresh read that shows
+our token (unless ``release_check_after`` says ownership was confirmed a moment ago). A remove is sent
+once: the client's own re-send of a dropped remove could delete a successor's lock. A remove whose outcome
+is unknown is never followed by a second one while it may still land; reads tell when it did.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from . import diagnosis, events
+from .alias import CallResult, Status
+from .classify import Classification, ErrorKind
+from .operation import Operation
+from .options import FRESH_READ_LAG
+from .parts import LockParts
+
+
+@dataclass(frozen=True)
+class ReleaseEnd:
+    """How a release ended: ``lost`` (the lock was not ours any more: nothing was removed) or released,
+    with a ``note`` when the reservation's end took the lock with it."""
+
+    lost: bool = False
+    note: Optional[str] = None
+
+
+class ReleaseLoop:
+    """One release() of a held lock (see the module docstring). :meth:`run` returns how it ended, or
+    raises :class:`~.errors.MutexReleaseError` when the remove kept failing (the lock is still held then,
+    and ``op`` remembers what this release learned, for the next release() to continue it)."""
+
+    def __init__(
+        self, parts: LockParts, op: Operation, confirmed_at: float, confirm: Callable[[CallResult], None]
+    ) -> None:
+        self.parts = parts
+        self.op = op
+        self.confirmed_at = confirmed_at  # when the lock was last confirmed ours, before this release
+        self.confirm = confirm  # told of every read: one that shows our token confirms the hold
+        self.failures = 0
+
+    def run(self) -> ReleaseEnd:
+        """Read, remove once, and read again until the release is settled."""
+        parts, op = self.parts, self.op
+        clock, sleep = parts.runtime.clock, parts.runtime.sleep
+        check_after = parts.options.release_check_after
+        check = check_after <= 0 or op.start - self.confirmed_at >= check_after or op.remove_may_have_landed
+        while True:
+            if check:
+                read = parts.read(op)
+                self.confirm(read)
+                if not read.ok:
+                    end = self._failed(read.failure, "checking the lock owner")
+                    if end is not None:
+                        return end
+                    continue
+                op.see_holder(read.holder)
+                if not op.is_ours(read.holder):
+                    # Gone, or someone else's: a remove of ours took effect, or the lock was taken from us.
+                    if op.remove_may_have_landed:
+                        # Unless the read may lag behind that remove (it may show the lock as it was before
+                        # we held it while our remove is still on its way), or the remove failed without a
+                        # later landing and may not have committed at all.
+                        settled_at = (op.remove_sent_at or float("-inf")) + FRESH_READ_LAG
+                        if read.sent_at < settled_at:
+                            sleep(max(0.0, settled_at - clock()))
+                            continue
+                        return ReleaseEnd()
+                    if not op.lag_checked:
+                        # A fresh read may lag behind the commits: ask once more before calling it lost.
+                        op.lag_checked = True
+                        sleep(FRESH_READ_LAG)
+                        continue
+                    return ReleaseEnd(lost=True)
+                now = clock()
+                if op.remove_can_land(now):
+                    # Still ours, but our earlier remove may still land: a second remove now could land
+                    # after a waiter took the lock, and delete the waiter's. Read again later.
+                    sleep(op.next_poll(parts.pacing, parts.runtime.rng))
+                    continue
+                op.still_ours_at(now)
+            # The remove, sent once: the client's own re-send could delete a successor's lock.
+            op.remove_sent_at = clock()
+            try:
+                result = parts.alias.remove_once()
+            except BaseException:
+                # Ctrl-C (or SystemExit) while the remove was on its way: it may still land. A release()
+                # after this one continues this operation, so it waits for that instead of removing again.
+                op.remove_unsettled(True, clock() + parts.options.request_lifetime)
+                raise
+            if result.ok:
+                return ReleaseEnd()
+            if result.status is Status.MISSING:
+                # "Not found" after a re-send of ours: our remove took effect. Otherwise the alias was gone
+                # before we removed it: the lock had been taken from us.
+                if op.remove_may_have_landed or result.resent:
+                    return ReleaseEnd()
+                op.see_holder(None)
+                return ReleaseEnd(lost=True)
+            check = True  # never remove again before a fresh read shows the alias is still ours
+            if result.may_land_later:
+                op.remove_unsettled(True, clock() + parts.options.request_lifetime)
+                continue  # not a failure yet: the reads above tell whether it lands
+            op.remove_unsettled(result.may_have_committed)
+            end = self._failed(result.failure, "removing the lock service")
+            if end is not None:
+                return end
+
+    def _failed(self, failure: Classification, doing: str) -> Optional[ReleaseEnd]:
+        """A failed call: back off and return None to try again (transient, within ``release_attempts``);
+        released when the reservation has ended (the lock went with it); raise otherwise."""
+        parts, op = self.parts, self.op
+        self.failures += 1
+        if failure.kind is ErrorKind.TRANSIENT and self.failures < parts.options.release_attempts:
+            op.failed(failure.message)
+            parts.news.event(events.TRANSIENT, op, error=failure.message)
+            parts.runtime.sleep(op.next_backoff(parts.backoff, parts.runtime.rng))
+            return None
+        # Whatever the server's words: a reservation that has ended took the lock with it.
+        if diagnosis.needs_state(failure) and parts.alias.reservation_state() in ("ended", "missing"):
+            return ReleaseEnd(note="the reservation has ended; the lock went with it")
+        if failure.kind is ErrorKind.TRANSIENT:
+            doing = f"{doing} ({self.failures} failed calls)"
+        error = diagnosis.release_error(op, failure, doing, parts.reservation_id, parts.name)
+        raise parts.news.error(error, op)
