@@ -45,7 +45,7 @@ from .cohort_files import (
     trust_window,
 )
 from .engine import Acquisition, Deadline, acquire_loop
-from .errors import MutexCancelled, MutexError, MutexLostError, MutexTimeout, MutexUsageError
+from .errors import MutexCancelled, MutexError, MutexLostError, MutexTimeout
 from .holder import sanitize_label
 from .mutex import ReservationMutex
 from .options import UNSET, check_duration
@@ -143,10 +143,7 @@ class CohortMutex:
         **options: Any,
     ) -> None:
         if not cohort_available():
-            raise MutexUsageError(
-                "cohort mode needs an OS file lock (fcntl or msvcrt), which this platform lacks: "
-                "use cohort=False"
-            )
+            raise diagnosis.cohort_unavailable_error()
         if isinstance(max_passes, bool) or not isinstance(max_passes, int) or max_passes < 0:
             raise ValueError(f"max_passes must be a whole number >= 0 (0: never pass), got {max_passes!r}")
         self.max_passes = max_passes
@@ -270,12 +267,7 @@ class CohortMutex:
     def export(self) -> str:
         """Refused: the cohort passes its lock to local processes, so a handle given to another machine
         would let two holders overlap. Use a ``ReservationMutex`` (cohort off) for export/adopt."""
-        raise MutexUsageError(
-            "a lock in cohort mode cannot be exported: the cohort passes it to other processes on this "
-            "machine. Use ReservationMutex (cohort=False) for a lock you export",
-            reservation_id=self.reservation_id,
-            alias=self.name,
-        )
+        raise diagnosis.cohort_export_error(self.reservation_id, self.name)
 
     def local_state(self) -> CohortState:
         """The cohort's state as this machine's files show it now (:class:`CohortStateBusy` when another
@@ -298,12 +290,7 @@ class CohortMutex:
             if self.options.reentrant:
                 self._nested += 1
                 return self._mutex.acquire()  # counted, no call
-            raise MutexUsageError(
-                f"this CohortMutex already holds {self.name!r} in reservation {self.reservation_id}; "
-                "release it first, pass reentrant=True to allow nesting, or use one object per task",
-                reservation_id=self.reservation_id,
-                alias=self.name,
-            )
+            raise diagnosis.held_again_error("CohortMutex", self.reservation_id, self.name)
         start = self._clock()
         deadline = start if not blocking else (None if timeout is None else start + timeout)
         try:
@@ -556,28 +543,12 @@ class CohortMutex:
         return error
 
     def _local_timeout(self, start: float) -> MutexTimeout:
-        who = self._local_holder()
         waited = self._clock() - start
-        return MutexTimeout(
-            f"timed out after {waited:.1f} s waiting for {self.name!r} in reservation {self.reservation_id}: "
-            f"{who} on this machine holds it in cohort mode (local lock {self._files.lock_path}). "
-            "Wait longer (timeout=...), or find out why that process holds it so long",
-            holder=who,
-            waited=waited,
-            reservation_id=self.reservation_id,
-            alias=self.name,
-        )
+        who, path = self._local_holder(), str(self._files.lock_path)
+        return diagnosis.local_timeout_error(waited, who, path, self.reservation_id, self.name)
 
     def _state_timeout(self, start: float, busy: CohortStateBusy) -> MutexTimeout:
-        waited = self._clock() - start
-        return MutexTimeout(
-            f"timed out after {waited:.1f} s waiting for {self.name!r} in reservation {self.reservation_id}: "
-            f"{busy}. Find that process (another command on this execution server) and let it go on, or use "
-            "cohort=False",
-            waited=waited,
-            reservation_id=self.reservation_id,
-            alias=self.name,
-        )
+        return diagnosis.state_timeout_error(self._clock() - start, str(busy), self.reservation_id, self.name)
 
     # ------------------------------------------------------------------ release
 

@@ -34,8 +34,8 @@ from typing import Any, Dict, Iterator, Optional, Union
 
 import filelock
 
-from . import catalog
-from .errors import MutexTimeout, MutexUsageError
+from . import catalog, diagnosis
+from .errors import MutexTimeout
 
 #: How often the state lock is tried (it is held for a file read and write only).
 STATE_POLL = 0.001
@@ -126,10 +126,7 @@ class CohortFiles:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as error:
-            raise MutexUsageError(
-                f"cannot create the cohort directory {self.directory} ({error.strerror or error}): pass "
-                "cohort_dir= a folder on a local disk that this user can write, or cohort=False"
-            ) from None
+            raise diagnosis.cohort_dir_error(str(self.directory), str(error.strerror or error)) from None
         self.key = key
         self.lock_path = self.directory / f"{key}.lock"
         self.state_path = self.directory / f"{key}.json"

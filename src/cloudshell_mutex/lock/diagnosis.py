@@ -361,3 +361,110 @@ def read_timeout_error(
         reservation_id=reservation_id,
         alias=alias,
     )
+
+
+#: What a read-write lock's side was asked to do while it may not, and what to do instead.
+_RW_SIDE = {
+    "reading": "holds {alias!r} for reading: release the read side before writing (a writer waits for every "
+    "reader, itself included)",
+    "writing": "holds {alias!r} for writing: release it before reading",
+    "reading again": "already reads {alias!r}; release it first, or use one object per task",
+    "not reading": "does not read {alias!r}: acquire the read side first",
+}
+
+
+def rw_side_error(state: str, reservation_id: str, alias: str) -> MutexUsageError:
+    """A ReservationRWLock side used in a ``state`` it cannot be used in (a key of ``_RW_SIDE``)."""
+    return MutexUsageError(
+        "this ReservationRWLock " + _RW_SIDE[state].format(alias=alias),
+        reservation_id=reservation_id,
+        alias=alias,
+    )
+
+
+def close_error(error: MutexReleaseError, reservation_id: str, alias: str) -> MutexReleaseError:
+    """A read group's close whose remove kept failing: the reader keeps ``MUTEX~c`` until it is settled."""
+    closer = protocol.closer_alias(alias)
+    return MutexReleaseError(
+        f"could not close the read group of {alias!r} in reservation {reservation_id}: "
+        f"{error.api_message or 'its remove could not be confirmed'}. "
+        f"This reader has stopped reading; it keeps {closer!r} so that no reader joins the group while "
+        "its remove may still land: call release() again once the server answers, to finish the close. "
+        f"Do not remove {alias!r} by hand: other readers may share the group. If this process ends "
+        f"first, {closer!r} ends with its lease and the next reader or a waiting writer settles it",
+        reservation_id=reservation_id,
+        alias=alias,
+        code=error.code,
+        api_message=error.api_message,
+    )
+
+
+def cohort_unavailable_error() -> MutexUsageError:
+    """Cohort mode on a platform without an OS file lock."""
+    return MutexUsageError(
+        "cohort mode needs an OS file lock (fcntl or msvcrt), which this platform lacks: use cohort=False"
+    )
+
+
+def cohort_dir_error(directory: str, why: str) -> MutexUsageError:
+    """The cohort directory cannot be made."""
+    return MutexUsageError(
+        f"cannot create the cohort directory {directory} ({why}): pass cohort_dir= a folder on a local disk "
+        "that this user can write, or cohort=False"
+    )
+
+
+def cohort_export_error(reservation_id: str, alias: str) -> MutexUsageError:
+    """export() of a lock in cohort mode."""
+    return MutexUsageError(
+        "a lock in cohort mode cannot be exported: the cohort passes it to other processes on this machine. "
+        "Use ReservationMutex (cohort=False) for a lock you export",
+        reservation_id=reservation_id,
+        alias=alias,
+    )
+
+
+def local_timeout_error(
+    waited: float, who: str, lock_path: str, reservation_id: str, alias: str
+) -> MutexTimeout:
+    """A cohort member ran out of time waiting for the local lock that ``who`` holds."""
+    return MutexTimeout(
+        f"timed out after {waited:.1f} s waiting for {alias!r} in reservation {reservation_id}: {who} on "
+        f"this machine holds it in cohort mode (local lock {lock_path}). Wait longer (timeout=...), or find "
+        "out why that process holds it so long",
+        holder=who,
+        waited=waited,
+        reservation_id=reservation_id,
+        alias=alias,
+    )
+
+
+def state_timeout_error(waited: float, busy: str, reservation_id: str, alias: str) -> MutexTimeout:
+    """A cohort member ran out of time waiting for the cohort's state file, which another process keeps."""
+    return MutexTimeout(
+        f"timed out after {waited:.1f} s waiting for {alias!r} in reservation {reservation_id}: {busy}. Find "
+        "that process (another command on this execution server) and let it go on, or use cohort=False",
+        waited=waited,
+        reservation_id=reservation_id,
+        alias=alias,
+    )
+
+
+def other_thread_error(reservation_id: str, alias: str) -> MutexUsageError:
+    """A nested acquire in another thread of the command that holds the lock (it would wait for itself)."""
+    return MutexUsageError(
+        f"{alias!r} in reservation {reservation_id} is held by this same command in another thread; "
+        "waiting for it here could wait for the command itself. Do the locked work in the thread that holds "
+        "the lock, or pass that thread's lock object",
+        reservation_id=reservation_id,
+        alias=alias,
+    )
+
+
+def served_export_error(reservation_id: str, alias: str) -> MutexUsageError:
+    """export() of a nested lock served by its command's acquisition."""
+    return MutexUsageError(
+        "this lock is served by the acquisition its command already holds: export that lock object",
+        reservation_id=reservation_id,
+        alias=alias,
+    )

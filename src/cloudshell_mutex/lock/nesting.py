@@ -23,9 +23,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
-from . import catalog
+from . import catalog, diagnosis
 from .cohort import CohortMutex
-from .errors import MutexUsageError
 from .mutex import ReservationMutex
 from .options import UNSET
 
@@ -78,14 +77,7 @@ class _CommandScoped:
             entry = _find(self._command_key())
             if entry is not None and entry.lock is not self:
                 if entry.thread != threading.get_ident():
-                    where = f"{self.name!r} in reservation {self.reservation_id}"
-                    raise MutexUsageError(
-                        f"{where} is held by this same command in another thread; waiting for it here could "
-                        "wait for the command itself. Do the locked work in the thread that holds the lock, "
-                        "or pass that thread's lock object",
-                        reservation_id=self.reservation_id,
-                        alias=self.name,
-                    )
+                    raise diagnosis.other_thread_error(self.reservation_id, self.name)
                 entry.nested += 1
                 self._serving = entry
                 return True
@@ -148,11 +140,7 @@ class _CommandScoped:
     def export(self) -> str:
         """As the lock class's; refused while nested (the handle would be the command's acquisition's)."""
         if self._serving is not None:
-            raise MutexUsageError(
-                "this lock is served by the acquisition its command already holds: export that lock object",
-                reservation_id=self.reservation_id,
-                alias=self.name,
-            )
+            raise diagnosis.served_export_error(self.reservation_id, self.name)
         return str(super().export())
 
 

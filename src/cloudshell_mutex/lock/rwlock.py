@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, List, Optional
 from . import diagnosis, lease, protocol
 from .alias import LockAlias, Status
 from .engine import Deadline, Runtime, acquire_loop
-from .errors import MutexError, MutexLostError, MutexReleaseError, MutexTimeout, MutexUsageError
+from .errors import MutexError, MutexLostError, MutexReleaseError, MutexTimeout
 from .holder import Holder, is_read_group
 from .late_adds import LateAdds, late_adds_for
 from .lease import StaleWatch
@@ -310,12 +310,7 @@ class WriteLock:
         ``blocking=False`` one attempt, False when busy."""
         deadline = self._rw.deadline(blocking, timeout)
         if self._reading():
-            raise MutexUsageError(
-                f"this ReservationRWLock holds {self._rw.name!r} for reading: release the read side before "
-                "writing (a writer waits for every reader, itself included)",
-                reservation_id=self._rw.reservation_id,
-                alias=self._rw.name,
-            )
+            raise diagnosis.rw_side_error("reading", self._rw.reservation_id, self._rw.name)
         try:
             if self._mutex.acquire(blocking=False):
                 return True
@@ -431,11 +426,7 @@ class ReadLock:
         """Raise :class:`MutexLostError` unless the group's ``MUTEX`` and this reader's slot are still held,
         as far as their heartbeats tell (``read=True``: one fresh read of the group too)."""
         if self._group is None or self._slot is None:
-            raise MutexUsageError(
-                f"this ReservationRWLock does not read {self._rw.name!r}: acquire the read side first",
-                reservation_id=self._rw.reservation_id,
-                alias=self._rw.name,
-            )
+            raise diagnosis.rw_side_error("not reading", self._rw.reservation_id, self._rw.name)
         self._slot.ensure_held()
         self._group.ensure_held(read)
 
@@ -446,18 +437,9 @@ class ReadLock:
         rw = self._rw
         deadline = rw.deadline(blocking, timeout)
         if self._group is not None:
-            raise MutexUsageError(
-                f"this ReservationRWLock already reads {rw.name!r}; release it first, or use one object "
-                "per task",
-                reservation_id=rw.reservation_id,
-                alias=rw.name,
-            )
+            raise diagnosis.rw_side_error("reading again", rw.reservation_id, rw.name)
         if self._writing():
-            raise MutexUsageError(
-                f"this ReservationRWLock holds {rw.name!r} for writing: release it before reading",
-                reservation_id=rw.reservation_id,
-                alias=rw.name,
-            )
+            raise diagnosis.rw_side_error("writing", rw.reservation_id, rw.name)
         self._deadline = deadline
         self.waited_for = None
         self.blocker: Optional[str] = None
@@ -844,20 +826,7 @@ class ReadLock:
         self._closer.release()
 
     def _close_error(self, error: MutexReleaseError) -> MutexReleaseError:
-        rw = self._rw
-        closer = protocol.closer_alias(rw.name)
-        return MutexReleaseError(
-            f"could not close the read group of {rw.name!r} in reservation {rw.reservation_id}: "
-            f"{error.api_message or 'its remove could not be confirmed'}. "
-            f"This reader has stopped reading; it keeps {closer!r} so that no reader joins the group while "
-            "its remove may still land: call release() again once the server answers, to finish the close. "
-            f"Do not remove {rw.name!r} by hand: other readers may share the group. If this process ends "
-            f"first, {closer!r} ends with its lease and the next reader or a waiting writer settles it",
-            reservation_id=rw.reservation_id,
-            alias=rw.name,
-            code=error.code,
-            api_message=error.api_message,
-        )
+        return diagnosis.close_error(error, self._rw.reservation_id, self._rw.name)
 
     def _close_by(self, deadline: Deadline) -> Deadline:
         """Until when a close inside ``acquire()`` waits for ``MUTEX~c``: the caller's deadline, and at most
