@@ -148,6 +148,30 @@ class LockAlias:
         #: API calls made through this object (catalog reads included).
         self.calls = 0
 
+    @classmethod
+    def for_lock(
+        cls,
+        api: Any,
+        reservation_id: str,
+        alias: str,
+        options: Any,
+        logger: Optional[logging.Logger] = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> LockAlias:
+        """The calls of a lock with ``options`` (a :class:`~.options.MutexOptions`: its model and its call
+        budget) on ``alias``."""
+        return cls(
+            api,
+            reservation_id,
+            alias,
+            options.model,
+            budget=options.budget,
+            logger=logger,
+            clock=clock,
+            sleep=sleep,
+        )
+
     def sibling(self, alias: str, kind: Optional[Callable[..., LockAlias]] = None) -> LockAlias:
         """A :class:`LockAlias` (or ``kind``, one of its subclasses) for ``alias`` beside this one: the same
         session, reservation, model, call budget, logger and clock (a breaker, a ticket, a counter)."""

@@ -164,15 +164,8 @@ class CohortMutex:
         # The caller's cancellation, asked while this waits for the local lock or yields to other servers.
         self._cancellation = cancellation_check(self._mutex.options.cancellation)
         # The cohort's own lines in the reservation output (a local waiter's progress).
-        self._output = LockAlias(
-            api,
-            self._mutex.reservation_id,
-            name,
-            self._mutex.options.model,
-            budget=self._mutex.options.budget,
-            logger=self.logger,
-            clock=clock,
-            sleep=sleep,
+        self._output = LockAlias.for_lock(
+            api, self._mutex.reservation_id, name, self._mutex.options, self.logger, clock, sleep
         )
         self._nested = 0  # acquires counted on top of the one that holds (reentrant)
         server = catalog.server_key(api)

@@ -105,16 +105,7 @@ class ReservationMutex:
             rng if rng is not None else random.Random(),
             late_adds if late_adds is not None else late_adds_for(clock, self.logger),
         )
-        alias = LockAlias(
-            api,
-            reservation_id,
-            name,
-            self.options.model,
-            budget=self.options.budget,
-            logger=self.logger,
-            clock=clock,
-            sleep=sleep,
-        )
+        alias = LockAlias.for_lock(api, reservation_id, name, self.options, self.logger, clock, sleep)
         cancelled = cancellation_check(self.options.cancellation)
         self._parts = LockParts(
             alias, self.options, self.owner, self.logger, self.runtime, self.pacing, self.backoff, cancelled

@@ -211,7 +211,9 @@ class RWParts:
         #: The caller's cancellation (None: none), asked while a reader waits.
         self.cancelled = cancellation_check(options.cancellation)
         #: The snapshot reader: checks the reservation id and the name (no call is made here).
-        self.lock_alias = self.alias(name, api, reservation_id)
+        self.lock_alias = LockAlias.for_lock(
+            api, reservation_id, name, options, logger, runtime.clock, runtime.sleep
+        )
         #: What every mutex of this lock is made with (its options replaced per alias).
         self.mutex_args: Dict[str, Any] = {
             "options": options,
@@ -231,18 +233,9 @@ class RWParts:
         """The reservation the lock is in."""
         return self.lock_alias.reservation_id
 
-    def alias(self, alias: str, api: Any = None, reservation_id: Optional[str] = None) -> LockAlias:
+    def alias(self, alias: str) -> LockAlias:
         """The calls on ``alias`` of this lock's reservation."""
-        return LockAlias(
-            api if api is not None else self.lock_alias.api,
-            reservation_id if reservation_id is not None else self.reservation_id,
-            alias,
-            self.options.model,
-            budget=self.options.budget,
-            logger=self.logger,
-            clock=self.runtime.clock,
-            sleep=self.runtime.sleep,
-        )
+        return self.lock_alias.sibling(alias)
 
     def mutex(self, alias: str, kind: type = _PartMutex, **changes: Any) -> ReservationMutex:
         """A mutex on ``alias`` with this lock's options (``changes`` replaced)."""
