@@ -16,14 +16,24 @@ At the deadline, :meth:`MutexAttempt.give_up` settles with a last read and raise
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Callable, Optional
 
 from . import diagnosis, events, lease
 from .alias import CallResult, Status
 from .holder import namesake, sanitize_label
 from .operation import Operation
+from .pacing import Protocol
 from .parts import UNREAD, LockParts
-from .queue import FairQueue
+
+
+class Line(Protocol):
+    """What an acquire asks of a fair queue (:class:`~.queue.FairQueue`) while it waits."""
+
+    def before_first_add(self, op: Operation, waiting: Callable[[], None]) -> None:
+        """Line up behind the waiters this process saw at its last read, before the first add."""
+
+    def pause(self, op: Operation, default: float, waiting: Callable[[], None]) -> float:
+        """After a busy add: wait in line if need be, then the delay before the next add."""
 
 
 class MutexAttempt:
@@ -35,7 +45,7 @@ class MutexAttempt:
     """
 
     def __init__(
-        self, parts: LockParts, op: Operation, blocking: bool, queue: Optional[FairQueue], first_beat: str
+        self, parts: LockParts, op: Operation, blocking: bool, queue: Optional[Line], first_beat: str
     ) -> None:
         self.parts = parts
         self.op = op
