@@ -22,7 +22,7 @@ from cloudshell_mutex import MutexTimeout, ReservationRWLock, protocol
 from cloudshell_mutex.lock import catalog, cohort, cohort_files, lease
 from cloudshell_mutex.lock.holder import make_token
 from cloudshell_mutex.lock.pacing import DefaultPacing
-from cloudshell_mutex.lock.rwlock import RELEASE_CLOSE_WAIT
+from cloudshell_mutex.lock.readlock import RELEASE_CLOSE_WAIT
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

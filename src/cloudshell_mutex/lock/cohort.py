@@ -19,7 +19,6 @@ import contextlib
 import logging
 import math
 import os
-import random
 import secrets
 import socket
 import time
@@ -36,6 +35,7 @@ from .cohort_files import (
     CohortFiles,
     CohortState,
     CohortStateBusy,
+    LocalWait,
     cohort_available,
     cohort_key,
     default_cohort_dir,
@@ -46,41 +46,15 @@ from .cohort_files import (
 )
 from .engine import Acquisition, Deadline, acquire_loop
 from .errors import MutexCancelled, MutexError, MutexLostError, MutexTimeout
-from .holder import sanitize_label
 from .mutex import ReservationMutex
 from .options import UNSET, check_duration
-from .pacing import CANCEL_SLICE, CancelledWait, cancellation_check, pause
+from .pacing import CancelledWait, CohortPacing, cancellation_check, pause
 
 #: Passes in a row before the cohort gives the server lock back (one server acquisition serves at most
 #: 1 + DEFAULT_MAX_PASSES local holders).
 DEFAULT_MAX_PASSES = 32
 #: Seconds from the cohort's server acquisition after which it stops passing.
 DEFAULT_MAX_PASS_SECONDS = 10.0
-
-
-class CohortPacing:
-    """How the one process per machine that waits on the server polls: it waits for another *cohort*, which
-    keeps the lock for up to K holds or T seconds, so polling faster than every second or two only costs
-    server calls (the server's load grows with the number of execution servers, not processes).
-
-    The delay *shrinks* as the wait grows, from ``start`` to ``end`` over ``steps`` polls (+/- ``jitter``):
-    at each release the execution server that has waited longest polls most often, so it is the likeliest
-    to get the lock. A growing backoff does the opposite (the longest waiter polls least often and starves);
-    a fixed rate leaves it to chance, which starved a server for whole windows in the benchmark.
-    """
-
-    def __init__(self, start: float = 2.5, end: float = 1.0, steps: int = 6, jitter: float = 0.25) -> None:
-        if not (0 < end <= start and steps >= 1 and 0 <= jitter < 1):
-            raise ValueError("CohortPacing needs 0 < end <= start, steps >= 1 and 0 <= jitter < 1")
-        self.start, self.end, self.steps, self.jitter = start, end, steps, jitter
-
-    def next_delay(self, attempt: int, previous: float, rng: random.Random) -> float:
-        """``start`` at the first retry, ``end`` from the ``steps``-th on, linearly between; jittered."""
-        share = min(1.0, max(0, attempt - 1) / self.steps)
-        return (self.start + (self.end - self.start) * share) * (1 + self.jitter * rng.uniform(-1, 1))
-
-    def __repr__(self) -> str:
-        return f"CohortPacing(start={self.start}, end={self.end}, steps={self.steps}, jitter={self.jitter})"
 
 
 #: The cohort's default pacing (see :class:`CohortPacing`).
@@ -285,7 +259,9 @@ class CohortMutex:
                 return self._mutex.acquire()  # counted, no call
             raise diagnosis.held_again_error("CohortMutex", self.reservation_id, self.name)
         start = self._clock()
-        deadline = start if not blocking else (None if timeout is None else start + timeout)
+        deadline = Deadline(
+            start if not blocking else (None if timeout is None else start + timeout), self._clock
+        )
         try:
             if not self._take_local(deadline):
                 self._tidy_orphan()
@@ -321,18 +297,18 @@ class CohortMutex:
             self._leave(clear_holder=True, timeout=STATE_GRACE)
         return acquired
 
-    def _take_local(self, deadline: Optional[float]) -> bool:
+    def _take_local(self, deadline: Deadline) -> bool:
         try:  # the common, uncontended case: no registration
             self._local.acquire(timeout=0)
             return True
         except filelock.Timeout:
-            if deadline is not None and self._clock() >= deadline:
+            if deadline.passed():
                 return False
         waiter = f"{os.getpid()}-{secrets.token_hex(4)}"
         mark = new_file_lock(self._files.waiter_path(waiter))
         mark.acquire(timeout=-1)  # its own file: free at once
         try:
-            with self._files.state(state_wait(deadline, self._clock())) as state:
+            with self._files.state(state_wait(deadline)) as state:
                 state.waiters[waiter] = {"pid": os.getpid(), "since": self._clock()}
                 holder = state.holder
             return self._wait_local(deadline, holder)
@@ -344,13 +320,12 @@ class CohortMutex:
             with contextlib.suppress(OSError):
                 self._files.waiter_path(waiter).unlink()
 
-    def _wait_local(self, deadline: Optional[float], holder: Optional[Dict[str, Any]]) -> bool:
+    def _wait_local(self, deadline: Deadline, holder: Optional[Dict[str, Any]]) -> bool:
         """Wait for the local lock (False at the deadline) as a waiter for the server lock does, on the
         engine's loop: a log line when the wait begins, and the progress line scripts write, at most every
         ``progress_interval`` seconds when ``progress`` is on; the caller's cancellation is asked every half
         second (``CancelledWait``). The local wait runs on real time."""
-        left = None if deadline is None else max(0.0, deadline - self._clock())
-        wait = _LocalWait(self, left, deadline, holder, self._cancellation is not None)
+        wait = LocalWait(self, deadline.left(), deadline.at, holder, self._cancellation is not None)
         self.logger.info(
             "cloudshell-mutex: %s in reservation %s is held by %s in cohort mode; waiting for it",
             self.name,
@@ -372,9 +347,9 @@ class CohortMutex:
         if not self._output.write_output(message, paced=True, deadline=deadline).ok:
             self.logger.debug("cloudshell-mutex: could not write progress to the reservation output")
 
-    def _take_server(self, blocking: bool, deadline: Optional[float]) -> bool:
+    def _take_server(self, blocking: bool, deadline: Deadline) -> bool:
         self._holder_written = False
-        with self._files.state(state_wait(deadline, self._clock())) as state:
+        with self._files.state(state_wait(deadline)) as state:
             self._holder_written = True
             state.server, state.reservation_id, state.alias = self._where
             dead = state.holder  # a live holder clears it before it lets go of the local lock
@@ -394,34 +369,18 @@ class CohortMutex:
             # remove may still land, so nobody here carries on under this token. Acquire from the server.
             token = None
         if dead is not None:
-            self.logger.warning(
-                "cloudshell-mutex: the local holder of %s in reservation %s (pid %s, %s) died holding it; "
-                "the OS freed its local lock. %s",
-                self.name,
-                self.reservation_id,
-                dead.get("pid"),
-                dead.get("owner"),
-                "Carrying on under the cohort's server lock after checking it"
-                if token
-                else "It was releasing the server lock, whose remove may still land: acquiring it from the "
-                "server"
-                if releasing
-                else "The cohort held no server lock",
-            )
+            note = diagnosis.dead_local_holder(self.name, self.reservation_id, dead, bool(token), releasing)
+            self.logger.warning("cloudshell-mutex: %s", note)
         if token is not None and self._join(token, lease_seconds, confirmed_at, dead is not None, deadline):
             return True
         if yielded_at is not None and blocking:
             self._yield_turn(yielded_at, deadline)
-        if blocking:
-            remaining = None if deadline is None else max(0.0, deadline - self._clock())
-            acquired = self._mutex.acquire(True, remaining)
-        else:
-            acquired = self._mutex.acquire(False)
+        acquired = self._mutex.acquire(True, deadline.left()) if blocking else self._mutex.acquire(False)
         if acquired:
             self._held = True
             held = self._mutex.acquisition
             try:
-                with self._files.state(state_wait(deadline, self._clock())) as state:
+                with self._files.state(state_wait(deadline)) as state:
                     state.token = held.token
                     state.lease = held.lease
                     state.confirmed_at = held.confirmed_at
@@ -435,17 +394,16 @@ class CohortMutex:
                 )
         return acquired
 
-    def _yield_turn(self, yielded_at: float, deadline: Optional[float]) -> None:
+    def _yield_turn(self, yielded_at: float, deadline: Deadline) -> None:
         """The cohort gave the lock back because of a bound: let other execution servers' waiters in. Wait
         until a read shows that someone else took it (then wait for it like any waiter, at a random phase
         of the pacing, as the others do), or until ``yield_seconds`` passed with nobody taking it (every
         waiter polls within the cohort pacing's cap, so nobody else wants it)."""
         end = yielded_at + self.yield_seconds
-        if deadline is not None:
-            end = min(end, deadline)
+        until = Deadline(end if deadline.at is None else min(end, deadline.at), self._clock)
         step = max(self.yield_seconds / 3, 0.05)
-        while self._clock() < end:
-            pause(max(0.0, min(step, end - self._clock())), self._sleep, self._cancellation)
+        while not until.passed():
+            pause(until.clip(step), self._sleep, self._cancellation)
             try:
                 if self._mutex.holder() is not None:
                     return
@@ -458,7 +416,7 @@ class CohortMutex:
         lease_seconds: float,
         confirmed_at: Optional[float],
         verify: bool,
-        deadline: Optional[float],
+        deadline: Deadline,
     ) -> bool:
         """Take the cohort's server lock: without a call when its last confirmation is recent, else after
         one read (and, with a lease, a heartbeat). False when it turns out not to be the cohort's any more.
@@ -471,9 +429,9 @@ class CohortMutex:
             else:
                 # One read (transient failures waited out until the deadline, as the acquire's own reads
                 # are); raises MutexLostError when it is not ours.
-                self._mutex.join(token, Deadline(deadline, self._clock))
+                self._mutex.join(token, deadline)
         except MutexLostError:
-            wait = state_wait(deadline, self._clock())
+            wait = state_wait(deadline)
             with contextlib.suppress(CohortStateBusy), self._files.state(wait) as state:
                 state.token = state.confirmed_at = state.since = None
                 state.passes = 0
@@ -485,7 +443,7 @@ class CohortMutex:
             )
             return False
         if not fresh or verify:
-            wait = state_wait(deadline, self._clock())
+            wait = state_wait(deadline)
             with contextlib.suppress(CohortStateBusy), self._files.state(wait) as state:
                 state.confirmed_at = self._mutex.acquisition.confirmed_at
         self.passed = True
@@ -509,7 +467,7 @@ class CohortMutex:
             self._let_go()
             return
         try:  # the acquire's deadline has passed: each state step waits only STATE_GRACE
-            if self._take_server(False, self._clock()):
+            if self._take_server(False, Deadline.now(self._clock)):
                 self._release(STATE_GRACE)
             else:
                 self._leave(clear_holder=True, timeout=STATE_GRACE)
@@ -637,57 +595,3 @@ class CohortMutex:
     def __repr__(self) -> str:
         state = f"held as {self._mutex.token!r}" if self._held else "not held"
         return f"<CohortMutex {self.name!r} reservation={self.reservation_id} {state}>"
-
-
-class _LocalWait:
-    """:meth:`CohortMutex._wait_local` as the engine's attempt: one try waits for the local file lock until
-    the next progress line, the next cancellation check or the deadline, whichever comes first."""
-
-    def __init__(
-        self,
-        cohort: CohortMutex,
-        left: Optional[float],
-        deadline: Optional[float],
-        holder: Optional[Dict[str, Any]],
-        cancellable: bool,
-    ) -> None:
-        self.cohort = cohort
-        self.cancellable = cancellable
-        self.holder = holder
-        self.deadline = deadline
-        self.who = "another process"
-        if holder:
-            here = "this process" if holder.get("pid") == os.getpid() else f"pid {holder.get('pid')}"
-            self.who = f"{holder.get('owner')} ({here} on this execution server)"
-        options = cohort.options
-        self.start = time.monotonic()
-        #: The caller's deadline on real time (the local lock's waits are real).
-        self.end = Deadline.after(left)
-        self.interval = options.progress_interval if options.progress else math.inf
-        self.next_progress = self.start + self.interval
-
-    def try_once(self) -> Optional[float]:
-        """Wait for the local lock until the next thing to do; None once this process has it."""
-        now = time.monotonic()
-        until = min(math.inf if self.end.at is None else self.end.at, self.next_progress)
-        if self.cancellable:
-            until = min(until, now + CANCEL_SLICE)
-        return None if self.cohort.try_local(-1.0 if math.isinf(until) else max(0.0, until - now)) else 0.0
-
-    def waiting(self) -> None:
-        """The progress line, when it is due."""
-        now = time.monotonic()
-        if now < self.next_progress:
-            return
-        self.next_progress = now + self.interval
-        started = float(self.holder.get("started", 0)) if self.holder else 0.0
-        held = time.time() - started if started else now - self.start
-        cohort = self.cohort
-        message = (
-            f"{sanitize_label(cohort.owner)}: waiting for {cohort.name} held by {self.who} for {held:.0f} s"
-        )
-        cohort.write_progress(message, self.deadline)
-
-    def give_up(self) -> bool:
-        """The deadline came: not taken (the caller tidies up and raises the timeout)."""
-        return False

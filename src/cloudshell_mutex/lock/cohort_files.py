@@ -25,6 +25,7 @@ import hashlib
 import inspect
 import json
 import logging
+import math
 import os
 import tempfile
 import time
@@ -35,7 +36,10 @@ from typing import Any, Dict, Iterator, Optional, Union
 import filelock
 
 from . import catalog, diagnosis
+from .engine import Deadline
 from .errors import MutexTimeout
+from .holder import sanitize_label
+from .pacing import CANCEL_SLICE, Protocol
 
 #: How often the state lock is tried (it is held for a file read and write only).
 STATE_POLL = 0.001
@@ -203,9 +207,10 @@ def _write_atomically(path: Path, text: str) -> None:
     os.replace(temporary, path)
 
 
-def state_wait(deadline: Optional[float], now: float) -> float:
+def state_wait(deadline: Deadline) -> float:
     """Seconds to wait for the state lock until ``deadline`` (-1: no deadline), at least STATE_GRACE."""
-    return -1.0 if deadline is None else max(STATE_GRACE, deadline - now)
+    left = deadline.left()
+    return -1.0 if left is None else max(STATE_GRACE, left)
 
 
 class _NamedFileLock(filelock.FileLock):  # type: ignore[misc,valid-type]
@@ -397,3 +402,79 @@ def describe_local(state: CohortState, token: Optional[str], now: Optional[float
         parts.append("passed, not yet taken by a local waiter")
     parts.append(f"{len(state.waiters)} local waiters")
     return "; ".join(parts)
+
+
+class LocalWaiter(Protocol):
+    """What :class:`LocalWait` asks of the cohort member that waits (:class:`~.cohort.CohortMutex`)."""
+
+    @property
+    def name(self) -> str:
+        """The lock's alias."""
+
+    @property
+    def owner(self) -> str:
+        """The member's label."""
+
+    @property
+    def options(self) -> Any:
+        """The member's :class:`~.options.MutexOptions`."""
+
+    def try_local(self, seconds: float) -> bool:
+        """Try the local lock for up to ``seconds`` (-1: until free); True when taken."""
+
+    def write_progress(self, message: str, deadline: Optional[float]) -> None:
+        """One progress line in the reservation output."""
+
+
+class LocalWait:
+    """A cohort member's wait for the local lock, as the engine's attempt: one try waits for the local file
+    lock until the next progress line, the next cancellation check or the deadline, whichever comes first."""
+
+    def __init__(
+        self,
+        cohort: LocalWaiter,
+        left: Optional[float],
+        deadline: Optional[float],
+        holder: Optional[Dict[str, Any]],
+        cancellable: bool,
+    ) -> None:
+        self.cohort = cohort
+        self.cancellable = cancellable
+        self.holder = holder
+        self.deadline = deadline
+        self.who = "another process"
+        if holder:
+            here = "this process" if holder.get("pid") == os.getpid() else f"pid {holder.get('pid')}"
+            self.who = f"{holder.get('owner')} ({here} on this execution server)"
+        options = cohort.options
+        self.start = time.monotonic()
+        #: The caller's deadline on real time (the local lock's waits are real).
+        self.end = Deadline.after(left)
+        self.interval = options.progress_interval if options.progress else math.inf
+        self.next_progress = self.start + self.interval
+
+    def try_once(self) -> Optional[float]:
+        """Wait for the local lock until the next thing to do; None once this process has it."""
+        now = time.monotonic()
+        until = min(math.inf if self.end.at is None else self.end.at, self.next_progress)
+        if self.cancellable:
+            until = min(until, now + CANCEL_SLICE)
+        return None if self.cohort.try_local(-1.0 if math.isinf(until) else max(0.0, until - now)) else 0.0
+
+    def waiting(self) -> None:
+        """The progress line, when it is due."""
+        now = time.monotonic()
+        if now < self.next_progress:
+            return
+        self.next_progress = now + self.interval
+        started = float(self.holder.get("started", 0)) if self.holder else 0.0
+        held = time.time() - started if started else now - self.start
+        cohort = self.cohort
+        message = (
+            f"{sanitize_label(cohort.owner)}: waiting for {cohort.name} held by {self.who} for {held:.0f} s"
+        )
+        cohort.write_progress(message, self.deadline)
+
+    def give_up(self) -> bool:
+        """The deadline came: not taken (the caller tidies up and raises the timeout)."""
+        return False

@@ -10,7 +10,7 @@ never credentials (:func:`~.classify.classify` already cut raw replies off).
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Any, Dict, Optional
 
 from . import protocol
 from .classify import Classification, ErrorKind
@@ -467,4 +467,21 @@ def served_export_error(reservation_id: str, alias: str) -> MutexUsageError:
         "this lock is served by the acquisition its command already holds: export that lock object",
         reservation_id=reservation_id,
         alias=alias,
+    )
+
+
+def dead_local_holder(
+    alias: str, reservation_id: str, dead: Dict[str, Any], carry_on: bool, releasing: bool
+) -> str:
+    """The warning when a cohort's local holder died holding the lock, and what its successor does now."""
+    then = (
+        "Carrying on under the cohort's server lock after checking it"
+        if carry_on
+        else "It was releasing the server lock, whose remove may still land: acquiring it from the server"
+        if releasing
+        else "The cohort held no server lock"
+    )
+    return (
+        f"the local holder of {alias} in reservation {reservation_id} (pid {dead.get('pid')}, "
+        f"{dead.get('owner')}) died holding it; the OS freed its local lock. {then}"
     )

@@ -131,3 +131,38 @@ def acquire_loop(attempt: Attempt, deadline: Deadline, pause: Callable[[float], 
             return attempt.give_up()
         attempt.waiting()
         pause(deadline.clip(delay))
+
+
+class HeldLock(Protocol):
+    """What a lock kind built from mutexes asks of each (:class:`~.mutex.ReservationMutex`): the read side
+    of a read-write lock knows its slots, closer and group by this, and so needs no import of the mutex."""
+
+    @property
+    def name(self) -> str:
+        """The mutex's alias."""
+
+    @property
+    def token(self) -> Optional[str]:
+        """The owner token while held, else None."""
+
+    @property
+    def calls(self) -> int:
+        """API calls made."""
+
+    def acquire(self, blocking: bool = True, timeout: Any = ...) -> bool:
+        """Take it (see ReservationMutex.acquire)."""
+
+    def release(self) -> None:
+        """Release it (see ReservationMutex.release)."""
+
+    def ensure_held(self, read: bool = False) -> None:
+        """Raise MutexLostError unless still held."""
+
+    def detach(self) -> None:
+        """Stop holding without removing the service."""
+
+    def stop_heartbeat(self) -> None:
+        """Stop heartbeating while still held."""
+
+    def join(self, token: str, deadline: Optional[Deadline] = None) -> None:
+        """Hold ``token`` after a read shows it."""

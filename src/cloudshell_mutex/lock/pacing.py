@@ -126,6 +126,31 @@ class ExponentialBackoff:
         return f"ExponentialBackoff(base={self.base}, cap={self.cap})"
 
 
+class CohortPacing:
+    """How the one process per machine that waits on the server polls: it waits for another *cohort*, which
+    keeps the lock for up to K holds or T seconds, so polling faster than every second or two only costs
+    server calls (the server's load grows with the number of execution servers, not processes).
+
+    The delay *shrinks* as the wait grows, from ``start`` to ``end`` over ``steps`` polls (+/- ``jitter``):
+    at each release the execution server that has waited longest polls most often, so it is the likeliest
+    to get the lock. A growing backoff does the opposite (the longest waiter polls least often and starves);
+    a fixed rate leaves it to chance, which starved a server for whole windows in the benchmark.
+    """
+
+    def __init__(self, start: float = 2.5, end: float = 1.0, steps: int = 6, jitter: float = 0.25) -> None:
+        if not (0 < end <= start and steps >= 1 and 0 <= jitter < 1):
+            raise ValueError("CohortPacing needs 0 < end <= start, steps >= 1 and 0 <= jitter < 1")
+        self.start, self.end, self.steps, self.jitter = start, end, steps, jitter
+
+    def next_delay(self, attempt: int, previous: float, rng: random.Random) -> float:
+        """``start`` at the first retry, ``end`` from the ``steps``-th on, linearly between; jittered."""
+        share = min(1.0, max(0, attempt - 1) / self.steps)
+        return (self.start + (self.end - self.start) * share) * (1 + self.jitter * rng.uniform(-1, 1))
+
+    def __repr__(self) -> str:
+        return f"CohortPacing(start={self.start}, end={self.end}, steps={self.steps}, jitter={self.jitter})"
+
+
 class CallBudget:
     """A token bucket: at most ``rate`` API calls per second on average, bursts up to ``burst``.
 
