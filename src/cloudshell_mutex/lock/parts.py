@@ -135,11 +135,18 @@ class LockParts:
         remove of ours that got no answer may land until then; the watcher sends none before."""
         now, lifetime = self.runtime.clock(), self.options.request_lifetime
         late_adds = self.runtime.late_adds
-        removing = {} if removing_until is None else {"removing_until": removing_until}
         if op.add_can_land(now):
-            late_adds.watch(self.alias, op.token, op.add_lands_by, lifetime, op.add_unanswered, **removing)
+            late_adds.watch(
+                self.alias,
+                op.token,
+                op.add_lands_by,
+                lifetime,
+                op.add_unanswered,
+                removing_until=removing_until,
+            )
         elif op.unsure_add:
-            late_adds.watch(self.alias, op.token, now + 2 * FRESH_READ_LAG, lifetime, **removing)
+            lands_by = now + 2 * FRESH_READ_LAG
+            late_adds.watch(self.alias, op.token, lands_by, lifetime, removing_until=removing_until)
 
     def tell_output(self, message: str, what: str, warning: bool = True) -> None:
         """One line in the sandbox output for the people watching it (a courtesy: a failure is logged)."""
