@@ -225,3 +225,55 @@ def test_a_cancelled_waiter_whose_add_lands_late_leaves_nothing_behind(emu, land
         if e["alias"] == "MUTEX"
     ]
     assert history[-2:] == [("service_added", token), ("service_removed", token)]
+
+
+@pytest.mark.client_resend
+def test_a_cancelled_waiter_never_removes_its_add_again_while_its_first_remove_may_land(emu):
+    """The waiter's add lands late (the lock is the waiter's, unknown to it); its cancellation's read finds
+    it and removes it once, but that remove gets no reply and stays at the server. The late-add watcher
+    must not send a second remove meanwhile: that one would free the lock, a successor would take it, and
+    the first remove, landing then, would delete the successor's lock (two holders from there on)."""
+    rid = emu.create_reservation()
+    holder = ReservationMutex(emu.session(), rid, owner="holder")
+    holder.acquire()
+    go = multiprocessing.get_context("spawn").Event()
+    emu.control.inject_fault("AddServiceToReservation", "apply_late", delay=None, reset_after=0.05)
+    process, stop, out = spawn_waiter(
+        emu, rid, "mutex", "cancellation_context", go, request_lifetime=10, pacing=FixedPacing(30.0)
+    )
+    time.sleep(2.5)  # the reset, the client's re-send 1 s later ("already exists"), a read: now it pauses
+    holder.release()
+    assert emu.control.land_late() == 1
+    token = services(emu, rid)["MUTEX"]
+    assert token.startswith("mutex waiter@")
+    # The cancellation's remove of it: no reply, held at the server until the test lands it.
+    emu.control.inject_fault("RemoveServicesFromReservation", "apply_late", delay=None, reset_after=0.05)
+    stop.set()
+    deadline = time.monotonic() + 10
+    while not any(f["method"] == "RemoveServicesFromReservation" for f in emu.control.faults_injected()):
+        assert time.monotonic() < deadline, "the waiter never removed its add"
+        time.sleep(0.05)
+    time.sleep(3.0)  # the waiter's late-add watcher reads every second meanwhile
+    successor = ReservationMutex(emu.session(), rid, owner="successor")
+    early = successor.acquire(blocking=False)
+    assert emu.control.land_late() == 1  # the waiter's remove lands now
+    if early:
+        assert services(emu, rid).get("MUTEX") == successor.token, (
+            "the waiter sent a second remove while its first could still land: the first one then deleted "
+            "the successor's lock"
+        )
+    assert not early, "a second remove of the waiter freed the lock while its first could still land"
+    assert successor.acquire(timeout=30)
+    go.set()
+    kind, report = out.get(timeout=90)
+    process.join(30)
+    assert kind == "done" and report["error"] is None, report
+    assert report["settled"]
+    assert services(emu, rid) == {"MUTEX": successor.token}
+    successor.release()
+    removes = [
+        e["attributes"].get(protocol.ATTR_OWNER)
+        for e in emu.control.events(rid)
+        if e["alias"] == "MUTEX" and e["op"] == "service_removed"
+    ]
+    assert removes.count(token) == 1

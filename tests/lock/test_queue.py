@@ -360,6 +360,38 @@ def test_a_ticket_add_without_an_answer_goes_to_the_late_add_watcher(clock) -> N
     assert ticket_alias(MUTEX, 1) not in api.services
 
 
+def test_a_ticket_remove_without_an_answer_is_never_sent_again_while_it_may_land(clock) -> None:
+    """Our ticket's remove at the end of the wait gets no reply and lands 5 s later. The watcher must not
+    remove the ticket again meanwhile: the number would be free, the next waiter would take it, and our
+    first remove, landing then, would take that waiter's place in line."""
+    api, lock = _waiting(clock)
+    mine = ticket_alias(MUTEX, 1)
+    removes: List[float] = []
+
+    def lost_reply(reservation_id, aliases) -> bool:
+        if aliases == [mine] and not removes:
+            removes.append(clock.now)
+            api.later(clock.now + 5, lambda: api.services.pop(mine, None))
+            raise ProtocolError("Connection aborted.", ConnectionResetError())
+        return False
+
+    api.faults["RemoveServicesFromReservation"] = [lost_reply] * 10
+    with pytest.raises(MutexTimeout):
+        lock.acquire()
+    assert removes and mine in api.services
+    watcher, joined = lock.runtime.late_adds, False
+    for _ in range(10):
+        clock.sleep(1.0)
+        watcher.sweep()
+        api.land_due()  # what reaches the server meanwhile, whoever calls next
+        if not joined and mine not in api.services:
+            queue_up(api, 1, SECOND)  # the next waiter takes the free number
+            joined = True
+    assert joined
+    assert mine in api.services, "our first remove landed on the next waiter's ticket"
+    assert parse_ticket(api.services[mine][protocol.ATTR_OWNER])[0] == SECOND
+
+
 def test_the_fair_option_is_checked() -> None:
     from cloudshell_mutex.lock.options import MutexOptions
 

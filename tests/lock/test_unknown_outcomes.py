@@ -193,6 +193,45 @@ def test_an_interrupt_while_the_add_is_at_the_server_is_cleaned_up(clock):
     assert MUTEX not in api.services
 
 
+def test_a_second_interrupt_during_the_undo_still_leaves_the_add_to_the_watcher(clock):
+    """Ctrl-C in the backoff after an add whose reply was lost (it committed); the undo's read shows it, and
+    a second Ctrl-C comes while the undo's remove is on its way. The add must still go to the watcher (else
+    nobody removes it, and no warning at exit names it), and the watcher must not remove it again while
+    that interrupted remove may still land."""
+    api = FakeApi(clock=clock)
+    late = LateAdds(clock)
+    mutex = make(api, clock, late_adds=late, request_lifetime=30)
+
+    def committed_then_reset(reservation_id, model, alias, attributes):
+        api.commit_add(reservation_id, model, alias, list(attributes))
+        raise reset()
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    def interrupted_sleep(seconds):
+        raise KeyboardInterrupt
+
+    api.faults["AddServiceToReservation"] = [committed_then_reset]
+    api.faults["RemoveServicesFromReservation"] = [interrupted]
+    mutex.runtime.sleep = interrupted_sleep  # the first Ctrl-C: in the backoff after the reset
+    with pytest.raises(KeyboardInterrupt):
+        mutex.acquire()
+    mutex.runtime.sleep = clock.sleep
+    token = owner(api)
+    assert token is not None and not mutex.locked()
+    (entry,) = late.pending()
+    assert entry.token == token and entry.remove_lands_by is not None
+    for _ in range(29):  # the interrupted remove may land until request_lifetime after it was sent
+        clock.now += 1
+        late.sweep()
+        assert owner(api) == token and api.count("RemoveServicesFromReservation") == 1
+    for _ in range(5):
+        clock.now += 1
+        late.sweep()
+    assert MUTEX not in api.services and late.pending() == []
+
+
 def test_an_add_left_unsettled_at_exit_is_named_in_one_warning(clock, caplog):
     api = FakeApi(clock=clock)
     late = LateAdds(clock)

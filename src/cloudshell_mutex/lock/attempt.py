@@ -158,19 +158,32 @@ class MutexAttempt:
         op, parts = self.op, self.parts
         if op.adds == 0:
             return
-        lands_by = parts.runtime.clock() + parts.options.request_lifetime
+        clock, lifetime = parts.runtime.clock, parts.options.request_lifetime
         if op.awaiting_add:  # interrupted before the add answered: it may land any time now
-            op.add_in_flight(lands_by)
-        if remove:
-            read = parts.alias.read()
-            if read.ok and op.settled_by(read.holder):  # one copy landed: the others land after it
-                if parts.alias.remove_once().ok:
-                    parts.news.log(logging.WARNING, "acquire interrupted; removed its add of %s", parts.name)
-                else:  # the watcher reads again and removes it
-                    op.add_in_flight(lands_by)
-            elif not read.ok and op.add_pending:
-                op.add_in_flight(lands_by)
-        parts.watch_late_add(op)
+            op.add_in_flight(clock() + lifetime)
+        # Our remove of it, while it may still land: the watcher sends no second one before then (it would
+        # free the lock, and the first, landing after a successor took it, would delete the successor's).
+        removing_until: Optional[float] = None
+        try:
+            if remove:
+                read = parts.alias.read()
+                if read.ok and op.settled_by(read.holder):  # one copy landed: the others land after it
+                    removing_until = clock() + lifetime  # until the remove has answered
+                    removed = parts.alias.remove_once()
+                    removing_until = removed.lands_by(lifetime) if removed.may_land_later else None
+                    if removed.ok:
+                        parts.news.log(
+                            logging.WARNING, "acquire interrupted; removed its add of %s", parts.name
+                        )
+                    else:  # the watcher reads again and removes it
+                        op.add_in_flight(clock() + lifetime)
+                elif not read.ok and op.add_pending:
+                    op.add_in_flight(clock() + lifetime)
+        except BaseException:  # interrupted again: what is known so far still goes to the watcher
+            op.add_in_flight(clock() + lifetime)
+            raise
+        finally:
+            parts.watch_late_add(op, removing_until)
 
     # ------------------------------------------------------------------ the steps
 

@@ -129,15 +129,24 @@ class LockParts:
         model = self.options.model
         return diagnosis.fatal_error(failure, doing, self.reservation_id, self.name, model, probed, state)
 
-    def watch_late_add(self, op: Operation) -> None:
+    def watch_late_add(self, op: Operation, removing_until: Optional[float] = None) -> None:
         """An acquire that ends without the lock: an add of it that may still land is watched, and so,
-        for as long as fresh reads may lag, is one whose outcome it could not see."""
+        for as long as fresh reads may lag, is one whose outcome it could not see. ``removing_until``: a
+        remove of ours that got no answer may land until then; the watcher sends none before."""
         now, lifetime = self.runtime.clock(), self.options.request_lifetime
         late_adds = self.runtime.late_adds
         if op.add_can_land(now):
-            late_adds.watch(self.alias, op.token, op.add_lands_by, lifetime, op.add_unanswered)
+            late_adds.watch(
+                self.alias,
+                op.token,
+                op.add_lands_by,
+                lifetime,
+                op.add_unanswered,
+                removing_until=removing_until,
+            )
         elif op.unsure_add:
-            late_adds.watch(self.alias, op.token, now + 2 * FRESH_READ_LAG, lifetime)
+            lands_by = now + 2 * FRESH_READ_LAG
+            late_adds.watch(self.alias, op.token, lands_by, lifetime, removing_until=removing_until)
 
     def tell_output(self, message: str, what: str, warning: bool = True) -> None:
         """One line in the sandbox output for the people watching it (a courtesy: a failure is logged)."""

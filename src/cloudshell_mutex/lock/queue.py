@@ -199,9 +199,11 @@ class FairQueue:
             if ticket is not None:
                 removed = ticket.remove_once()
                 if not (removed.ok or removed.status is Status.MISSING):
-                    # It may be there still: the watcher reads it and removes it while it shows our token.
+                    # It may be there still: the watcher reads it and removes it while it shows our token, but
+                    # not while this remove may land (its number may be the next waiter's by then).
                     lands_by = self._clock() + self.request_lifetime
-                    late_adds.watch(ticket, token, lands_by, self.request_lifetime)
+                    removing = removed.lands_by(self.request_lifetime) if removed.may_land_later else None
+                    late_adds.watch(ticket, token, lands_by, self.request_lifetime, removing_until=removing)
             for alias in dropped:
                 # Committed long ago: one read that does not lag settles it (removed if it shows our token).
                 late_adds.watch(alias, token, self._clock() + FRESH_READ_LAG, self.request_lifetime)

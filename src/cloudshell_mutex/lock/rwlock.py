@@ -51,8 +51,17 @@ class _GroupAdds:
     def __init__(self, logger: logging.Logger) -> None:
         self.logger = logger
 
-    def watch(self, alias: LockAlias, token: str, lands_by: float, lifetime: float, copies: int = 1) -> None:
-        """Log the add that may still land; it is left to the readers' protocol and the lease."""
+    def watch(
+        self,
+        alias: LockAlias,
+        token: str,
+        lands_by: float,
+        lifetime: float,
+        copies: int = 1,
+        removing_until: Optional[float] = None,
+    ) -> None:
+        """Log the add that may still land; it is left to the readers' protocol and the lease. (The
+        signature is :meth:`~.late_adds.LateAdds.watch`'s: every watcher is handed the same.)"""
         self.logger.info(
             "cloudshell-mutex: a read group's add of %s (%s) may still land; if it does, readers close it "
             "and a waiting writer breaks it after its lease",
