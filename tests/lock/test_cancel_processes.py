@@ -179,6 +179,27 @@ def test_a_cohort_waiter_stops_its_local_wait_and_unregisters(emu, tmp_path):
     assert services(emu, rid) == {}
 
 
+def _waiter_whose_add_gets_no_reply(emu, request_lifetime: float):
+    """A holder, and a spawned waiter whose add is held at the server without a reply (the client re-sends
+    it and the copy finds the holder's MUTEX); returned once the waiter pauses (FixedPacing(30))."""
+    rid = emu.create_reservation()
+    holder = ReservationMutex(emu.session(), rid, owner="holder")
+    holder.acquire()
+    go = multiprocessing.get_context("spawn").Event()
+    emu.control.inject_fault("AddServiceToReservation", "apply_late", delay=None, reset_after=0.05)
+    process, stop, out = spawn_waiter(
+        emu,
+        rid,
+        "mutex",
+        "cancellation_context",
+        go,
+        request_lifetime=request_lifetime,
+        pacing=FixedPacing(30.0),
+    )
+    time.sleep(2.5)  # the reset, the client's re-send 1 s later ("already exists"), a read: now it pauses
+    return rid, holder, go, process, stop, out
+
+
 @pytest.mark.client_resend
 @pytest.mark.parametrize("lands", ["after the cancellation", "before the cancellation"])
 def test_a_cancelled_waiter_whose_add_lands_late_leaves_nothing_behind(emu, lands):
@@ -186,15 +207,7 @@ def test_a_cancelled_waiter_whose_add_lands_late_leaves_nothing_behind(emu, land
     the holder's MUTEX); the first copy lands later, when the holder has gone. Landed after the
     cancellation, the waiter's late-add watcher removes it; landed before (the waiter pausing long), the
     cancellation's own read finds it and removes it. Nothing stays either way."""
-    rid = emu.create_reservation()
-    holder = ReservationMutex(emu.session(), rid, owner="holder")
-    holder.acquire()
-    go = multiprocessing.get_context("spawn").Event()
-    emu.control.inject_fault("AddServiceToReservation", "apply_late", delay=None, reset_after=0.05)
-    process, stop, out = spawn_waiter(
-        emu, rid, "mutex", "cancellation_context", go, request_lifetime=30, pacing=FixedPacing(30.0)
-    )
-    time.sleep(2.5)  # the reset, the client's re-send 1 s later ("already exists"), a read: now it pauses
+    rid, holder, go, process, stop, out = _waiter_whose_add_gets_no_reply(emu, request_lifetime=30)
     if lands == "before the cancellation":
         holder.release()
         assert emu.control.land_late() == 1
@@ -233,15 +246,7 @@ def test_a_cancelled_waiter_never_removes_its_add_again_while_its_first_remove_m
     it and removes it once, but that remove gets no reply and stays at the server. The late-add watcher
     must not send a second remove meanwhile: that one would free the lock, a successor would take it, and
     the first remove, landing then, would delete the successor's lock (two holders from there on)."""
-    rid = emu.create_reservation()
-    holder = ReservationMutex(emu.session(), rid, owner="holder")
-    holder.acquire()
-    go = multiprocessing.get_context("spawn").Event()
-    emu.control.inject_fault("AddServiceToReservation", "apply_late", delay=None, reset_after=0.05)
-    process, stop, out = spawn_waiter(
-        emu, rid, "mutex", "cancellation_context", go, request_lifetime=10, pacing=FixedPacing(30.0)
-    )
-    time.sleep(2.5)  # the reset, the client's re-send 1 s later ("already exists"), a read: now it pauses
+    rid, holder, go, process, stop, out = _waiter_whose_add_gets_no_reply(emu, request_lifetime=10)
     holder.release()
     assert emu.control.land_late() == 1
     token = services(emu, rid)["MUTEX"]
