@@ -79,7 +79,9 @@ def worker(
         for round_ in range(rounds):
             if kind == "unlocked":  # negative control: the checks must catch work done without the lock
                 report["intervals"].append(_critical_section(api, rid, f"unlocked:{index}:{round_}"))
-            elif kind in ("ours", "fair"):
+            elif kind in ("ours", "fair", "plain"):
+                # "ours": the defaults (waiting in the queue); "fair": the same, said; "plain": plain polling.
+                queue = {"ours": {}, "fair": {"fair": True}, "plain": {"fair": False}}[kind]
                 lock = ReservationMutex(
                     api,
                     rid,
@@ -87,8 +89,7 @@ def worker(
                     timeout=120,
                     pacing=DefaultPacing(first=0.01, base=0.02, cap=0.1),
                     budget=budget,
-                    fair=kind
-                    == "fair",  # the fair mode's advisory queue (tests/lock/test_queue_processes.py)
+                    **queue,
                 )
                 with lock:
                     report["intervals"].append(_critical_section(api, rid, lock.token))

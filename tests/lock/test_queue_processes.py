@@ -2,9 +2,12 @@
 
 * **Order:** waiters that queued in a known order get the lock in that order, as the server's event log
   shows.
-* **Safety beside the original code:** fair-mode processes, original v1 and v2 processes (which know
-  nothing of the queue) and the default lock share one lock: no overlap in the server's event log, no
-  lost update (the race of test_exclusion.py), and no ticket left behind.
+* **Safety beside the original code:** processes with the default lock (which waits in the queue), original
+  v1 and v2 processes (which know nothing of the queue) and plain polling (``fair=False``) share one lock:
+  no overlap in the server's event log, no lost update (the race of test_exclusion.py), and no ticket left
+  behind.
+* **Re-acquire at once:** processes that ask again the moment they release (a driver working through a list)
+  take turns: a releaser goes to the back of the queue, so nobody gets two grants ahead of another.
 """
 
 from __future__ import annotations
@@ -29,12 +32,12 @@ HOLD = 0.2
 
 
 def waiter(index: int, address: Tuple[str, int, str, str, str], rid: str, go, results) -> None:
-    """One process: when told to, acquire the lock in fair mode, hold it a moment, release it."""
+    """One process: when told to, acquire the lock (default options), hold it a moment, release it."""
     report: Dict[str, Any] = {"index": index, "error": None}
     try:
         host, port, user, password, domain = address
         api = CloudShellAPISession(host, user, password, domain, port=port)
-        lock = ReservationMutex(api, rid, owner=f"waiter {index}", timeout=120, fair=True)
+        lock = ReservationMutex(api, rid, owner=f"waiter {index}", timeout=120)
         results.put(("ready", index))
         go.wait(timeout=120)
         with lock:
@@ -108,12 +111,12 @@ def test_waiters_get_the_lock_in_the_order_they_queued(cloudshell_emulator_facto
     assert _tickets(api, rid) == []  # every ticket removed
 
 
-def test_the_fair_mode_excludes_with_the_original_code_and_the_default_beside_it(
+def test_the_queue_excludes_with_the_original_code_and_plain_polling_beside_it(
     cloudshell_emulator_factory, original_package_zip
 ):
     # details_cache_seconds=0: see test_exclusion.py (the original v2 stalls on a stale cache: slow, safe).
     emu = cloudshell_emulator_factory(packages=[original_package_zip], details_cache_seconds=0)
-    kinds = ["fair", "v1", "fair", "v2", "fair", "ours", "fair", "v1"]
+    kinds = ["ours", "v1", "plain", "v2", "ours", "plain", "fair", "v1"]
     outcome = run_race(emu, kinds, rounds=5)  # checks the event log: no overlap, no lost update
     assert sum(r["gave_up"] for r in outcome["reports"]) == 0, "an original peer ran without the lock"
     events = outcome["events"]
@@ -122,3 +125,70 @@ def test_the_fair_mode_excludes_with_the_original_code_and_the_default_beside_it
     added = {e["alias"] for e in ticket_adds}
     removed = [e["alias"] for e in events if e["op"] == "service_removed" and "~q~" in e["alias"]]
     assert len(removed) == len(ticket_adds) and set(removed) == added  # no ticket left behind
+
+
+LOOPERS = 4
+ROUNDS = 6
+
+
+def looper(index: int, address: Tuple[str, int, str, str, str], rid: str, options, barrier, results) -> None:
+    """One process: ``ROUNDS`` times, acquire, hold a moment, release, and ask again at once."""
+    report: Dict[str, Any] = {"index": index, "error": None}
+    try:
+        host, port, user, password, domain = address
+        api = CloudShellAPISession(host, user, password, domain, port=port)
+        barrier.wait(timeout=120)
+        for _ in range(ROUNDS):
+            with ReservationMutex(api, rid, owner=f"looper {index}", timeout=120, **options):
+                time.sleep(HOLD / 2)
+    except BaseException as error:  # report, never hang the parent
+        report["error"] = f"{type(error).__name__}: {error}"
+    results.put(report)
+
+
+def grants_in_order(emu, rid: str, options: Dict[str, Any]) -> List[str]:
+    """Run the loopers; the owners of the server's grants of MUTEX, in order."""
+    ctx = multiprocessing.get_context("spawn")
+    results, barrier = ctx.Queue(), ctx.Barrier(LOOPERS)
+    address = (emu.host, emu.port, emu.admin_user, emu.admin_password, emu.admin_domain)
+    processes = [
+        ctx.Process(target=looper, args=(index, address, rid, options, barrier, results))
+        for index in range(LOOPERS)
+    ]
+    for process in processes:
+        process.start()
+    try:
+        reports = [results.get(timeout=180) for _ in processes]
+    finally:
+        for process in processes:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+    assert not [r["error"] for r in reports if r["error"]]
+    events = sorted(emu.control.events(rid), key=lambda e: e["seq"])
+    return [
+        e["attributes"].get(protocol.ATTR_OWNER, "").split("@")[0]
+        for e in events
+        if e["alias"] == protocol.DEFAULT_ALIAS and e["op"] == "service_added"
+    ]
+
+
+def laps(grants: List[str]) -> List[str]:
+    """Every moment a client got its (k + 2)-th grant before another client, still asking, got its k-th."""
+    counts: Dict[str, int] = {}
+    found = []
+    for owner in grants:
+        counts[owner] = counts.get(owner, 0) + 1
+        behind = [o for o in {*grants} if counts.get(o, 0) <= counts[owner] - 2 and counts.get(o, 0) < ROUNDS]
+        found.extend(f"{owner} grant {counts[owner]} while {o} had {counts.get(o, 0)}" for o in behind)
+    return found
+
+
+def test_clients_that_ask_again_at_once_take_turns(cloudshell_emulator_factory, original_package_zip):
+    emu = cloudshell_emulator_factory(packages=[original_package_zip])
+    emu.control.configure(latency=LATENCY)
+    rid = emu.create_reservation("re-acquire")
+    grants = grants_in_order(emu, rid, {})
+    assert len(grants) == LOOPERS * ROUNDS
+    assert laps(grants) == [], grants
+    assert _tickets(emu.session(), rid) == []  # every ticket removed

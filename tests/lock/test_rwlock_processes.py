@@ -382,6 +382,50 @@ def test_a_waiting_writer_gets_in_while_readers_keep_arriving(emu):
     )
 
 
+def test_a_plain_waiter_gets_in_while_readers_keep_arriving(emu):
+    # A plain ReservationMutex (default options) waits in the lock's queue; its ticket stops new readers as a
+    # waiting writer's marker does, so a stream of overlapping readers cannot keep it out.
+    rid = reservation(emu)
+    ctx = multiprocessing.get_context("spawn")
+    stop, results = ctx.Event(), ctx.Queue()
+    readers = [start(streaming_reader, i, address(emu), rid, 0.3, stop, results) for i in range(3)]
+    try:
+        api = emu.session()
+        deadline = time.monotonic() + 60
+        while not any(s.Alias == protocol.DEFAULT_ALIAS for s in api.GetReservationDetails(rid, True)
+                      .ReservationDescription.Services):  # fmt: skip
+            assert time.monotonic() < deadline, "the readers never started"
+            time.sleep(0.05)
+        with ReservationMutex(api, rid, owner="the plain lock", timeout=30, **FAST) as mutex:
+            journal(api, rid, f"enter|plain|p|{mutex.token}")
+            journal(api, rid, f"exit|plain|p|{mutex.token}")
+        time.sleep(1.0)  # the readers go on after it
+    finally:
+        stop.set()
+    collect(readers, results)
+    check_history(emu, rid)
+    events = sorted(emu.control.events(rid), key=lambda e: e["seq"])
+    entries = [e["attributes"][ATTR_ENTRY] for e in events if e["alias"] == JOURNAL and "attributes" in e]
+    entries = [text for text in entries if text.startswith("enter|")]
+    position = next(i for i, text in enumerate(entries) if text.startswith("enter|plain"))
+    assert 0 < position < len(entries) - 1, "readers read before and after the plain lock"
+    queued = [i for i, e in enumerate(events) if "~q~" in e["alias"] and e["op"] == "service_added"]
+    assert queued, "the plain lock waited in the queue"
+    inside = next(
+        i
+        for i, e in enumerate(events)
+        if e["alias"] == JOURNAL and e["attributes"][ATTR_ENTRY].startswith("enter|plain")
+    )
+    # Once its ticket is there, readers stop coming in (one whose read came just before it may still join).
+    late_readers = [
+        e
+        for e in events[queued[0] : inside]
+        if e["alias"] == JOURNAL and e["attributes"][ATTR_ENTRY].startswith("enter|reader")
+    ]
+    assert len(late_readers) <= 3, late_readers
+    assert left_behind(emu, rid) == [], "every ticket and reader slot removed"
+
+
 def test_a_crashed_readers_slot_is_recovered_by_the_lease_rules(emu):
     rid = reservation(emu)
     ctx = multiprocessing.get_context("spawn")

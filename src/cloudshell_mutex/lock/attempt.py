@@ -144,8 +144,12 @@ class MutexAttempt:
             parts.news.log(logging.DEBUG, "%s is busy; not waiting (blocking=False)", parts.name)
             return False
         unleased = op.holder is not None and lease.lease_of(op.holder) is None
+        # A holder whose remove got no answer keeps the lock until that remove lands or can no longer land.
+        since = op.releasing_since if op.holder is not None else None
+        releasing = None if since is None else since + parts.options.request_lifetime
+        now = parts.runtime.clock()
         error = diagnosis.timeout_error(
-            op, parts.runtime.clock(), parts.reservation_id, parts.name, unleased_holder=unleased
+            op, now, parts.reservation_id, parts.name, unleased_holder=unleased, releasing_until=releasing
         )
         raise parts.news.error(error, op, events.TIMEOUT, logging.WARNING, holder=error.holder)
 

@@ -10,6 +10,7 @@ never credentials (:func:`~.classify.classify` already cut raw replies off).
 from __future__ import annotations
 
 import math
+import time
 from typing import Any, Dict, Optional
 
 from . import protocol
@@ -134,11 +135,19 @@ UNLEASED_HOLDER_NOTE = (
 
 
 def timeout_error(
-    op: Operation, now: float, reservation_id: str, alias: str, unleased_holder: bool = False
+    op: Operation,
+    now: float,
+    reservation_id: str,
+    alias: str,
+    unleased_holder: bool = False,
+    releasing_until: Optional[float] = None,
 ) -> MutexTimeout:
     """The acquisition ran out of time: say who held the lock, and for how long this waiter saw it
-    (``unleased_holder``: the holder has no lease, so only an administrator can free it)."""
+    (``unleased_holder``: the holder has no lease, so only an administrator can free it; ``releasing_until``:
+    the holder is releasing, and its remove may still land until then, monotonic)."""
     note = UNLEASED_HOLDER_NOTE if unleased_holder else ""
+    if releasing_until is not None:
+        note = releasing_note(releasing_until - now) + note
     waited = now - op.start
     limit = waited if op.deadline.at is None else op.deadline.at - op.start
     holder = op.holder_label
@@ -174,6 +183,22 @@ def timeout_error(
         maybe_held=op.add_pending or landing,
         reservation_id=reservation_id,
         alias=alias,
+    )
+
+
+def releasing_note(left: float) -> str:
+    """Why a lock stays held while its holder releases it (see :func:`timeout_error`)."""
+    if left <= 0:
+        return (
+            "; the holder is releasing it, and its remove (which got no answer) should have landed by now: "
+            "the holder's process decides once a read shows it"
+        )
+    until = time.strftime("%H:%M:%S", time.localtime(time.time() + left))
+    return (
+        "; the holder is releasing it: its remove got no answer and may still land until about "
+        f"{until} (in at most {left:.0f} s, the lock's request_lifetime), and the holder sends no second "
+        "remove before then (a late one could delete the next holder's lock), so the lock stays held until "
+        "that remove lands or its lifetime passes"
     )
 
 

@@ -110,6 +110,17 @@ class LateAdds:
                 self._thread.start()
         self._wake.set()
 
+    def remove_or_watch(self, alias: LockAlias, token: str, lifetime: float) -> None:
+        """Remove ``alias`` (a service of ours with ``token``: a queue ticket, a marker) once, now. When the
+        remove fails or gets no answer, the service may still be there: watch it, and remove it while it
+        shows ``token``, but never while that first remove may still land (the alias may be someone
+        else's by then)."""
+        removed = alias.remove_once()
+        if removed.ok or removed.status is Status.MISSING:
+            return
+        removing = removed.lands_by(lifetime) if removed.may_land_later else None
+        self.watch(alias, token, self._clock() + lifetime, lifetime, removing_until=removing)
+
     def pending(self) -> List[LateAdd]:
         """The adds still watched."""
         with self._lock:

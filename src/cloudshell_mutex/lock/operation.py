@@ -8,7 +8,7 @@ progress messages and the error texts (:mod:`.diagnosis`) read the record.
 from __future__ import annotations
 
 import random
-from typing import Optional
+from typing import Any, Optional
 
 from .engine import Deadline
 from .holder import Holder
@@ -68,6 +68,12 @@ class Operation:
         self.contended_since: Optional[float] = None
         self.holder: Optional[Holder] = None
         self.holder_since: Optional[float] = None
+        #: Since when reads show the holder's ``~releasing`` marker (its remove may still land), or None.
+        self.releasing_since: Optional[float] = None
+        #: The release's marker service while its remove may still land (added by this operation), and
+        #: until when an add of it that got no answer may still land (None: it answered).
+        self.releasing_mark: Optional[Any] = None
+        self.releasing_mark_lands_by: Optional[float] = None
         self.last_progress: Optional[float] = None
         self.last_error: Optional[str] = None
 
@@ -190,6 +196,13 @@ class Operation:
     def is_ours(self, holder: Optional[Holder]) -> bool:
         """True when ``holder`` carries this operation's token."""
         return holder is not None and holder.token == self.token
+
+    def see_releasing(self, releasing: bool, at: float) -> None:
+        """Record whether a read showed the holder's releasing marker (see :attr:`releasing_since`)."""
+        if not releasing:
+            self.releasing_since = None
+        elif self.releasing_since is None:
+            self.releasing_since = at
 
     def held_for(self, now: float) -> Optional[float]:
         """How long this waiter has seen the current holder hold the lock, or None."""

@@ -73,10 +73,11 @@ class MutexOptions:
       holder writes the lease and heartbeats about every lease/3 in a background thread; waiters break a
       holder they have seen without a heartbeat for lease + margin. A model without them (the original
       package), or 0, means no lease: never broken automatically. See docs/protocol.md, "Leases".
-    * ``fair``: the fair mode (opt-in): waiters line up in an advisory queue of ticket services, only the
+    * ``fair``: True (the default): waiters line up in an advisory queue of ticket services, only the
       head polls fast, the others read rarely (a budget per lock, not per process), and a releaser that
-      asks again goes to the back. Mutual exclusion still rests on the add alone. See docs/protocol.md,
-      "Fair mode".
+      asks again goes to the back. Mutual exclusion still rests on the add alone. False: plain polling
+      (every waiter polls the add by ``pacing``; whoever asks first after a release wins), for a site
+      that measured a case where it does better. See docs/protocol.md, "Waiting in line".
     * ``on_lost``: called with a :class:`~.errors.MutexLostError` when the heartbeat finds the lock taken
       from this holder, or stops renewing it at ``max_hold`` (from the heartbeat thread); ``on_danger``:
       called with the seconds since the last confirmed heartbeat once heartbeats have failed for 2/3 of the
@@ -108,7 +109,7 @@ class MutexOptions:
     lease: float = DEFAULT_LEASE
     on_lost: Optional[Callable[[Any], None]] = None
     on_danger: Optional[Callable[[float], None]] = None
-    fair: bool = False
+    fair: bool = True
     cancellation: Any = None
     max_hold: Optional[float] = None
 

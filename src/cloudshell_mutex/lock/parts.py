@@ -86,6 +86,10 @@ class LockParts:
         self.on_read(result)
         if result.ok:
             op.read_answered(result.sent_at)
+            marker = self.last_services.get(protocol.releasing_alias(self.name))
+            holder = result.holder
+            releasing = holder is not None and marker is not None and marker.token == holder.token
+            op.see_releasing(releasing, result.sent_at)
         return result
 
     def poll_read(self, op: Operation, doing: str) -> Any:

@@ -28,7 +28,8 @@ READ_GROUP_MARK = "read-group#"
 # Every service a lock derives from its name ``MUTEX`` is named here, and only here.
 
 #: Every alias the lock derives from a lock name carries this mark (reader slots, the closer, the writer
-#: waiting, queue tickets, the breaker, the generation counter), so no lock name may contain it.
+#: waiting, queue tickets, the releasing marker, the breaker, the generation counter), so no lock name may
+#: contain it.
 DERIVED_MARK = "~"
 #: ``MUTEX~r<i>``: reader slot ``i`` (1-based) of a read-write lock, held by one reader while it reads.
 READER_SLOT_SUFFIX = "~r"
@@ -38,6 +39,9 @@ GROUP_CLOSER_SUFFIX = "~c"
 WRITER_WAITING_SUFFIX = "~w"
 #: ``MUTEX~q~<n>``: ticket ``n`` of a fair-mode waiter.
 TICKET_INFIX = "~q~"
+#: ``MUTEX~releasing``: added by a holder whose remove of ``MUTEX`` got no answer and may still land (its
+#: ``Mutex Owner`` is the holder's token), so that a waiter that times out meanwhile can say why.
+RELEASING_SUFFIX = "~releasing"
 #: ``MUTEX~break``: held by a waiter while it breaks a stale holder of ``MUTEX``.
 BREAKER_SUFFIX = "~break"
 #: ``MUTEX~generation``: the lock's fencing counter.
@@ -50,6 +54,7 @@ KINDS = (
     "reader slot",
     "queue ticket",
     "closing",
+    "releasing",
     "breaker",
     "generation",
     "internal",
@@ -74,6 +79,11 @@ def writer_waiting_alias(name: str) -> str:
 def ticket_alias(name: str, number: int) -> str:
     """The alias of ticket ``number`` of the lock ``name``."""
     return f"{name}{TICKET_INFIX}{number}"
+
+
+def releasing_alias(name: str) -> str:
+    """The alias of the marker a holder of the lock ``name`` adds while its remove may still land."""
+    return name + RELEASING_SUFFIX
 
 
 def breaker_alias(name: str) -> str:
@@ -160,7 +170,11 @@ def check_lock_name(name: object) -> str:
 def alias_kind(alias: str) -> Tuple[str, str]:
     """``(lock, kind)`` of a lock service's alias, ``kind`` one of :data:`KINDS` (``("MUTEX", "reader slot")``
     for ``MUTEX~r3``). Any other ``MUTEX~...`` is an ``"internal"`` service of ``MUTEX``."""
-    for suffix, kind in ((BREAKER_SUFFIX, "breaker"), (GENERATION_SUFFIX, "generation")):
+    for suffix, kind in (
+        (BREAKER_SUFFIX, "breaker"),
+        (GENERATION_SUFFIX, "generation"),
+        (RELEASING_SUFFIX, "releasing"),
+    ):
         if alias.endswith(suffix) and len(alias) > len(suffix):
             return alias[: -len(suffix)], kind
     if DERIVED_MARK not in alias:

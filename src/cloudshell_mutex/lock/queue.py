@@ -44,6 +44,7 @@ from .lease import ticket_value
 from .options import FRESH_READ_LAG, default_logger
 from .protocol import ticket_alias, ticket_number
 from .tickets import (
+    FALLBACK_AFTER,
     HEAD_MIN,
     LOCK_BUDGET,
     MAX_INTERVAL,
@@ -57,9 +58,6 @@ from .tickets import (
     wait_interval,
 )
 
-#: A waiter that saw the lock free at two reads this far apart, with the same head both times, adds
-#: anyway: the head is gone or stuck, and the queue must not stall the lock (it is only advisory).
-FALLBACK_AFTER = 3.0
 #: Ticket numbers tried after the first one said "already exists", before reading again.
 JOIN_TRIES = 4
 #: The head times its polls by the holders' observed tenure (False: it polls every head_interval).
@@ -197,13 +195,8 @@ class FairQueue:
             return
         try:
             if ticket is not None:
-                removed = ticket.remove_once()
-                if not (removed.ok or removed.status is Status.MISSING):
-                    # It may be there still: the watcher reads it and removes it while it shows our token, but
-                    # not while this remove may land (its number may be the next waiter's by then).
-                    lands_by = self._clock() + self.request_lifetime
-                    removing = removed.lands_by(self.request_lifetime) if removed.may_land_later else None
-                    late_adds.watch(ticket, token, lands_by, self.request_lifetime, removing_until=removing)
+                # Its number may be the next waiter's once gone: no second remove while one may land.
+                late_adds.remove_or_watch(ticket, token, self.request_lifetime)
             for alias in dropped:
                 # Committed long ago: one read that does not lag settles it (removed if it shows our token).
                 late_adds.watch(alias, token, self._clock() + FRESH_READ_LAG, self.request_lifetime)

@@ -92,8 +92,12 @@ class RWParts:
         return self.lock_alias.sibling(alias)
 
     def mutex(self, alias: str, kind: str = "part", **changes: Any) -> HeldLock:
-        """A mutex of ``kind`` on ``alias`` with this lock's options (``changes`` replaced)."""
+        """A mutex of ``kind`` on ``alias`` with this lock's options (``changes`` replaced). Only the writer
+        waits in the lock's queue: the parts (slots, markers, the closer) are held for a few calls, and a
+        read group's add is one try, so they poll plainly."""
         args = self.mutex_args
+        if kind != "writer":
+            changes = {"fair": False, **changes}
         if changes:
             args = {**args, "options": self.options.replace(**changes)}
         make = self.kinds[kind]

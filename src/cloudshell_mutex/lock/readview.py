@@ -8,7 +8,7 @@ view says (who blocks readers, whether a group was abandoned, whether a closer o
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import diagnosis, lease, protocol
 from .alias import LockAlias, Status
@@ -17,6 +17,7 @@ from .errors import MutexError
 from .holder import Holder, is_read_group
 from .lease import StaleWatch
 from .options import MutexOptions
+from .tickets import FALLBACK_AFTER, queue_view
 
 
 class ReadView:
@@ -47,6 +48,9 @@ class ReadView:
         self._breaker = lease.Breaker(
             lock_alias.sibling, owner, lease.breaker_lease(options.lease), options.request_lifetime, runtime
         )
+        # The queue's tickets (each judged with its own lease), and the head seen while MUTEX was free.
+        self._tickets: Dict[str, StaleWatch] = {}
+        self._free_head: Optional[Tuple[str, float]] = None  # (ticket alias, first seen at) with MUTEX free
 
     @property
     def calls(self) -> int:
@@ -73,7 +77,22 @@ class ReadView:
         watched.update(protocol.reader_slots(services, self.name), self._watches)
         for alias in watched:
             self._watch(alias).observe(services.get(alias), result.sent_at)
+        queued = {t.alias: t.holder for t in queue_view(services, self.name, result.sent_at).tickets}
+        for alias in set(queued) | set(self._tickets):
+            self._tickets.setdefault(alias, StaleWatch()).observe(queued.get(alias), result.sent_at)
+        self._free_head = self._head_while_free(services, queued, result.sent_at)
         return services
+
+    def _head_while_free(
+        self, services: Dict[str, Holder], queued: Dict[str, Holder], at: float
+    ) -> Optional[Tuple[str, float]]:
+        """(head ticket, since when) while MUTEX is free with the same ticket at the head, else None."""
+        head = next(iter(sorted(queued, key=lambda a: protocol.ticket_number(a, self.name) or 0)), None)
+        if head is None or self.name in services:
+            return None
+        if self._free_head is not None and self._free_head[0] == head:
+            return self._free_head
+        return (head, at)
 
     def readers(self, snap: Dict[str, Holder]) -> List[str]:
         """Every reader slot the snapshot shows, whatever ``max_readers`` the reader that took it had."""
@@ -85,6 +104,21 @@ class ReadView:
         if marker is None or self._watch(marker.alias).stale(self.runtime.clock()):
             return None
         return marker
+
+    def waiter_queued(self, snap: Dict[str, Holder]) -> Optional[Holder]:
+        """The first waiter in the lock's queue (a plain mutex or a writer waits in line: docs/protocol.md),
+        so that a stream of readers cannot starve it. Not a ticket this reader has judged stale, nor a head
+        that has left ``MUTEX`` free for :data:`~.tickets.FALLBACK_AFTER` (gone or stuck: the queue is only
+        advisory, as its own waiters treat it)."""
+        now = self.runtime.clock()
+        for ticket in queue_view(snap, self.name, now).tickets:
+            if self._tickets.get(ticket.alias, StaleWatch()).stale(now):
+                continue
+            free = self._free_head
+            if free is not None and free[0] == ticket.alias and now - free[1] >= FALLBACK_AFTER:
+                continue
+            return ticket.holder
+        return None
 
     def breaker_at_work(self, snap: Dict[str, Holder]) -> bool:
         """True when the snapshot shows someone breaking ``MUTEX`` (a waiter that judged the group stale),
@@ -106,6 +140,9 @@ class ReadView:
         waiting = self.writer_waiting(snap)
         if waiting is not None:
             return f"a writer is waiting ({waiting.label})"
+        queued = self.waiter_queued(snap)
+        if queued is not None:
+            return f"a waiter is queued for {self.name} ({queued.label})"
         if all(alias in snap for alias in self.slot_names):
             if self.break_stale(snap, self.slot_names):
                 return None

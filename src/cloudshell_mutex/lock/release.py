@@ -8,10 +8,13 @@ is unknown is never followed by a second one while it may still land; reads tell
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from . import diagnosis, events
+from cloudshell.api.cloudshell_api import AttributeNameValue
+
+from . import diagnosis, events, protocol
 from .alias import CallResult, Status
 from .classify import Classification, ErrorKind
 from .operation import Operation
@@ -43,7 +46,51 @@ class ReleaseLoop:
         self.failures = 0
 
     def run(self) -> ReleaseEnd:
-        """Read, remove once, and read again until the release is settled."""
+        """Read, remove once, and read again until the release is settled. While a remove of ours may still
+        land, the ``~releasing`` marker tells waiters why the lock stays held."""
+        try:
+            end = self._settle()
+        except BaseException as error:
+            # An error leaves the lock held: the next release() continues this operation, marker and all.
+            # Ctrl-C leaves nobody to continue it: the late-add watcher takes the marker away.
+            if not isinstance(error, Exception):
+                self._unmark(remove=False)
+            raise
+        self._unmark()
+        return end
+
+    def _mark_releasing(self) -> None:
+        """Add ``MUTEX~releasing`` with our token, once per release: only waiters' messages depend on it, so a
+        refusal or a failure changes nothing else (an add without an answer is watched, and removed)."""
+        parts, op = self.parts, self.op
+        if op.releasing_mark is not None:
+            return
+        mark = parts.alias.sibling(protocol.releasing_alias(parts.name))
+        added = mark.try_add([AttributeNameValue(protocol.ATTR_OWNER, op.token)])
+        if added.ok or added.may_have_committed or added.may_land_later:
+            op.releasing_mark = mark
+            if not added.ok:
+                op.releasing_mark_lands_by = added.lands_by(parts.options.request_lifetime)
+        else:
+            parts.news.log(logging.DEBUG, "could not mark %s as releasing: %s", parts.name, added.failure)
+
+    def _unmark(self, remove: bool = True) -> None:
+        """Take the marker away (``remove``), or leave it to the late-add watcher, which removes it while it
+        shows our token; an add of it that got no answer is watched too."""
+        parts, op = self.parts, self.op
+        mark, lands_by = op.releasing_mark, op.releasing_mark_lands_by
+        if mark is None:
+            return
+        op.releasing_mark = op.releasing_mark_lands_by = None
+        late_adds, lifetime = parts.runtime.late_adds, parts.options.request_lifetime
+        if lands_by is not None:
+            late_adds.watch(mark, op.token, lands_by, lifetime)
+        if remove:
+            late_adds.remove_or_watch(mark, op.token, lifetime)
+        else:
+            late_adds.watch(mark, op.token, parts.runtime.clock() + FRESH_READ_LAG, lifetime)
+
+    def _settle(self) -> ReleaseEnd:
         parts, op = self.parts, self.op
         clock, sleep = parts.runtime.clock, parts.runtime.sleep
         check_after = parts.options.release_check_after
@@ -103,6 +150,7 @@ class ReleaseLoop:
             check = True  # never remove again before a fresh read shows the alias is still ours
             if result.may_land_later:
                 op.remove_unsettled(True, clock() + parts.options.request_lifetime)
+                self._mark_releasing()
                 continue  # not a failure yet: the reads above tell whether it lands
             op.remove_unsettled(result.may_have_committed)
             end = self._failed(result.failure, "removing the lock service")

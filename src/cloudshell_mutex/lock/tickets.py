@@ -37,6 +37,9 @@ MIN_INTERVAL, MAX_INTERVAL = 0.25, 30.0
 DEFAULT_PERIOD = 1.0
 #: How long this process remembers that others were queued at its last read of a lock.
 MEMORY_SECONDS = 60.0
+#: A waiter that saw the lock free at two reads this far apart, with the same head both times, adds
+#: anyway: the head is gone or stuck, and the queue must not stall the lock (it is only advisory).
+FALLBACK_AFTER = 3.0
 
 
 class TicketAlias(LockAlias):
