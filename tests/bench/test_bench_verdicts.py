@@ -203,13 +203,19 @@ def test_calls_fifo_and_hand_off_gap_have_absolute_limits() -> None:
     assert row.verdict == NOT_JUDGED and "open" in row.why
 
 
-def test_the_call_rate_at_hold_10_s() -> None:
+def test_the_call_rate_at_hold_10_s_needs_a_window_of_several_hand_offs() -> None:
     cell = Cell(32, 10.0, REACQUIRE, 60.0)
-    within = run(cell, "default", 0, metrics([1] * 16 + [0] * 16, window=60.0, calls_per_second=3.5))
-    assert only([within], "hold 10 s, N=32").verdict == MET
-    over = run(cell, "default", 0, metrics([1] * 16 + [0] * 16, window=60.0, calls_per_second=4.5))
-    row = only([over], "hold 10 s, N=32")
-    assert (row.measured, row.verdict) == ("4.50/s", MISSED)
+    six = [1] * 6 + [0] * 26  # six grants in 60 s, one each 10 s
+
+    def row(per_client, rate):
+        return only(
+            [run(cell, "default", 0, metrics(per_client, window=60.0, calls_per_second=rate))], "hold 10 s"
+        )
+
+    assert row(six, 3.5).verdict == MET
+    assert (row(six, 4.5).measured, row(six, 4.5).verdict) == ("4.50/s", MISSED)
+    arrival = row([1, 1] + [0] * 30, 6.0)  # two grants: the figure is mostly the clients' arrival
+    assert (arrival.verdict, arrival.why) == (NOT_JUDGED, "fewer than 5 grants in a run")
 
 
 @pytest.mark.parametrize(

@@ -388,11 +388,10 @@ def render(
     """The whole markdown document."""
     summaries = summarise(results)
     names = " and ".join(f"**{plan.name}**" for plan in plans)
-    repeats = ", ".join(
-        f"{plan.name} {plan.repeats}"
-        + (f", {len(plan.once)} of its configurations once" if plan.once else "")
-        for plan in plans
-    )
+    repeats = ", ".join(f"{plan.name} {plan.repeats}" for plan in plans)
+    once = sum(len(s.runs) == 1 for s in summaries.values())
+    if once and max(plan.repeats for plan in plans) > 1:
+        repeats += f", except {once} run{'s' if once > 1 else ''} made once"
     lines = [
         "# Benchmarks against the original code",
         "",
