@@ -25,11 +25,13 @@ PYTEST_ARGS ?=
 # The suite waits on sleeps and other processes far more than it computes: two pytest workers (pytest-xdist)
 # halve its time on two cores. PYTEST_WORKERS=0 runs it in one process.
 PYTEST_WORKERS ?= 2
-# make bench: the quick plan (about ten minutes, plus the cohort and readers-and-writers benches) by default;
-# BENCH=quick,budget adds the N=32 call-budget cell; BENCH=full the whole matrix (hours).
-BENCH ?= quick
-# ... and the cohort benchmark's plan (bench/cohort.py: quick, full, slice, smoke).
+# make bench: the decide plan (about fifteen minutes: the default lock's targets, judged) by default;
+# BENCH=full the whole matrix (hours), then the cohort and readers-and-writers benches; BENCH=quick short
+# windows (ten minutes), BENCH=quick,targets or quick,budget with more of N=8 and 32.
+BENCH ?= decide
+# ... and the cohort benchmark's plan (bench/cohort.py: quick, full, slice, smoke), run with BENCH=full.
 COHORT_BENCH ?= quick
+comma := ,
 
 .PHONY: help venv venv39 test test-py39 test-oldest-client test-live test-dist stress lint clean emulator package dist demo bench
 
@@ -125,8 +127,10 @@ demo: venv
 # Not part of make test: benchmarks are not timed tests. Writes docs/benchmarks.md and docs/benchmarks/*.png.
 bench: venv
 	$(BIN)/python -m cloudshell_mutex.bench --plan $(BENCH)
+ifneq ($(filter full,$(subst $(comma), ,$(BENCH))),)
 	$(BIN)/python -m cloudshell_mutex.bench.cohort --plan $(COHORT_BENCH)
 	$(BIN)/python -m cloudshell_mutex.bench.rwmix --reads 0.9,0.5 --doc docs/benchmarks.md
+endif
 
 # With this tree's Mutex_Package.zip imported, so that drivers and scripts can lock at once (README).
 emulator: venv

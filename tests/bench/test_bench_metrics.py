@@ -201,3 +201,13 @@ def test_waiters_that_start_within_the_tie_are_simultaneous_for_fifo() -> None:
     waits = [Wait(0, 0.00, 2.0, 2.0), Wait(1, 0.01, 1.0, 0.99), Wait(2, 0.5, 0.8, 0.3)]
     assert fifo_inversions(waits, tie=0.1) == (2, 1)  # ... but client 2 (0.5 s later) overtook both
     assert fifo_inversions(waits) == (3, 2)
+
+
+def test_the_early_waits_are_those_that_started_in_the_first_half_of_the_window() -> None:
+    # Client 0 waits 1 s from 0.5; client 1 from 4.0 until the window's end (open: 6 s so far); client 2
+    # starts at 7.0, in the second half: it is among all the waits, not among the early ones.
+    log = Log().add(1.5, 0).remove(9.0, 0)
+    m = metrics(log, [Attempt(0, 0.5), Attempt(1, 4.0), Attempt(2, 7.0)])
+    assert (m.wait.count, m.wait.open) == (3, 2)
+    assert (m.early_wait.count, m.early_wait.open) == (2, 1)
+    assert m.early_wait.max == pytest.approx(6.0) and m.early_wait.p50 == pytest.approx(3.5)

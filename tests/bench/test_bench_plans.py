@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import random
 import time
 
 import pytest
@@ -9,16 +11,36 @@ import pytest
 from cloudshell_mutex.bench.__main__ import main, parse_args
 from cloudshell_mutex.bench.contenders import BASELINE, CONTENDERS, Seat, WindowClosed, contender
 from cloudshell_mutex.bench.original import OriginalMutex
-from cloudshell_mutex.bench.plans import FULL, QUICK, REACQUIRE, TARGETS, THINK, Cell, Plan
+from cloudshell_mutex.bench.plans import (
+    DECIDE,
+    FIXED_PAUSE,
+    FULL,
+    MIXED,
+    NO_PAUSE,
+    QUICK,
+    REACQUIRE,
+    READERS,
+    TARGETS,
+    THINK,
+    THINK_PAUSE,
+    Cell,
+    Plan,
+    Role,
+)
+from cloudshell_mutex.bench.verdicts import TARGETS as VERDICT_TARGETS
 
 
 def test_the_quick_plan_is_a_small_part_of_the_full_matrix() -> None:
     quick = {(c.clients, c.hold, c.workload) for c, _ in QUICK.groups}
-    full = {(c.clients, c.hold, c.workload) for c, _ in FULL.groups}
+    full = {(c.clients, c.hold, c.workload) for c, _ in FULL.groups if c.workload in (REACQUIRE, THINK)}
     assert quick <= full
     assert {n for n, _, _ in full} == {1, 2, 8, 32}
     assert {h for _, h, _ in full} == {0.1, 1.0, 10.0}
     assert {w for _, _, w in full} == {REACQUIRE, THINK}
+    # The full plan also runs the mixed parties and the readers stream, with plain polling and the fair mode.
+    others = {c.workload: names for c, names in FULL.groups if c.workload not in (REACQUIRE, THINK)}
+    assert set(others) == {MIXED, READERS}
+    assert all({"default", "plain", "fair"} <= set(names) for names in others.values())
     assert QUICK.max_clients == 8
     assert QUICK.estimated_seconds() < 15 * 60 < FULL.estimated_seconds()
     for plan in (QUICK, FULL):
@@ -99,7 +121,10 @@ def test_an_unknown_plan_is_refused_with_the_known_ones(capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["--plan", "huge"])
     assert exit_info.value.code == 2
-    assert "unknown plan 'huge': use one of quick, full, targets, budget, smoke" in capsys.readouterr().err
+    assert (
+        "unknown plan 'huge': use one of decide, quick, full, targets, budget, smoke"
+        in capsys.readouterr().err
+    )
 
 
 def test_several_plans_run_one_after_the_other() -> None:
@@ -117,3 +142,93 @@ def test_the_fair_mode_runs_in_the_quick_and_targets_plans_beside_the_baseline_a
         assert contended and all({"original-v1", "default", "fair"} <= set(names) for names in contended)
     # The uncontended cell shows that fair=True costs nothing without contention.
     assert any(cell.clients == 1 and "fair" in names for cell, names in QUICK.groups)
+
+
+def _cells(plan: Plan):
+    return {(c.clients, c.hold, c.workload): (c.window, names) for c, names in plan.groups + plan.once}
+
+
+def test_make_bench_runs_the_decide_plan_in_under_fifteen_minutes() -> None:
+    assert parse_args([]).plans == ["decide"]
+    assert DECIDE.estimated_seconds() < 15 * 60
+    assert DECIDE.max_clients == 32
+
+
+def test_the_decide_plan_judges_its_ratios_on_two_repeats_in_windows_long_enough() -> None:
+    assert DECIDE.repeats >= 2
+    for cell, names in DECIDE.groups:  # the repeated cells: each judges a ratio against the original
+        assert {BASELINE, "default"} <= set(names)
+        if cell.hold >= 1:
+            assert cell.window >= (40.0 if cell.clients >= 32 else 30.0)
+    repeated = {(c.clients, c.hold, c.workload) for c, _ in DECIDE.groups}
+    assert {(n, 1.0, w) for n in (2, 8) for w in (REACQUIRE, THINK)} | {(32, 1.0, REACQUIRE)} <= repeated
+    assert any(c.hold == 0.1 for c, _ in DECIDE.groups)
+    once = _cells(Plan("once", DECIDE.once, repeats=1))
+    assert once[(8, 1.0, REACQUIRE)] == (30.0, ("plain",))  # plain polling beside the default at N=8
+    assert once[(4, 1.0, MIXED)] == (60.0, ("default",))
+    assert READERS in {w for _, _, w in once} and (32, 10.0, REACQUIRE) in once
+    assert once[(32, 10.0, REACQUIRE)][0] >= 60.0
+    assert (1, 0.1, REACQUIRE) in once
+
+
+def test_every_verdict_has_a_configuration_in_the_decide_plan() -> None:
+    cells = [cell for cell, _ in DECIDE.groups + DECIDE.once]
+    for target in VERDICT_TARGETS:
+        if target.contender == "default":
+            assert any(target.where(cell) for cell in cells), target.text
+
+
+def test_cells_run_once_go_with_the_first_repeat_only() -> None:
+    a, b = Cell(2, 0.1, REACQUIRE, 1.0), Cell(4, 1.0, MIXED, 2.0)
+    plan = Plan("p", ((a, (BASELINE, "default")),), repeats=2, once=((b, ("default",)),))
+    assert list(plan.runs()) == [
+        (0, a, BASELINE),
+        (0, a, "default"),
+        (0, b, "default"),
+        (1, a, BASELINE),
+        (1, a, "default"),
+    ]
+    assert plan.run_count == 5 and plan.max_clients == 4
+    assert plan.estimated_seconds(per_run_overhead=1.0, per_client=0.5) == 4 * 2.0 + 3.0 + 2.0
+    # --repeats (dataclasses.replace of the repeats) changes the repeated cells only.
+    assert dataclasses.replace(plan, repeats=3).run_count == 3 * 2 + 1
+
+
+@pytest.mark.parametrize(
+    ("workload", "roles"),
+    [
+        (REACQUIRE, [Role(), Role(), Role(), Role()]),
+        (THINK, [Role(THINK_PAUSE)] * 4),
+        (MIXED, [Role(), Role(FIXED_PAUSE), Role(FIXED_PAUSE), Role(FIXED_PAUSE)]),
+        # The lock's client enters once the readers hold; the readers start a third of a hold apart.
+        (
+            READERS,
+            [
+                Role(FIXED_PAUSE, offset=1.5),
+                Role(reader=True, offset=0.0),
+                Role(reader=True, offset=0.5),
+                Role(reader=True, offset=1.0),
+            ],
+        ),
+    ],
+)
+def test_each_client_has_its_role_in_the_workload(workload, roles) -> None:
+    cell = Cell(4, 1.5, workload, 10.0)
+    assert [cell.role(client) for client in range(4)] == roles
+    assert cell.measured == ((0,) if workload == READERS else (0, 1, 2, 3))
+
+
+def test_pauses_fixed_after_each_hold_or_exponential_before_each() -> None:
+    rng = random.Random(1)
+    fixed = Role(FIXED_PAUSE)
+    assert fixed.pause_seconds(rng, 1.0, first=True) == 0.0
+    assert fixed.pause_seconds(rng, 1.0, first=False) == 1.0
+    assert Role(NO_PAUSE).pause_seconds(rng, 1.0, first=False) == 0.0
+    assert Role(THINK_PAUSE).pause_seconds(rng, 1.0, first=True) > 0.0
+    with pytest.raises(ValueError, match="the mixed workload needs at least 2 clients"):
+        Cell(1, 1.0, MIXED, 5.0)
+
+
+def test_plain_polling_and_the_readers_are_contenders_of_their_own() -> None:
+    assert "ReservationMutex(fair=False)" in contender("plain").description
+    assert "fair=True" in contender("fair").description

@@ -22,8 +22,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--plan",
-        default="quick",
-        help=f"the plans to run, separated by commas: {', '.join(PLANS)} (default: quick)",
+        default="decide",
+        help=f"the plans to run, separated by commas: {', '.join(PLANS)} (default: decide)",
     )
     parser.add_argument(
         "--repeats", type=int, default=None, help="repeat every run this often (default: the plan's)"

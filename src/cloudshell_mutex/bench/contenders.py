@@ -16,6 +16,7 @@ from typing import Any, Callable, ContextManager, Dict
 
 from ..lock.mutex import ReservationMutex
 from ..lock.pacing import OriginalPacing
+from ..lock.rwlock import ReadLock, ReservationRWLock
 from .original import OriginalMutex
 
 
@@ -94,6 +95,19 @@ def fair_lock(seat: Seat) -> ReservationMutex:
     return _reservation_mutex(seat, fair=True)
 
 
+def plain_lock(seat: Seat) -> ReservationMutex:
+    """``ReservationMutex(fair=False)``: plain polling, no queue."""
+    return _reservation_mutex(seat, fair=False)
+
+
+def reader_lock(seat: Seat) -> ReadLock:
+    """The read side of a ``ReservationRWLock`` with default options: a reader of the readers workload."""
+    rw = ReservationRWLock(
+        seat.api, seat.reservation_id, owner=f"bench reader {seat.client}", timeout=seat.remaining()
+    )
+    return rw.read()
+
+
 def _original(seat: Seat, variant: str) -> OriginalMutex:
     # The original's own defaults (100 tries, randint(2, 5) s); only its sleeps end with the window.
     unique = f"bench client {seat.client}:{uuid.uuid4().hex[:8]}"
@@ -121,6 +135,7 @@ CONTENDERS: Dict[str, Contender] = {
     for c in (
         Contender("default", "ReservationMutex, default options", default_lock),
         Contender("fair", "ReservationMutex(fair=True): the advisory queue", fair_lock),
+        Contender("plain", "ReservationMutex(fair=False): plain polling, no queue", plain_lock),
         Contender("original-pacing", "ReservationMutex(pacing=OriginalPacing())", original_pacing_lock),
         Contender("release-check-5", "ReservationMutex(release_check_after=5)", release_check_lock),
         Contender(

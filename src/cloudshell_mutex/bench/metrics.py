@@ -11,7 +11,10 @@ Inputs are what one run leaves behind:
 * the server's call counts for the run's window.
 
 Waits still open when the window closes count with their length so far (a lower bound, flagged
-``open``), so a contender that starves its waiters cannot look better by never granting them.
+``open``), so a contender that starves its waiters cannot look better by never granting them. The waits
+that started in the window's first half are also summarised alone (``early_wait``): each had at least half
+a window to end, so one still open is known to be at least that long, and a percentile over them decides
+what a percentile over every wait (the last ones cut short by the window) cannot.
 """
 
 from __future__ import annotations
@@ -102,6 +105,10 @@ class Distribution:
         )
 
 
+#: No waits at all (and the figure of results saved before ``early_wait`` was measured).
+NO_WAITS = Distribution(count=0, p50=math.nan, p99=math.nan, max=math.nan)
+
+
 @dataclass(frozen=True)
 class RunMetrics:
     """Every figure of one run (one contender, one configuration, one repeat)."""
@@ -117,6 +124,7 @@ class RunMetrics:
     grants_per_client: Tuple[int, ...]
     fifo_inversions: int
     inverted_grants: int
+    early_wait: Distribution = NO_WAITS  # the waits that started in the window's first half
 
     @property
     def calls_per_acquisition_total(self) -> float:
@@ -280,6 +288,7 @@ def run_metrics(
     for grant in in_window:
         per_client[grant.client] += 1
     count = len(in_window)
+    early = [w for w in waits if w.start <= window.start + window.seconds / 2]
     return RunMetrics(
         clients=clients,
         window_seconds=window.seconds,
@@ -292,4 +301,5 @@ def run_metrics(
         grants_per_client=tuple(per_client),
         fifo_inversions=pairs,
         inverted_grants=inverted,
+        early_wait=Distribution.of([w.seconds for w in early], sum(w.open for w in early)),
     )

@@ -1,7 +1,8 @@
-"""The benchmark's report: repeats summarised, ratios against the original, the lock's targets, plots.
+"""The benchmark's report: the verdicts, a table per configuration, the fair mode's targets, noise, plots.
 
 Everything here works on :class:`~.runner.RunResult` lists (no I/O but writing the files), so tests can
-feed it synthetic results. Plots need matplotlib (the ``dev`` extra); it is imported only to draw them.
+feed it synthetic results. The repeats are summarised in :mod:`.summary`, the default lock's targets judged
+in :mod:`.verdicts`. Plots need matplotlib (the ``dev`` extra); it is imported only to draw them.
 """
 
 from __future__ import annotations
@@ -12,150 +13,53 @@ import platform
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..lock import tickets
 from .cohort import existing_section
 from .contenders import BASELINE, CONTENDERS
-from .metrics import RunMetrics
 from .plans import FIFO_TIE, LATENCY, REACQUIRE, THINK, WORKLOADS, Cell, Plan
 from .runner import RunResult
 from .rwmix import MARK_END as RWMIX_END
 from .rwmix import MARK_START as RWMIX_START
+from .summary import (
+    Metric,
+    Summaries,
+    Summary,
+    calls_by_method,
+    calls_per_acquisition,
+    calls_per_second,
+    fairness,
+    gap_p50,
+    inverted_share,
+    longest_windows,
+    number,
+    ratio,
+    short,
+    summarise,
+    throughput,
+    wait_max,
+    wait_p50,
+    wait_p99,
+)
+from .verdicts import RULES, verdict_rows, verdicts
 
 MET, MISSED, NOT_MEASURED = "met", "missed", "not measured"
 
-#: The starvation target is judged only on runs whose mean client got at least this many grants.
+#: The fair mode's starvation target is judged only on runs whose mean client got this many grants.
 MIN_GRANTS_FOR_FAIRNESS = 4
 
-Metric = Callable[[RunMetrics], float]
 
-#: Short names of the API methods in the call columns.
-METHOD_NAMES = {
-    "AddServiceToReservation": "add",
-    "GetReservationDetails": "read",
-    "RemoveServicesFromReservation": "remove",
-    "GetServices": "catalog",
-    "GetReservationStatus": "status",
-    "WriteMessageToReservationOutput": "output",
-}
-
-
-@dataclass(frozen=True)
-class Summary:
-    """The repeats of one contender in one cell."""
-
-    cell: Cell
-    contender: str
-    runs: Tuple[RunMetrics, ...]
-    ran_without_lock: int
-
-    def values(self, metric: Metric) -> List[float]:
-        """``metric`` of every repeat (NaNs left out)."""
-        return [v for v in (metric(m) for m in self.runs) if not math.isnan(v)]
-
-    def median(self, metric: Metric) -> float:
-        """The median of ``metric`` over the repeats (NaN when no repeat has it)."""
-        values = self.values(metric)
-        return statistics.median(values) if values else math.nan
-
-    def spread(self, metric: Metric) -> Tuple[float, float]:
-        """The lowest and the highest ``metric`` over the repeats."""
-        values = self.values(metric)
-        return (min(values), max(values)) if values else (math.nan, math.nan)
-
-
-def summarise(results: Sequence[RunResult]) -> Dict[Tuple[Cell, str], Summary]:
-    """Group the runs by (cell, contender), in the order they first ran."""
-    grouped: Dict[Tuple[Cell, str], List[RunResult]] = {}
-    for result in results:
-        grouped.setdefault((result.cell, result.contender), []).append(result)
-    return {
-        key: Summary(key[0], key[1], tuple(r.metrics for r in runs), sum(r.ran_without_lock for r in runs))
-        for key, runs in grouped.items()
-    }
-
-
-def throughput(m: RunMetrics) -> float:
-    """Acquisitions per minute."""
-    return m.acquisitions_per_minute
-
-
-def wait_p50(m: RunMetrics) -> float:
-    """Median wait, s."""
-    return m.wait.p50
-
-
-def wait_p99(m: RunMetrics) -> float:
-    """99th percentile of the wait, s."""
-    return m.wait.p99
-
-
-def wait_max(m: RunMetrics) -> float:
-    """Longest wait, s."""
-    return m.wait.max
-
-
-def gap_p50(m: RunMetrics) -> float:
-    """Median hand-off gap, s."""
-    return m.handoff_gap.p50
-
-
-def calls_per_acquisition(m: RunMetrics) -> float:
-    """API calls per grant."""
-    return m.calls_per_acquisition_total
-
-
-def calls_per_second(m: RunMetrics) -> float:
-    """API calls per second on the server."""
-    return m.calls_per_second
-
-
-def fairness(m: RunMetrics) -> float:
-    """min grants per client / mean grants per client."""
-    return m.fairness
-
-
-def inverted_share(m: RunMetrics) -> float:
-    """Share of grants that overtook an earlier waiter."""
-    return m.inverted_grants / m.grants if m.grants else math.nan
-
-
-def ratio(summaries: Dict[Tuple[Cell, str], Summary], cell: Cell, name: str, metric: Metric) -> float:
-    """median ``metric`` of ``name`` / that of the baseline (original v1) in ``cell`` (NaN if missing)."""
-    ours, base = summaries.get((cell, name)), summaries.get((cell, BASELINE))
-    if ours is None or base is None:
-        return math.nan
-    denominator = base.median(metric)
-    if math.isnan(denominator) or denominator == 0:
-        return math.nan
-    return ours.median(metric) / denominator
-
-
-# ---------------------------------------------------------------- targets
+# ---------------------------------------------------------------- the fair mode's targets
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """One of the targets for the default lock, what was measured, and whether it was met."""
+    """One of the fair mode's targets, what was measured, and whether it was met."""
 
     target: str
     measured: str
     verdict: str
-
-
-def _cells(
-    summaries: Dict[Tuple[Cell, str], Summary], name: str, where: Callable[[Cell], bool]
-) -> List[Summary]:
-    """``name``'s summaries in the cells ``where`` selects; of a configuration measured in windows of
-    several lengths (quick and targets plans together), only the longest window counts."""
-    longest: Dict[Tuple[int, float, str], Summary] = {}
-    for (cell, n), s in summaries.items():
-        if n == name and where(cell):
-            key = (cell.clients, cell.hold, cell.workload)
-            if key not in longest or cell.window > longest[key].cell.window:
-                longest[key] = s
-    return list(longest.values())
 
 
 def _verdict(target: str, parts: Sequence[Tuple[str, Optional[bool]]]) -> Verdict:
@@ -167,124 +71,9 @@ def _verdict(target: str, parts: Sequence[Tuple[str, Optional[bool]]]) -> Verdic
     return Verdict(target, "; ".join(text for text, _ in parts), verdict)
 
 
-def _uncontended_calls(summaries: Dict[Tuple[Cell, str], Summary], name: str, expected: int, target: str):
-    parts = []
-    for summary in _cells(summaries, name, lambda c: c.clients == 1):
-        for m in summary.runs:
-            # The window can cut one cycle: its calls are counted, its grant may not be.
-            tolerance = expected / m.grants if m.grants else math.inf
-            ok = abs(m.calls_per_acquisition_total - expected) <= tolerance
-            parts.append((f"{_calls_text(m)} ({m.grants} cycles)", ok))
-    return _verdict(target, parts)
-
-
 def wait_p99_censored(summary: Summary) -> bool:
     """More than 1 % of the waits were still open at the window's end: the p99 may be a lower bound."""
     return any(m.wait.open > 0.01 * m.wait.count for m in summary.runs)
-
-
-def gap_p50_censored(summary: Summary) -> bool:
-    """Half or more of the hand-off gaps were still open at the window's end: the p50 is a lower bound."""
-    return any(m.handoff_gap.open >= 0.5 * m.handoff_gap.count > 0 for m in summary.runs)
-
-
-def _ratio_parts(
-    summaries: Dict[Tuple[Cell, str], Summary],
-    where: Callable[[Cell], bool],
-    metric: Metric,
-    limit: float,
-    above: bool,
-    censored: Optional[Callable[[Summary], bool]] = None,
-) -> List[Tuple[str, Optional[bool]]]:
-    """Each selected cell's ratio against the baseline, and whether it meets ``limit`` (None: cannot tell).
-
-    A figure that is a lower bound (``censored``: waits still open when the window closed) decides only
-    one way: a lower bound of ours above the limit is a miss, and ours under the limit against a lower
-    bound of the baseline is a pass; anything else is named, not judged.
-    """
-    parts: List[Tuple[str, Optional[bool]]] = []
-    for summary in _cells(summaries, "default", where):
-        value = ratio(summaries, summary.cell, "default", metric)
-        if math.isnan(value):
-            continue
-        ok: Optional[bool] = value >= limit if above else value <= limit
-        text = f"{_short(summary.cell)}: {value:.2f}x"
-        if censored is not None:
-            ours = censored(summary)
-            base = censored(summaries[(summary.cell, BASELINE)])
-            if (ours and ok) or (base and not ok):
-                ok = None
-                text += " (open waits at the window's end: not judged)"
-        parts.append((text, ok))
-    return parts
-
-
-def targets(summaries: Dict[Tuple[Cell, str], Summary]) -> List[Verdict]:
-    """The targets for the default lock, judged on the measurements (honestly: met or missed)."""
-    verdicts = [
-        _uncontended_calls(summaries, "default", 3, "uncontended acquire + release = 3 API calls"),
-        _uncontended_calls(
-            summaries, "release-check-5", 2, "the same with `release_check_after>0` = 2 API calls"
-        ),
-    ]
-    starvation = []
-    too_short = []
-    for summary in _cells(summaries, "default", lambda c: c.clients > 1):
-        # A window in which the mean client gets fewer than MIN_GRANTS_FOR_FAIRNESS grants cannot tell
-        # starvation from bad luck: such runs are named, not judged.
-        judged = [m.fairness for m in summary.runs if m.grants >= MIN_GRANTS_FOR_FAIRNESS * m.clients]
-        if judged:
-            worst = min(judged)
-            starvation.append((f"{_short(summary.cell)}: {worst:.2f}", worst >= 0.5))
-        else:
-            too_short.append(_short(summary.cell))
-    verdict = _verdict("no client starves: min grants per client >= 0.5 x the mean (every run)", starvation)
-    if too_short:
-        verdict = Verdict(
-            verdict.target,
-            f"{verdict.measured}; not judged (fewer than {MIN_GRANTS_FOR_FAIRNESS} grants per client in the "
-            f"window): {', '.join(too_short)}",
-            verdict.verdict,
-        )
-    verdicts.append(verdict)
-    rate = [
-        (
-            f"{_short(s.cell)}: {s.spread(calls_per_second)[1]:.1f}/s",
-            s.spread(calls_per_second)[1] <= LOCK_BUDGET,
-        )
-        for s in _cells(summaries, "default", lambda c: c.clients == 32)
-    ]
-    verdicts.append(_verdict(f"server calls/s for one lock <= {LOCK_BUDGET:g} at N=32 (every run)", rate))
-
-    def n2(cell: Cell) -> bool:
-        return cell.clients == 2 and cell.hold == 1.0
-
-    def big(cell: Cell) -> bool:
-        return cell.clients in (8, 32) and cell.hold in (1.0, 10.0)
-
-    verdicts += [
-        _verdict(
-            "N=2, hold 1 s: throughput >= 1.2x the original",
-            _ratio_parts(summaries, n2, throughput, 1.2, True),
-        ),
-        _verdict(
-            "N=2, hold 1 s: p99 wait <= 0.5x the original",
-            _ratio_parts(summaries, n2, wait_p99, 0.5, False, wait_p99_censored),
-        ),
-        _verdict(
-            "N=2, hold 1 s: hand-off gap p50 <= 0.5x the original",
-            _ratio_parts(summaries, n2, gap_p50, 0.5, False, gap_p50_censored),
-        ),
-        _verdict(
-            "N=8 and 32, hold 1 s and 10 s: p99 wait <= 0.7x the original",
-            _ratio_parts(summaries, big, wait_p99, 0.7, False, wait_p99_censored),
-        ),
-        _verdict(
-            "N=8 and 32, hold 1 s and 10 s: throughput >= the original",
-            _ratio_parts(summaries, big, throughput, 1.0, True),
-        ),
-    ]
-    return verdicts
 
 
 #: The fair mode's targets: at most this share of grants overtakes an earlier waiter ...
@@ -309,14 +98,14 @@ of each other are simultaneous (the server queues them in whatever order their t
 """
 
 
-def fair_targets(summaries: Dict[Tuple[Cell, str], Summary], name: str = "fair") -> List[Verdict]:
+def fair_targets(summaries: Summaries, name: str = "fair") -> List[Verdict]:
     """The fair mode's targets, judged on ``name``'s contended runs: FIFO inversions, p99 wait against
     N x hold, no starvation, and the same per-lock call budget as the default (with the floor that its
     acquisitions alone put under the calls/s, so a miss says whether polling or the hold time is why)."""
-    contended = _cells(summaries, name, lambda c: c.clients > 1)
+    contended = longest_windows(summaries, name, lambda c: c.clients > 1)
     inversions = [
         (
-            f"{_short(s.cell)}: {100 * s.spread(inverted_share)[1]:.0f} %",
+            f"{short(s.cell)}: {100 * s.spread(inverted_share)[1]:.0f} %",
             s.spread(inverted_share)[1] <= FAIR_MAX_INVERTED,
         )
         for s in contended
@@ -329,7 +118,7 @@ def fair_targets(summaries: Dict[Tuple[Cell, str], Summary], name: str = "fair")
         if math.isnan(worst):
             continue
         ok: Optional[bool] = worst <= limit
-        text = f"{_short(s.cell)}: {_number(worst)} s (limit {_number(limit)} s)"
+        text = f"{short(s.cell)}: {number(worst)} s (limit {number(limit)} s)"
         if ok and wait_p99_censored(s):
             ok, text = None, text + " (open waits at the window's end: not judged)"
         elif not ok and s.cell.window < limit:
@@ -339,14 +128,14 @@ def fair_targets(summaries: Dict[Tuple[Cell, str], Summary], name: str = "fair")
     for s in contended:
         judged = [m.fairness for m in s.runs if m.grants >= MIN_GRANTS_FOR_FAIRNESS * m.clients]
         if judged:
-            starvation.append((f"{_short(s.cell)}: {min(judged):.2f}", min(judged) >= 0.5))
+            starvation.append((f"{short(s.cell)}: {min(judged):.2f}", min(judged) >= 0.5))
     rate = []
-    for s in _cells(summaries, name, lambda c: c.clients == 32):
+    for s in longest_windows(summaries, name, lambda c: c.clients == 32):
         worst = max(s.runs, key=lambda m: m.calls_per_second)
         floor = FAIR_ACQUISITION_CALLS * worst.grants / worst.window_seconds
         rate.append(
             (
-                f"{_short(s.cell)}: {worst.calls_per_second:.1f}/s (its {worst.grants} acquisitions alone: "
+                f"{short(s.cell)}: {worst.calls_per_second:.1f}/s (its {worst.grants} acquisitions alone: "
                 f"{floor:.1f}/s)",
                 worst.calls_per_second <= LOCK_BUDGET,
             )
@@ -362,51 +151,20 @@ def fair_targets(summaries: Dict[Tuple[Cell, str], Summary], name: str = "fair")
 # ---------------------------------------------------------------- formatting
 
 
-def _short(cell: Cell) -> str:
-    workload = "re-acquire" if cell.workload == REACQUIRE else "think"
-    return f"N={cell.clients} hold {cell.hold:g} s {workload}"
-
-
-def _number(value: float) -> str:
-    if math.isnan(value):
-        return "-"
-    if value == 0 or abs(value) >= 100:
-        return f"{value:.0f}"
-    if abs(value) >= 10:
-        return f"{value:.1f}"
-    if abs(value) >= 0.1:
-        return f"{value:.2f}"
-    return f"{value:.3f}"
-
-
 def _value(summary: Summary, metric: Metric) -> str:
     """``median`` or ``median (min-max)`` over the repeats."""
     median = summary.median(metric)
     low, high = summary.spread(metric)
     if len(summary.values(metric)) < 2 or low == high:
-        return _number(median)
-    return f"{_number(median)} ({_number(low)}-{_number(high)})"
-
-
-def _calls_text(m: RunMetrics) -> str:
-    parts = [f"{n:.2f} {METHOD_NAMES.get(method, method)}" for method, n in m.calls_per_acquisition.items()]
-    return f"{m.calls_per_acquisition_total:.2f}" + (f" = {' + '.join(parts)}" if parts else "")
-
-
-def _calls_by_method(summary: Summary) -> str:
-    methods = sorted({method for m in summary.runs for method in m.calls_per_acquisition})
-    parts = []
-    for method in methods:
-        value = statistics.median(m.calls_per_acquisition.get(method, 0.0) for m in summary.runs if m.grants)
-        parts.append(f"{value:.2f} {METHOD_NAMES.get(method, method)}")
-    return ", ".join(parts) or "-"
+        return number(median)
+    return f"{number(median)} ({number(low)}-{number(high)})"
 
 
 def _ratio_text(value: float) -> str:
     return "-" if math.isnan(value) else f"{value:.2f}x"
 
 
-def cell_table(summaries: Dict[Tuple[Cell, str], Summary], cell: Cell) -> List[str]:
+def cell_table(summaries: Summaries, cell: Cell) -> List[str]:
     """The markdown table of one configuration: a row per contender."""
     rows = [
         "| contender | acquisitions/min | wait p50 s | wait p99 s | wait max s | hand-off gap p50 s | "
@@ -434,8 +192,8 @@ def cell_table(summaries: Dict[Tuple[Cell, str], Summary], cell: Cell) -> List[s
         rows.append(
             f"| {label} | {_value(s, throughput)} | {_value(s, wait_p50)} | {_value(s, wait_p99)} | "
             f"{_value(s, wait_max)}{f' ({open_waits} open)' if open_waits else ''} | {_value(s, gap_p50)} | "
-            f"{_value(s, calls_per_acquisition)} | {_calls_by_method(s)} | {_value(s, calls_per_second)} | "
-            f"{low}-{high}, {_number(worst)} | {_value(s, inverted_share)} | {vs} |"
+            f"{_value(s, calls_per_acquisition)} | {calls_by_method(s)} | {_value(s, calls_per_second)} | "
+            f"{low}-{high}, {number(worst)} | {_value(s, inverted_share)} | {vs} |"
         )
     return rows
 
@@ -450,7 +208,7 @@ NOISE_METRICS: Tuple[Tuple[str, Metric], ...] = (
 )
 
 
-def noise(summaries: Dict[Tuple[Cell, str], Summary]) -> List[Tuple[str, float, float, int]]:
+def noise(summaries: Summaries) -> List[Tuple[str, float, float, int]]:
     """Per metric: the median and the largest relative spread ((max - min) / median) over the repeats."""
     rows = []
     for label, metric in NOISE_METRICS:
@@ -474,7 +232,7 @@ PLOTS: Tuple[Tuple[str, str, Metric, bool], ...] = (
 )
 
 
-def plot(summaries: Dict[Tuple[Cell, str], Summary], folder: Path) -> List[Path]:
+def plot(summaries: Summaries, folder: Path) -> List[Path]:
     """Draw each metric of :data:`PLOTS` against N (a panel per workload and hold); return the files."""
     import matplotlib
 
@@ -505,7 +263,7 @@ def plot(summaries: Dict[Tuple[Cell, str], Summary], folder: Path) -> List[Path]
                 ax = axes[row][column]
                 for name in names:
                     # One point per N: of a configuration run in several windows, the longest.
-                    chosen = _cells(
+                    chosen = longest_windows(
                         contested, name, lambda c, h=hold, w=workload: c.hold == h and c.workload == w
                     )
                     points = sorted(
@@ -548,7 +306,7 @@ def plot(summaries: Dict[Tuple[Cell, str], Summary], folder: Path) -> List[Path]
     return written
 
 
-def _plotted(summaries: Dict[Tuple[Cell, str], Summary]) -> List[str]:
+def _plotted(summaries: Summaries) -> List[str]:
     names: List[str] = []
     for cell, name in summaries:
         if cell.clients > 1 and name not in names:
@@ -570,7 +328,12 @@ METHOD = """\
   the lock's once-per-process catalog read is not measured. Every run has a fresh reservation.
 * **Workloads:** *re-acquire at once* (a driver working through a list: it asks again the moment it
   released) and *think time* (between holds a client waits an exponential time with mean = the hold).
-  A hold is a sleep of the configured length; the window's end cuts the last hold short.
+  *Mixed parties:* client 0 re-acquires at once, the others pause one hold between holds, all with the
+  same contender. *Readers stream:* the other clients hold the read side of a `ReservationRWLock`
+  (default options) back to back, starting one after the other so that their reads overlap; client 0
+  takes the contender's lock one hold into the window and again one hold after each release. Only client
+  0's waits and grants are its figures (the readers' group adds `MUTEX` too, but that is no grant of the
+  lock under test). A hold is a sleep of the configured length; the window's end cuts the last hold short.
 * **Contenders:** {contenders}
 * **Where the figures come from.** Grants are the server's `service_added` events of the alias and
   releases its `service_removed` events, with the server's `monotonic` time (one system-wide clock on
@@ -583,7 +346,7 @@ METHOD = """\
   * **hand-off gap:** a release while someone waits, to the next grant (an open one counts to the
     window's end).
   * **calls/acquisition:** the server's calls in the window per grant, also by method; **calls/s:**
-    the server's calls per second for this one lock.
+    the server's calls per second for this one lock (with a readers stream, the readers' calls too).
   * **grants per client:** lowest and highest over the clients and repeats; fairness = min / mean
     (the worst repeat).
   * **inverted grants:** share of grants that went to a client while one that started waiting
@@ -598,23 +361,24 @@ METHOD = """\
 
 ## What shapes the results (from the code, not from this run)
 
-* **Re-acquire at once favours the releaser.** A client that releases asks again one round trip later,
-  while the others sleep between polls (the default: two quick retries after 0.05 s, then jittered
-  delays up to 1 s; the original: 2-5 s). Nothing queues the waiters, so in this workload whoever
-  released last usually wins again; the think-time workload shows the lock without that advantage.
+* **Re-acquire at once favours the releaser of a polling lock.** A client that releases asks again one
+  round trip later, while the others sleep between polls (plain polling, `fair=False`: two quick retries
+  after 0.05 s, then jittered delays up to 1 s; the original: 2-5 s). Nothing queues their waiters, so
+  in this workload whoever released last usually wins again; the think-time workload shows the lock
+  without that advantage, and mixed parties show what it costs the clients that pause.
 * **The original v2 stalls.** After its own successful add it reads the *cached* reservation details,
   which under contention still show the previous owner: it believes it lost while holding `MUTEX`, then
   retries its own alias, which keeps failing, until it gives up (100 tries, minutes) and runs without the
   lock. Its runs show a few grants and then none, with everyone else waiting.
-* **Polling costs server calls.** Every waiter of the default lock polls on its own (at most 5 calls/s
+* **Polling costs server calls.** Every waiter of plain polling polls on its own (at most 5 calls/s
   per process, its call budget, which is not shared across processes): the server's calls/s grow with N.
   The original polls every 2-5 s: few calls, long waits.
-* **The fair mode queues.** Its waiters take numbered ticket services; only the head polls the lock's
-  add, the others read the reservation more rarely the further back they are, and a releaser that asks
-  again queues behind those already waiting. That makes grants FIFO and the server's calls/s nearly
-  independent of N, at the price of a longer hand-off gap than the default's (the next waiter learns
-  that it is the head only at its next read) and of the queue's own calls (a ticket's add and remove
-  per contended acquisition).
+* **The queue.** Waiters of the fair mode (`fair=True`) take numbered ticket services; only the head
+  polls the lock's add, the others read the reservation more rarely the further back they are, and a
+  releaser that asks again queues behind those already waiting. That makes grants FIFO and the server's
+  calls/s nearly independent of N, at the price of a longer hand-off gap than plain polling's (the next
+  waiter learns that it is the head only at its next read) and of the queue's own calls (a ticket's add
+  and remove per contended acquisition).
 """
 
 
@@ -625,6 +389,9 @@ def render(
     summaries = summarise(results)
     names = " and ".join(f"**{plan.name}**" for plan in plans)
     repeats = ", ".join(f"{plan.name} {plan.repeats}" for plan in plans)
+    once = sum(len(s.runs) == 1 for s in summaries.values())
+    if once and max(plan.repeats for plan in plans) > 1:
+        repeats += f", except {once} run{'s' if once > 1 else ''} made once"
     lines = [
         "# Benchmarks against the original code",
         "",
@@ -636,13 +403,22 @@ def render(
         "beside the plots as `results.json` (`python -m cloudshell_mutex.bench --from-results PATH` writes "
         "this page again from them).",
         "",
-        "* `make bench`: the quick plan (N = 2, 8; hold 0.1, 1 s; short windows; about ten minutes).",
-        "* `make bench BENCH=quick,targets`: plus the target cells the quick plan leaves out or measures in",
-        "  windows too short for them, once each (about 45 minutes).",
-        "* `make bench BENCH=full`: the whole matrix (N = 1, 2, 8, 32; hold 0.1, 1, 10 s; hours).",
+        "* `make bench`: the decide plan (about 15 minutes): the default lock's targets in windows long",
+        "  enough to judge them, against the original twice each, with mixed parties, a readers stream and",
+        "  plain polling (`fair=False`) beside the default at N=8.",
+        "* `make bench BENCH=full`: the whole matrix (N = 1, 2, 8, 32; hold 0.1, 1, 10 s; every contender;",
+        "  hours), then the cohort and the readers-and-writers benchmarks.",
+        "* `make bench BENCH=quick`: short windows in ten minutes (indications, not verdicts);",
+        "  `BENCH=quick,targets` adds N=8 and 32 at hold 1 s and 10 s (about 45 minutes).",
         "",
         "These are emulator figures: a real server's latency and load will change them, and the client",
         "processes share the machine's cores with the emulator, so large N also measure a busy machine.",
+        "",
+        "## Verdicts for the default lock",
+        "",
+        RULES.rstrip(),
+        "",
+        *verdict_rows(verdicts(summaries)),
         "",
         METHOD.format(
             latency=_latency_text(),
@@ -654,15 +430,7 @@ def render(
             )
             + ". The original's code runs as it was, with its `randint(2, 5)` second sleeps between tries: "
             "that is the original code's behaviour, not a setting of this benchmark.",
-        ),
-        "## Targets for the default lock",
-        "",
-        "The lock's targets, judged on this run (ratios against the original v1; where a configuration",
-        "ran in windows of several lengths, the longest judges). A p99 wait or a gap p50 that includes",
-        "waits still open when the window closed is a lower bound: such a ratio decides only one way, and",
-        "is otherwise named and not judged (a longer window, as in the full plan, decides it).",
-        "",
-        *verdict_table(targets(summaries)),
+        ).rstrip(),
     ]
     if any(name == "fair" for _, name in summaries):
         lines += [
@@ -687,8 +455,8 @@ def render(
         lines += [
             "",
             "Short windows hold few grants when holds are long, so their p99 is close to their maximum and",
-            "moves with a single slow hand-off; the quick plan's ratios are indications, the full plan's are",
-            "the measurement. A ratio that passes a target by less than the spread above is no clear pass.",
+            "moves with a single slow hand-off: the quick plan's ratios are indications; the decide plan's",
+            "windows are sized for its verdicts, which say where the repeats disagree.",
         ]
     else:
         lines.append("One repeat per run: no spread to report. Run with more repeats to see the noise.")

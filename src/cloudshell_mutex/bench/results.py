@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
 
-from .metrics import Distribution, RunMetrics
+from .metrics import NO_WAITS, Distribution, RunMetrics
 from .plans import PLANS, Cell, Plan
 from .runner import RunResult
 
@@ -37,6 +37,8 @@ def _metrics(data: Dict[str, Any]) -> RunMetrics:
             **data,
             "wait": Distribution(**data["wait"]),
             "handoff_gap": Distribution(**data["handoff_gap"]),
+            # Results saved before the early waits were measured have none: their verdicts say so.
+            "early_wait": Distribution(**data["early_wait"]) if "early_wait" in data else NO_WAITS,
             "grants_per_client": tuple(data["grants_per_client"]),
         }
     )

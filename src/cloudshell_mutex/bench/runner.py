@@ -140,20 +140,27 @@ class Bench:
     def run(self, cell: Cell, contender_name: str, repeat: int, seed: int = 0) -> RunResult:
         """One run of ``contender_name`` in ``cell``, on a fresh reservation."""
         run = self.execute(cell, contender(contender_name), repeat, seed)
-        emulator, spec, reports = self.emulator, run.spec, run.reports
-        assert emulator is not None
-        attempts = [Attempt(c, s) for c, r in reports.items() for s in r.starts]
-        metrics = run_metrics(
-            emulator.control.events(spec.reservation_id),
-            attempts,
-            {self.user(c): c for c in range(cell.clients)},
-            Window(spec.start, spec.end),
-            run.counts,
-            fifo_tie=FIFO_TIE,
-        )
         return RunResult(
-            cell, contender_name, repeat, metrics, sum(r.ran_without_lock for r in reports.values())
+            cell,
+            contender_name,
+            repeat,
+            self.figures(cell, run),
+            sum(r.ran_without_lock for r in run.reports.values()),
         )
+
+    def figures(self, cell: Cell, run: Execution) -> RunMetrics:
+        """The figures of one run of ``cell``, from the server's log, for the clients that took the run's
+        lock (:attr:`.plans.Cell.measured`, numbered 0.. in that order): a reader's adds of the alias are its
+        read group's, not grants of the lock under test, so they are left out with its waits."""
+        emulator = self.emulator
+        assert emulator is not None, "use Bench as a context manager"
+        numbers = {client: index for index, client in enumerate(cell.measured)}
+        users = {self.user(client): index for client, index in numbers.items()}
+        readers = {self.user(client) for client in range(cell.clients) if client not in numbers}
+        events = [e for e in emulator.control.events(run.spec.reservation_id) if e.get("user") not in readers]
+        attempts = [Attempt(numbers[c], s) for c, r in run.reports.items() if c in numbers for s in r.starts]
+        window = Window(run.spec.start, run.spec.end)
+        return run_metrics(events, attempts, users, window, run.counts, fifo_tie=FIFO_TIE)
 
     def execute(self, cell: Cell, lock: Contender, repeat: int, seed: int = 0) -> Execution:
         """One run of ``lock`` in ``cell`` on a fresh reservation: what the clients reported, and the
@@ -173,6 +180,7 @@ class Bench:
             start=start,
             end=start + cell.window,
             seed=seed,
+            clients=cell.clients,
         )
         for commands in self._commands[: cell.clients]:
             commands.put(spec)

@@ -1,9 +1,10 @@
 """One benchmark client: a separate OS process with its own ``CloudShellAPISession``.
 
 The parent (:mod:`.runner`) starts it with the "spawn" context and sends it one :class:`RunSpec` per
-run. The client waits for the window to open, then takes and releases the lock as its workload says
-until the window closes, and reports when each acquisition *started waiting* (only the client knows
-that; when it was granted comes from the server's log).
+run. The client waits for the window to open, then takes and releases the lock as its role in the
+workload says (:func:`.plans.role`: the run's contender or a reader, and its pauses) until the window
+closes, and reports when each acquisition *started waiting* (only the client knows that; when it was
+granted comes from the server's log).
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, List, Optional, Tuple
 
 from ..lock.errors import MutexTimeout
-from .contenders import Contender, Seat, WindowClosed
-from .plans import THINK
+from .contenders import Contender, Seat, WindowClosed, reader_lock
+from .plans import role
 
 #: Credentials and address of the emulated server: (host, port, user, password, domain).
 Address = Tuple[str, int, str, str, str]
@@ -26,7 +27,8 @@ Address = Tuple[str, int, str, str, str]
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One run for one client: the reservation, the contender, the workload and the window."""
+    """One run for one client: the reservation, the contender, the workload, the window and how many
+    clients the run has (a client's role in the workload depends on it)."""
 
     reservation_id: str
     contender: Contender
@@ -35,6 +37,7 @@ class RunSpec:
     start: float  # time.monotonic() at which the window opens
     end: float  # ... and closes
     seed: int
+    clients: int = 1
 
 
 @dataclass
@@ -59,13 +62,17 @@ def run_client(api: Any, client: int, spec: RunSpec) -> ClientReport:
     report = ClientReport(client)
     rng = random.Random(f"{spec.seed}:{client}")  # a str seed is hashed deterministically
     seat = Seat(api, spec.reservation_id, client, spec.end)
+    mine = role(spec.workload, client, spec.clients, spec.hold)
+    make = reader_lock if mine.reader else spec.contender.make
     time.sleep(max(0.0, spec.start - time.monotonic()))
     try:
+        seat.sleep(mine.offset)
+        first = True
         while not _window_closed(spec):
-            if spec.workload == THINK:
-                seat.sleep(rng.expovariate(1.0 / spec.hold))
+            seat.sleep(mine.pause_seconds(rng, spec.hold, first))
+            first = False
             report.starts.append(time.monotonic())
-            lock = spec.contender.make(seat)
+            lock = make(seat)
             try:
                 with lock:
                     held_from = time.monotonic()
