@@ -63,6 +63,7 @@ class FakeApi:
         self.ended = False
         self.status = "Started"
         self.calls: List[str] = []
+        self.removed: List[str] = []  # the aliases of every remove sent, in order
         self.faults: Dict[str, List[Callable[..., Any]]] = {}
         self.output: List[str] = []
         self.on_call: Optional[Callable[[str], None]] = None
@@ -126,6 +127,7 @@ class FakeApi:
         return b"<ok/>"
 
     def RemoveServicesFromReservation(self, reservationId="", services=()) -> Any:
+        self.removed.extend(services)
         if self._enter("RemoveServicesFromReservation", reservationId, services):
             return b"<ok/>"
         self.commit_remove(reservationId, services)
@@ -192,6 +194,9 @@ def make(api: FakeApi, clock: Clock, warm: bool = True, **kwargs: Any) -> Reserv
         api.clock = clock
     kwargs.setdefault("pacing", FixedPacing(0.1))
     kwargs.setdefault("budget", CallBudget(rate=1000, burst=1000, clock=clock))
+    # The steps of one acquisition (adds, reads, removes), counted call by call: plain polling, so that the
+    # queue's tickets do not enter the count. The queue's own steps are test_queue.py's.
+    kwargs.setdefault("fair", False)
     mutex = ReservationMutex(
         api, RES, owner="Router A driver", clock=clock, sleep=clock.sleep, rng=random.Random(1), **kwargs
     )

@@ -555,6 +555,6 @@ def test_a_release_whose_remove_may_still_land_keeps_the_lease_alive_until_it_is
     api.on_call = heartbeat_thread
     mutex.release()
     assert not api.services  # our remove landed; release waited for it and sent no second one
-    assert api.calls.count("RemoveServicesFromReservation") == 1
+    assert api.removed.count(protocol.DEFAULT_ALIAS) == 1
     assert len(set(seen)) >= 10, "the lease must stay alive while our remove may still land"
     assert beat._stop.is_set() and not lost  # stopped once settled; our own remove is no loss

@@ -18,7 +18,7 @@ import time
 import pytest
 from cloudshell.api.cloudshell_api import CloudShellAPISession
 
-from cloudshell_mutex import ReservationMutex, protocol
+from cloudshell_mutex import MutexTimeout, ReservationMutex, protocol
 from cloudshell_mutex.lock import catalog
 from cloudshell_mutex.lock.late_adds import LateAdds
 from cloudshell_mutex.lock.pacing import DefaultPacing
@@ -72,13 +72,26 @@ def test_a_late_remove_never_deletes_the_next_holders_lock(emu):
     assert releasing.is_alive()  # it waits for its remove to land and sends no second one
     waiter = mutex(emu.session(), rid, owner="waiter")
     assert waiter.acquire(blocking=False) is False
+    # The holder marks the lock as releasing: a waiter that times out meanwhile says why it waited.
+    marker = protocol.releasing_alias(MUTEX)
+    wait_until(lambda: any(e["alias"] == marker for e in emu.control.events(rid)))
+    with pytest.raises(MutexTimeout, match="the holder is releasing it: its remove got no answer"):
+        mutex(emu.session(), rid, owner="impatient").acquire(timeout=1)
     assert emu.control.land_late() == 1
     releasing.join(15)
     assert not holder.locked()
     with waiter:
         token = waiter.token
         assert waiter.holder().token == token
-    assert emu.control.call_counts()["RemoveServicesFromReservation"] == 2  # the holder's 1, the waiter's 1
+    # The holder's remove (landed late, never sent again), its marker's and the waiter's; tickets aside.
+    removed = [
+        e["alias"]
+        for e in emu.control.events(rid)
+        if e["op"] == "service_removed" and "~q~" not in e["alias"]
+    ]
+    assert removed == [MUTEX, marker, MUTEX]
+    tickets = [e for e in emu.control.events(rid) if "~q~" in e["alias"]]
+    assert emu.control.call_counts()["RemoveServicesFromReservation"] == 3 + len(tickets) // 2
     assert lock_history(emu, rid)[-2:] == [("service_added", token), ("service_removed", token)]
 
 

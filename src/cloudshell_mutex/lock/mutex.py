@@ -69,6 +69,9 @@ class ReservationMutex:
     #: False for a hold shared with others (a read group): an add left by an interrupted acquire is never
     #: removed blindly, even when a read shows it, since another may have joined it in that instant.
     _removes_abandoned_add = True
+    #: While a release waits for a remove of ours that may still land, add ``~releasing`` (a waiter's timeout
+    #: says why the lock stays held). Not for the parts of a read-write lock, nor for a read group.
+    _marks_release = True
 
     def __init__(
         self,
@@ -419,7 +422,8 @@ class ReservationMutex:
         # still land) must not be forgotten, or the next remove could delete a successor's lock.
         op = held.release_op or self._parts.operation(held.token)
         held.release_op = op
-        self._ended(op, ReleaseLoop(self._parts, op, held.confirmed_at, held.confirm).run())
+        end = ReleaseLoop(self._parts, op, held.confirmed_at, held.confirm, self._marks_release).run()
+        self._ended(op, end)
 
     def detach(self) -> None:
         """Stop holding without removing the service (no call): for an acquisition shared with other

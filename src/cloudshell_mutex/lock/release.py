@@ -37,12 +37,18 @@ class ReleaseLoop:
     and ``op`` remembers what this release learned, for the next release() to continue it)."""
 
     def __init__(
-        self, parts: LockParts, op: Operation, confirmed_at: float, confirm: Callable[[CallResult], None]
+        self,
+        parts: LockParts,
+        op: Operation,
+        confirmed_at: float,
+        confirm: Callable[[CallResult], None],
+        mark: bool = True,
     ) -> None:
         self.parts = parts
         self.op = op
         self.confirmed_at = confirmed_at  # when the lock was last confirmed ours, before this release
         self.confirm = confirm  # told of every read: one that shows our token confirms the hold
+        self.mark = mark  # add MUTEX~releasing while the lock waits for a remove of ours
         self.failures = 0
 
     def run(self) -> ReleaseEnd:
@@ -125,7 +131,9 @@ class ReleaseLoop:
                 now = clock()
                 if op.remove_can_land(now):
                     # Still ours, but our earlier remove may still land: a second remove now could land
-                    # after a waiter took the lock, and delete the waiter's. Read again later.
+                    # after a waiter took the lock, and delete the waiter's. Read again later, and say why.
+                    if self.mark:
+                        self._mark_releasing()
                     sleep(op.next_poll(parts.pacing, parts.runtime.rng))
                     continue
                 op.still_ours_at(now)
@@ -150,7 +158,6 @@ class ReleaseLoop:
             check = True  # never remove again before a fresh read shows the alias is still ours
             if result.may_land_later:
                 op.remove_unsettled(True, clock() + parts.options.request_lifetime)
-                self._mark_releasing()
                 continue  # not a failure yet: the reads above tell whether it lands
             op.remove_unsettled(result.may_have_committed)
             end = self._failed(result.failure, "removing the lock service")

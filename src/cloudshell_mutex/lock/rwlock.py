@@ -75,6 +75,7 @@ class _PartMutex(ReservationMutex):
     waiting (names no public lock may have)."""
 
     _derived_name = True
+    _marks_release = False
 
 
 class _GroupMutex(ReservationMutex):
@@ -87,6 +88,7 @@ class _GroupMutex(ReservationMutex):
     # does): a reader may have joined the group in that instant. The opener's slot is given back and the
     # group closed through MUTEX~c, which removes it only without readers.
     _removes_abandoned_add = False
+    _marks_release = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["late_adds"] = _GroupAdds(default_logger(kwargs.get("logger")))
