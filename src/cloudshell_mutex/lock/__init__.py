@@ -7,8 +7,8 @@
 * :mod:`.options`, :mod:`.pacing`: tuning (one validated options type; pacing policies, call budget).
 * :mod:`.lease`, :mod:`.handle`, :mod:`.fencing`, :mod:`.late_adds`: heartbeats and stale-lock
   breaking, the export/adopt handle, the advisory generation, the watcher of adds that may still land.
-* :mod:`.queue`: the fair mode (``fair=True``): an advisory queue of ticket services, only its head
-  polls, and a call schedule per lock rather than per process.
+* :mod:`.queue`: waiting in line (the default; ``fair=False``: plain polling): an advisory queue of
+  ticket services, only its head polls, and a call schedule per lock rather than per process.
 * :mod:`.cohort`: :class:`~.cohort.CohortMutex`, cohort mode: the processes of one execution server pass
   the lock among themselves (a local file lock and a state file), bounded for other servers' sake.
 * :mod:`.operation`, :mod:`.classify`, :mod:`.diagnosis`, :mod:`.holder`, :mod:`.catalog`,

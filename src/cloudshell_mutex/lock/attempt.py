@@ -93,7 +93,7 @@ class MutexAttempt:
             freed = (op.read_since_add and op.holder is None) or self._break_if_stale()
             delay = 0.0 if freed else op.next_pause(parts.pacing, parts.runtime.rng)
             if self.queue is not None and not freed:
-                delay = self.queue.pause(op, delay, self.waiting)  # the fair mode: wait in line
+                delay = self.queue.pause(op, delay, self.waiting)  # wait in line (fair=False: plain polling)
         elif add.status is Status.TRANSIENT:
             # Step 3: a transient failure. Back off on a separate schedule, then settle with one read.
             if self._on_transient(add):

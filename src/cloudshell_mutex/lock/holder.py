@@ -108,7 +108,7 @@ def holder_in(details: Any, alias: str) -> Optional[Holder]:
 
 def holders_in(details: Any, alias: Optional[str] = None) -> Dict[str, Holder]:
     """Every service of a ``GetReservationDetails`` answer as a :class:`Holder`, by alias (only ``alias``
-    when given). One read shows them all at the same moment (a snapshot): the fair mode's queue tickets
+    when given). One read shows them all at the same moment (a snapshot): the queue's tickets
     and the read-write lock's slots come from the same read that shows the lock."""
     found: Dict[str, Holder] = {}
     for service in details.ReservationDescription.Services or []:

@@ -115,7 +115,7 @@ class ReservationMutex:
         )
         # Fencing: the counter service (created on first use).
         self._counter = alias.sibling(protocol.generation_alias(name))
-        # The fair mode's place in the advisory queue (queue.py); None: the default pacing alone.
+        # The place in the advisory queue (queue.py); None with fair=False: plain polling by the pacing.
         self._queue: Optional[FairQueue] = None
         if self.options.fair:
             self._queue = FairQueue(

@@ -1,9 +1,9 @@
-"""The fair mode's advisory queue: waiters line up with ticket services, and only the head polls fast.
+"""The advisory queue waiters wait in (the default): they line up with ticket services; only the head polls.
 
-``ReservationMutex(..., fair=True)`` calls this module from its acquire loop (docs/protocol.md, "Fair
-mode"). The queue is *advisory*: mutual exclusion still rests on the add of the lock alias alone. A
-corrupt, stale, missing or foreign queue costs speed, never safety, and code of the original protocol
-(which knows nothing of tickets) keeps competing with the head as before.
+``ReservationMutex`` (unless ``fair=False``) calls this module from its acquire loop (docs/protocol.md,
+"Waiting in line"). The queue is *advisory*: mutual exclusion still rests on the add of the lock alias
+alone. A corrupt, stale, missing or foreign queue costs speed, never safety, and code of the original
+protocol (which knows nothing of tickets) keeps competing with the head as before.
 
 * **A ticket** is a service ``<alias>~q~<n>`` of the lock's own model whose ``Mutex Owner`` is
   ``<token>#<lease>#<heartbeat>`` (the acquisition's token; the ticket's lease in seconds; a heartbeat
