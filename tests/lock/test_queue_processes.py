@@ -60,6 +60,16 @@ def _tickets(api: Any, rid: str) -> List[str]:
     return owners
 
 
+def granted(emu, rid: str) -> List[str]:
+    """The owner labels of the server's grants of MUTEX, in the server's order."""
+    events = sorted(emu.control.events(rid), key=lambda e: e["seq"])
+    return [
+        e["attributes"].get(protocol.ATTR_OWNER, "").split("@")[0]
+        for e in events
+        if e["alias"] == protocol.DEFAULT_ALIAS and e["op"] == "service_added"
+    ]
+
+
 def test_waiters_get_the_lock_in_the_order_they_queued(cloudshell_emulator_factory, original_package_zip):
     emu = cloudshell_emulator_factory(packages=[original_package_zip])
     api = emu.session()
@@ -100,12 +110,7 @@ def test_waiters_get_the_lock_in_the_order_they_queued(cloudshell_emulator_facto
             if process.is_alive():
                 process.kill()
     assert not [r["error"] for r in reports if r["error"]]
-    events = sorted(emu.control.events(rid), key=lambda e: e["seq"])
-    grants = [
-        e["attributes"].get(protocol.ATTR_OWNER, "").split("@")[0]
-        for e in events
-        if e["alias"] == protocol.DEFAULT_ALIAS and e["op"] == "service_added"
-    ]
+    grants = granted(emu, rid)
     # The server's order of grants: the first holder, then the waiters in the order they queued.
     assert grants == ["first holder"] + [f"waiter {i}" for i in range(WAITERS)]
     assert _tickets(api, rid) == []  # every ticket removed
@@ -165,12 +170,7 @@ def grants_in_order(emu, rid: str, options: Dict[str, Any]) -> List[str]:
             if process.is_alive():
                 process.kill()
     assert not [r["error"] for r in reports if r["error"]]
-    events = sorted(emu.control.events(rid), key=lambda e: e["seq"])
-    return [
-        e["attributes"].get(protocol.ATTR_OWNER, "").split("@")[0]
-        for e in events
-        if e["alias"] == protocol.DEFAULT_ALIAS and e["op"] == "service_added"
-    ]
+    return granted(emu, rid)
 
 
 def laps(grants: List[str]) -> List[str]:

@@ -330,11 +330,14 @@ def test_writers_never_overlap_anyone_under_lost_replies_late_requests_and_laggi
     )
 
 
-def test_a_waiting_writer_gets_in_while_readers_keep_arriving(emu):
+def gets_in_while_readers_keep_arriving(emu, readers: int, kind: str, take) -> Dict[str, Any]:
+    """``readers`` processes read again and again; ``take(api, rid)`` (a writer's side, a plain lock) enters
+    once among them. Checks the history and that readers read before and after it; returns the reservation,
+    its ordered events, how long ``take`` waited and the readers' reads."""
     rid = reservation(emu)
     ctx = multiprocessing.get_context("spawn")
     stop, results = ctx.Event(), ctx.Queue()
-    readers = [start(streaming_reader, i, address(emu), rid, 0.3, stop, results) for i in range(4)]
+    processes = [start(streaming_reader, i, address(emu), rid, 0.3, stop, results) for i in range(readers)]
     try:
         api = emu.session()
         deadline = time.monotonic() + 60
@@ -342,89 +345,69 @@ def test_a_waiting_writer_gets_in_while_readers_keep_arriving(emu):
                       .ReservationDescription.Services):  # fmt: skip
             assert time.monotonic() < deadline, "the readers never started"
             time.sleep(0.05)
-        writer = ReservationRWLock(api, rid, owner="the writer", timeout=60, **FAST)
         started = time.monotonic()
-        with writer.write() as side:
+        with take(api, rid) as side:
             waited = time.monotonic() - started
-            journal(api, rid, f"enter|writer|w|{side.token}")
-            journal(api, rid, f"exit|writer|w|{side.token}")
-        time.sleep(1.0)  # the readers go on after the writer
+            journal(api, rid, f"enter|{kind}|x|{side.token}")
+            journal(api, rid, f"exit|{kind}|x|{side.token}")
+        time.sleep(1.0)  # the readers go on after it
     finally:
         stop.set()
-    reports = collect(readers, results)
+    reports = collect(processes, results)
     check_history(emu, rid)
     events = sorted(emu.control.events(rid), key=lambda e: e["seq"])
     entries = [e["attributes"][ATTR_ENTRY] for e in events if e["alias"] == JOURNAL and "attributes" in e]
     entries = [text for text in entries if text.startswith("enter|")]
-    position = next(i for i, text in enumerate(entries) if text.startswith("enter|writer"))
-    assert position > 0 and position < len(entries) - 1, "readers read before and after the writer"
-    marker = [
+    position = next(i for i, text in enumerate(entries) if text.startswith(f"enter|{kind}"))
+    assert 0 < position < len(entries) - 1, f"readers read before and after the {kind}"
+    return {"rid": rid, "events": events, "waited": waited, "reads": sum(r["reads"] for r in reports)}
+
+
+def late_readers(events: List[Dict[str, Any]], kind: str, marked) -> List[Dict[str, Any]]:
+    """The reads that came in between the first add of a service ``marked(alias)`` (the sign that ``kind``
+    waits: the writer-waiting marker, a queue ticket) and ``kind``'s entry."""
+    marks = [i for i, e in enumerate(events) if marked(e["alias"]) and e["op"] == "service_added"]
+    assert marks, f"the {kind} waited, showing that it waits"
+    inside = next(
         i
         for i, e in enumerate(events)
-        if e["alias"] == protocol.writer_waiting_alias(protocol.DEFAULT_ALIAS) and e["op"] == "service_added"
+        if e["alias"] == JOURNAL and e["attributes"][ATTR_ENTRY].startswith(f"enter|{kind}")
+    )
+    return [
+        e
+        for e in events[marks[0] : inside]
+        if e["alias"] == JOURNAL and e["attributes"][ATTR_ENTRY].startswith("enter|reader")
     ]
-    assert marker, "the writer waited, holding the writer-waiting marker"
-    writer_in = next(
-        i
-        for i, e in enumerate(events)
-        if e["alias"] == JOURNAL and e["attributes"][ATTR_ENTRY].startswith("enter|writer")
+
+
+def test_a_waiting_writer_gets_in_while_readers_keep_arriving(emu):
+    run = gets_in_while_readers_keep_arriving(
+        emu,
+        4,
+        "writer",
+        lambda api, rid: ReservationRWLock(api, rid, owner="the writer", timeout=60, **FAST).write(),
     )
     # Writer preference: once the marker is there, readers stop coming in (a reader whose read was taken just
     # before it may still join: at most one per reader process).
-    late_readers = [
-        e
-        for e in events[marker[0] : writer_in]
-        if e["alias"] == JOURNAL and e["attributes"][ATTR_ENTRY].startswith("enter|reader")
-    ]
-    assert len(late_readers) <= 4, late_readers
+    waiting = protocol.writer_waiting_alias(protocol.DEFAULT_ALIAS)
+    assert len(late_readers(run["events"], "writer", lambda alias: alias == waiting)) <= 4
     print(
-        f"\nthe writer got in after {waited:.2f} s while 4 readers kept reading "
-        f"({sum(r['reads'] for r in reports)} reads)"
+        f"\nthe writer got in after {run['waited']:.2f} s while 4 readers kept reading ({run['reads']} reads)"
     )
 
 
 def test_a_plain_waiter_gets_in_while_readers_keep_arriving(emu):
     # A plain ReservationMutex (default options) waits in the lock's queue; its ticket stops new readers as a
     # waiting writer's marker does, so a stream of overlapping readers cannot keep it out.
-    rid = reservation(emu)
-    ctx = multiprocessing.get_context("spawn")
-    stop, results = ctx.Event(), ctx.Queue()
-    readers = [start(streaming_reader, i, address(emu), rid, 0.3, stop, results) for i in range(3)]
-    try:
-        api = emu.session()
-        deadline = time.monotonic() + 60
-        while not any(s.Alias == protocol.DEFAULT_ALIAS for s in api.GetReservationDetails(rid, True)
-                      .ReservationDescription.Services):  # fmt: skip
-            assert time.monotonic() < deadline, "the readers never started"
-            time.sleep(0.05)
-        with ReservationMutex(api, rid, owner="the plain lock", timeout=30, **FAST) as mutex:
-            journal(api, rid, f"enter|plain|p|{mutex.token}")
-            journal(api, rid, f"exit|plain|p|{mutex.token}")
-        time.sleep(1.0)  # the readers go on after it
-    finally:
-        stop.set()
-    collect(readers, results)
-    check_history(emu, rid)
-    events = sorted(emu.control.events(rid), key=lambda e: e["seq"])
-    entries = [e["attributes"][ATTR_ENTRY] for e in events if e["alias"] == JOURNAL and "attributes" in e]
-    entries = [text for text in entries if text.startswith("enter|")]
-    position = next(i for i, text in enumerate(entries) if text.startswith("enter|plain"))
-    assert 0 < position < len(entries) - 1, "readers read before and after the plain lock"
-    queued = [i for i, e in enumerate(events) if "~q~" in e["alias"] and e["op"] == "service_added"]
-    assert queued, "the plain lock waited in the queue"
-    inside = next(
-        i
-        for i, e in enumerate(events)
-        if e["alias"] == JOURNAL and e["attributes"][ATTR_ENTRY].startswith("enter|plain")
+    run = gets_in_while_readers_keep_arriving(
+        emu,
+        3,
+        "plain",
+        lambda api, rid: ReservationMutex(api, rid, owner="the plain lock", timeout=30, **FAST),
     )
     # Once its ticket is there, readers stop coming in (one whose read came just before it may still join).
-    late_readers = [
-        e
-        for e in events[queued[0] : inside]
-        if e["alias"] == JOURNAL and e["attributes"][ATTR_ENTRY].startswith("enter|reader")
-    ]
-    assert len(late_readers) <= 3, late_readers
-    assert left_behind(emu, rid) == [], "every ticket and reader slot removed"
+    assert len(late_readers(run["events"], "plain", lambda alias: "~q~" in alias)) <= 3
+    assert left_behind(emu, run["rid"]) == [], "every ticket and reader slot removed"
 
 
 def test_a_crashed_readers_slot_is_recovered_by_the_lease_rules(emu):
