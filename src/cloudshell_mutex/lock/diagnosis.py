@@ -148,8 +148,8 @@ def timeout_error(
     note = UNLEASED_HOLDER_NOTE if unleased_holder else ""
     if releasing_until is not None:
         note = releasing_note(releasing_until - now) + note
-    waited = now - op.start
-    limit = waited if op.deadline.at is None else op.deadline.at - op.start
+    waited = now - op.start + op.waited_before
+    limit = waited if op.deadline.at is None else op.deadline.at - op.start + op.waited_before
     holder = op.holder_label
     held_for = op.held_for(now)
     waiting = f"timed out after {limit:g} s waiting for {alias!r} in reservation {reservation_id}"
@@ -204,14 +204,15 @@ def releasing_note(left: float) -> str:
 
 def cancelled_error(op: Operation, now: float, reservation_id: str, alias: str) -> MutexCancelled:
     """The caller cancelled the wait; what it took back was taken back, and what may still land is watched."""
+    waited = now - op.start + op.waited_before
     if not op.add_can_land(now):
-        return cancelled_wait(alias, reservation_id, now - op.start, op.holder_label)
+        return cancelled_wait(alias, reservation_id, waited, op.holder_label)
     landing = (
         "an add of this acquisition got no answer and may still be applied for "
         f"{op.add_lands_by - now:.0f} s: this process watches for it and removes it if it lands. If the "
         "process exits before that, " + remove_hint(alias, op.token)
     )
-    return cancelled_wait(alias, reservation_id, now - op.start, op.holder_label, landing)
+    return cancelled_wait(alias, reservation_id, waited, op.holder_label, landing)
 
 
 def cancelled_wait(

@@ -357,6 +357,7 @@ class ReservationMutex:
             op.start if not blocking else (None if timeout is None else op.start + timeout), clock
         )
         op.cancellable = blocking
+        op.waited_before = self.waited_before
         beat = lease.heartbeat_value(lease.nonce_of(op.token) or op.token, self._part, 0)
         attempt = MutexAttempt(parts, op, blocking, self._queue, beat if self.options.lease > 0 else "")
         try:
@@ -472,7 +473,7 @@ class ReservationMutex:
             self.name,
             self.reservation_id,
             op.token,
-            self.runtime.clock() - op.start + self.waited_before,
+            self.runtime.clock() - op.start + op.waited_before,
             op.adds,
             parts.news.calls_of(op),
         )

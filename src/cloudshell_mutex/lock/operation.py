@@ -34,6 +34,9 @@ class Operation:
         #: When the operation's waits end (a blocking acquire's; never for a release or a read).
         self.deadline = deadline if deadline is not None else Deadline(None)
         self.calls_at_start = calls_at_start
+        #: Seconds the caller waited for this acquisition before it began (a cohort's local lock): counted in
+        #: what it reports (its timeout's figures, "acquired after"), so that they tell the whole wait.
+        self.waited_before = 0.0
         self.adds = 0
         self.contentions = 0
         self.transients = 0
