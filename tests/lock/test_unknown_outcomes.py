@@ -376,6 +376,45 @@ def test_a_waiter_that_times_out_while_the_holder_releases_says_so(clock):
         assert api.removed == []  # nothing of anyone's removed
 
 
+def test_a_releasing_marker_whose_add_and_remove_land_late_is_removed_and_never_touches_the_lock(clock):
+    """The marker is a call like any other: its add may land after the release is settled (then the
+    watcher removes it while it shows our token), and its remove may get no answer (then no second remove
+    is sent while it may land). MUTEX, the next holder's by then, is never touched."""
+    api = FakeApi(clock=clock)
+    late = LateAdds(clock)
+    mutex = make(api, clock, late_adds=late, request_lifetime=30)
+    mutex.acquire()
+    token = mutex.token
+    marker = protocol.releasing_alias(MUTEX)
+
+    def delayed_and_reset(reservation_id, aliases):
+        api.late_remove(clock.now + 2.0)
+        clock.now += 0.05
+        raise reset()
+
+    api.faults["RemoveServicesFromReservation"] = [
+        delayed_and_reset,
+        lambda *args: (_ for _ in ()).throw(reset()),
+    ]
+    api.faults["AddServiceToReservation"] = [delayed_add(api, clock, 10.0)]  # the marker lands after it all
+    mutex.release()
+    assert not mutex.locked() and marker not in api.services
+    assert api.removed == [MUTEX, marker]  # the marker's remove got no answer (and removed nothing)
+    other_holds(api)  # the next holder
+    clock.now += 11
+    late.sweep()  # the marker's add has landed with our token, but our remove of it may still land
+    assert api.services[marker][protocol.ATTR_OWNER] == token and api.removed.count(marker) == 1
+    clock.now += 30
+    late.sweep()  # that remove can no longer land: the watcher removes the marker
+    assert marker not in api.services
+    assert api.removed.count(marker) == 2 and api.removed.count(MUTEX) == 1
+    assert owner(api) == OTHER
+    clock.now += 60
+    late.sweep()
+    assert late.pending() == [] and owner(api) == OTHER
+    assert token not in str(api.services)
+
+
 def test_release_never_calls_its_late_remove_landed_on_a_read_that_may_lag_behind_it(clock):
     """Found by make stress (the second run with kills and pauses: one overlap). The remove was reset and
     applied 1.2 s later; the release's next read lagged and showed the holder *before* us, so the release
