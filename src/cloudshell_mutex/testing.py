@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator, List
 import pytest
 
 from .emulator import Emulator
-from .lock import catalog
+from .lock import catalog, late_adds
 
 
 @pytest.fixture
@@ -28,7 +28,7 @@ def cloudshell_emulator_factory() -> Iterator[Callable[..., Emulator]]:
 
     ``host`` defaults to 127.0.0.1 and both ports to 0 (free ports). Emulators come and go on reused
     loopback ports, so what this process's locks cached about a server's catalog is forgotten around
-    each test.
+    each test, and so are the adds its late-add watcher still watches on the emulators it stopped.
     """
     started: List[Emulator] = []
     catalog.forget()
@@ -46,6 +46,12 @@ def cloudshell_emulator_factory() -> Iterator[Callable[..., Emulator]]:
     for emulator in reversed(started):
         emulator.stop()
     catalog.forget()
+    watcher = late_adds.started_late_adds()
+    if watcher is not None:
+        # Adds watched on a stopped emulator went with it; left watched, their reads would reach the next
+        # emulator that gets the same port.
+        gone = tuple(f"//{emulator.host}:{emulator.port}/" for emulator in started)
+        watcher.forget(lambda entry: any(url in str(getattr(entry.alias.api, "url", "")) for url in gone))
 
 
 @pytest.fixture

@@ -15,7 +15,9 @@ from fakes import RES, FakeApi, http_500, make, other_holds
 from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
 from cloudshell_mutex import MutexLostError, MutexReleaseError, MutexTimeout, protocol
+from cloudshell_mutex.lock.alias import LockAlias
 from cloudshell_mutex.lock.late_adds import LateAdds
+from cloudshell_mutex.lock.options import MutexOptions
 
 MUTEX = protocol.DEFAULT_ALIAS
 OTHER = "Other@host:1:deadbeef"
@@ -136,6 +138,19 @@ def delayed_add(api, clock, delay):
         raise reset()
 
     return fault
+
+
+def test_the_watcher_forgets_only_the_adds_it_is_told_to_forget(clock):
+    """What the test plugin does when its emulators stop: their watched adds go, without a call."""
+    late = LateAdds(clock)
+    apis = [FakeApi(clock=clock), FakeApi(clock=clock)]
+    for index, api in enumerate(apis):
+        log = logging.getLogger("t")
+        alias = LockAlias.for_lock(api, RES, MUTEX, MutexOptions(), log, clock, clock.sleep)
+        late.watch(alias, f"token {index}", clock.now + 30, 30)
+    assert late.forget(lambda entry: entry.alias.api is apis[0]) == 1
+    assert [entry.token for entry in late.pending()] == ["token 1"]
+    assert apis[0].calls == [] and apis[1].calls == []
 
 
 def test_an_add_that_lands_after_release_is_removed_by_the_watcher(clock):

@@ -121,6 +121,15 @@ class LateAdds:
         removing = removed.lands_by(lifetime) if removed.may_land_later else None
         self.watch(alias, token, self._clock() + lifetime, lifetime, removing_until=removing)
 
+    def forget(self, which: Callable[[LateAdd], bool]) -> int:
+        """Stop watching the adds ``which`` picks, with no call and no warning; return how many. For a test
+        harness whose server is gone with the services (its port may serve another server next)."""
+        with self._lock:
+            kept = [entry for entry in self._entries if not which(entry)]
+            forgotten = len(self._entries) - len(kept)
+            self._entries[:] = kept
+        return forgotten
+
     def pending(self) -> List[LateAdd]:
         """The adds still watched."""
         with self._lock:
@@ -243,6 +252,11 @@ def late_adds_for(clock: Callable[[], float], logger: Optional[logging.Logger] =
     """The watcher a lock uses unless given one: this process's on the real clock; on a virtual clock
     (tests), a watcher of its own that sweeps only when told to."""
     return process_late_adds() if clock is time.monotonic else LateAdds(clock, logger)
+
+
+def started_late_adds() -> Optional[LateAdds]:
+    """This process's watcher if a lock has started it, else None (nothing is started here)."""
+    return _process_late_adds
 
 
 def process_late_adds() -> LateAdds:
