@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Tuple
 import pytest
 from cloudshell.api.cloudshell_api import CloudShellAPISession
 from test_exclusion import run_race
+from test_rwlock_processes import collect
 
 from cloudshell_mutex import ReservationMutex, protocol
 from cloudshell_mutex.lock.lease import parse_ticket
@@ -162,14 +163,7 @@ def grants_in_order(emu, rid: str, options: Dict[str, Any]) -> List[str]:
     ]
     for process in processes:
         process.start()
-    try:
-        reports = [results.get(timeout=180) for _ in processes]
-    finally:
-        for process in processes:
-            process.join(timeout=10)
-            if process.is_alive():
-                process.kill()
-    assert not [r["error"] for r in reports if r["error"]]
+    collect(processes, results, timeout=180)  # every report, no process left, no error
     return granted(emu, rid)
 
 

@@ -87,7 +87,7 @@ class ReadView:
         self, services: Dict[str, Holder], queued: Dict[str, Holder], at: float
     ) -> Optional[Tuple[str, float]]:
         """(head ticket, since when) while MUTEX is free with the same ticket at the head, else None."""
-        head = next(iter(sorted(queued, key=lambda a: protocol.ticket_number(a, self.name) or 0)), None)
+        head = next(iter(queued), None)  # the queue view's tickets come in queue order
         if head is None or self.name in services:
             return None
         if self._free_head is not None and self._free_head[0] == head:
