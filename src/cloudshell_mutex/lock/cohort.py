@@ -274,7 +274,7 @@ class CohortMutex:
             holder = self._local_holder() + " on this machine, in cohort mode"
             self._tidy_orphan()  # as after a timeout: a lock passed to this waiter meanwhile is not orphaned
             raise self._cancelled(start, holder) from None
-        self._mutex.waited_before = self._clock() - start  # the local wait counts in "acquired after"
+        self._mutex.waiting_since = start  # the local wait counts in the server wait's figures
         try:
             acquired = self._take_server(blocking, deadline)
             if acquired and self.passed:

@@ -129,9 +129,9 @@ class ReservationMutex:
             self._parts.on_read = self._queue.saw  # who waits, remembered for this process's next acquire
         self._part = lease.new_part()
         self._held: Optional[Held] = None
-        #: Seconds the caller already waited for the next acquisition elsewhere (a cohort's local lock):
-        #: counted in the "acquired after" figure, so that it tells the whole wait.
-        self.waited_before = 0.0
+        #: When the caller began waiting for the next acquisition, if earlier than the acquire (a cohort's
+        #: local lock; clock time): that acquisition's timeout and "acquired after" count from then.
+        self.waiting_since: Optional[float] = None
 
     @property
     def api(self) -> Any:
@@ -357,7 +357,8 @@ class ReservationMutex:
             op.start if not blocking else (None if timeout is None else op.start + timeout), clock
         )
         op.cancellable = blocking
-        op.waited_before = self.waited_before
+        since, self.waiting_since = self.waiting_since, None  # for this acquisition only
+        op.waited_before = 0.0 if since is None else max(0.0, op.start - since)
         beat = lease.heartbeat_value(lease.nonce_of(op.token) or op.token, self._part, 0)
         attempt = MutexAttempt(parts, op, blocking, self._queue, beat if self.options.lease > 0 else "")
         try:
