@@ -198,6 +198,34 @@ def test_a_releaser_that_asks_again_goes_to_the_back(clock) -> None:
     again.release()
 
 
+def test_the_reads_in_line_count_as_the_heads_holder_check(clock) -> None:
+    api = RecordingApi()
+    lock = make(api, clock, fair=True, timeout=60)
+    lock.acquire()
+    queue_up(api, 0, HEAD)
+    lock.release()  # others wait: the next acquisition lines up before its first add
+    start = clock.now
+
+    def head_takes_the_lock() -> None:
+        api.services[MUTEX] = {protocol.ATTR_OWNER: HEAD}
+        del api.services[ticket_alias(MUTEX, 0)]
+
+    api.later(start + 2, head_takes_the_lock)
+    api.later(start + 4, lambda: api.services.pop(MUTEX))
+    steps: List[str] = []
+    api.on_call = lambda method: steps.append(
+        api.adds[-1][1] if method == "AddServiceToReservation" else method
+    )
+    again = make(api, clock, fair=True, timeout=60)
+    again.acquire()
+    busy = [i for i, step in enumerate(steps[:-1]) if step == MUTEX]
+    assert busy, steps  # the head polled the held lock
+    # The queue had just read the lock (and its holder): no read of the holder after the head's first add.
+    assert all(steps[i + 1] != "GetReservationDetails" for i in busy), steps
+    assert again.owned()
+    again.release()
+
+
 def test_without_others_seen_waiting_a_new_acquisition_adds_the_lock_first(clock) -> None:
     api = RecordingApi()
     lock = make(api, clock, fair=True)
@@ -446,24 +474,87 @@ def test_the_memory_learns_the_hold_time_and_when_the_holder_will_release() -> N
     assert memory.tenure == pytest.approx(2.0)
 
 
+def test_one_hold_stretched_by_a_fault_does_not_move_the_estimates() -> None:
+    # Holds of 1 s seen closely, then one of 30 s (a release that waited out its remove): the estimate of
+    # the hold time is the median of the recent ones, so the waiters do not sleep through their turns after.
+    memory = queue_values.LockMemory()
+    at, holds = 0.0, [1.0, 1.0, 1.0, 30.0, 1.0]
+    for number, hold in enumerate(holds):
+        memory.update(_view(at, f"H{number}@h:1:0000000{number}", (10 + number, SECOND)), None)
+        memory.update(_view(at + hold - 0.05, f"H{number}@h:1:0000000{number}", (10 + number, SECOND)), None)
+        at += hold
+    memory.update(_view(at, "Last@h:1:0000000f", (20, SECOND)), None)
+    assert memory.tenure == pytest.approx(1.0, abs=0.1)
+    assert memory.period == pytest.approx(1.0, abs=0.1)  # the head's ticket number moved once a hold
+
+
+def test_a_new_holder_was_granted_about_when_the_one_before_was_expected_to_release() -> None:
+    memory = queue_values.LockMemory()
+    memory.tenure = 1.0
+    memory.update(_view(9.9, None, (1, SECOND)), None)
+    memory.update(_view(10.0, "A@h:1:0000000a", (1, SECOND)), None)  # granted at about 9.95
+    # Seen next 1.6 s later, with another holder: B was granted after A's expected release (10.95), not
+    # anywhere since 10.0.
+    memory.update(_view(11.6, "B@h:2:0000000b", (1, SECOND)), None)
+    assert memory.holder_lo == pytest.approx(10.95 - queue_values.RELEASE_SLACK * 1.0)
+    assert memory.expected_release() == pytest.approx((memory.holder_lo + 11.6) / 2 + 1.0)
+
+
+def test_a_head_that_let_the_lock_go_to_another_is_passed_until_its_heartbeat_moves() -> None:
+    memory = queue_values.LockMemory()
+    a, b, c = "A@h:1:0000000a", "B@h:2:0000000b", "C@h:3:0000000c"
+    memory.update(_view(10.0, a, (1, HEAD), (2, SECOND)), None)
+    # The head itself granted: its ticket is the holder's, nothing passed.
+    view = memory.update(_view(10.5, HEAD, (1, HEAD), (2, SECOND)), None)
+    assert [t.token for t in view.tickets] == [SECOND] and not memory.passed
+    # SECOND is the head; the lock goes to B while it stays the head: passed, by this process.
+    memory.update(_view(11.0, None, (2, SECOND), (3, a)), None)
+    view = memory.update(_view(11.5, b, (2, SECOND), (3, a)), None)
+    assert [t.token for t in view.tickets] == [a] and [t.token for t in view.passed] == [SECOND]
+    assert memory.others == 1
+    # Its own waiter never passes itself.
+    assert [t.token for t in memory.update(_view(11.6, b, (2, SECOND), (3, a)), SECOND).tickets] == [
+        SECOND,
+        a,
+    ]
+    # The lock goes to C while A (the new head, here) stays: A is passed too.
+    view = memory.update(_view(12.0, c, (2, SECOND), (3, a)), None)
+    assert view.tickets == () and {t.token for t in view.passed} == {SECOND, a}
+    # SECOND's heartbeat moves (its waiter is alive): it is the head again.
+    alive = queue_view(
+        {
+            MUTEX: _holder(MUTEX, c),
+            ticket_alias(MUTEX, 2): _holder(ticket_alias(MUTEX, 2), ticket_value(SECOND, TICKET_LEASE, 1)),
+            ticket_alias(MUTEX, 3): _holder(ticket_alias(MUTEX, 3), ticket_value(a, TICKET_LEASE, 0)),
+        },
+        MUTEX,
+        13.0,
+    )
+    view = memory.update(alive, None)
+    assert [t.token for t in view.tickets] == [SECOND] and [t.token for t in view.passed] == [a]
+    # A ticket gone is forgotten.
+    memory.update(_view(14.0, c, (2, SECOND)), None)
+    assert memory.passed == {}
+
+
 def test_the_head_sleeps_until_shortly_before_the_expected_release_then_polls_fast(clock) -> None:
     api = RecordingApi()
     lock = make(api, clock, fair=True)
     fair = lock._queue
     memory = fair.memory
-    memory.holder, memory.holder_lo, memory.holder_hi, memory.tenure = "A@h:1:0000000a", 99.0, 101.0, 10.0
-    memory.period = 10.5
+    memory.holder, memory.holder_lo, memory.holder_hi, memory.tenure = "A@h:1:0000000a", 99.0, 101.0, 4.0
+    memory.period = 4.5
     clock.now = 102.0
     fair.ticket, fair.head = fair._alias(0), True
     first = fair._head_delay()
-    assert first == pytest.approx(100.0 + 10.0 - queue.HINT_LEAD * 10.0 - 102.0)  # one sleep
+    assert first == pytest.approx(100.0 + 4.0 - queue.HINT_LEAD * 4.0 - 102.0)  # one sleep
     clock.now += first
-    fast = 10.0 / 20 * (1 + queue.JITTER)
-    around = [fair._head_delay() for _ in range(4)]  # around the expected release: every 1/20 of a hold
+    fast = 4.0 / 10 * (1 + queue.JITTER)
+    around = [fair._head_delay() for _ in range(2)]  # around the expected release: every 1/10 of a hold
     assert all(delay <= fast for delay in around)
-    clock.now = 110.0 + queue.HINT_LEAD * 10.0 + 0.1  # past it: slower after each miss, up to the normal
+    clock.now = 104.0 + queue.HINT_LEAD * 4.0 + 0.1  # past it: slower after each miss, up to the normal
     later = [fair._head_delay() for _ in range(4)]
-    assert later[0] > fast and max(later) <= queue_values.head_interval(memory.period) * (1 + queue.JITTER)
+    assert later[0] > fast and max(later) <= queue_values.head_interval(memory.cadence()) * (1 + queue.JITTER)
 
 
 def test_progress_is_written_while_waiting_in_line(clock) -> None:

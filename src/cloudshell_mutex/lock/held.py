@@ -43,6 +43,8 @@ class Held:
         self.release_op: Optional[Operation] = None
         self.heartbeat: Optional[Heartbeat] = None
         self.generation: Optional[int] = None
+        #: When the hold began: the granted add was sent then (this process's clock).
+        self.since = confirmed_at
 
     # ------------------------------------------------------------------ what is held
 

@@ -124,6 +124,7 @@ class ReservationMutex:
                 request_lifetime=self.options.request_lifetime,
                 runtime=self.runtime,
                 wait=self._parts.pause,
+                looked=self._parts.saw_in_line,
                 logger=self.logger,
             )
             self._parts.on_read = self._queue.saw  # who waits, remembered for this process's next acquire
@@ -423,6 +424,10 @@ class ReservationMutex:
         # A release() after a failed one continues it: what the first learned (a remove of ours that may
         # still land) must not be forgotten, or the next remove could delete a successor's lock.
         op = held.release_op or self._parts.operation(held.token)
+        if held.release_op is None and self._queue is not None:
+            # From the granted add to the release: about the hold as the server sees it, which is what the
+            # waiters' hints are about (the release's read comes on top, the add's answer is in it).
+            self._queue.held_for(op.start - held.since)
         held.release_op = op
         end = ReleaseLoop(self._parts, op, held.confirmed_at, held.confirm, self._marks_release).run()
         self._ended(op, end)

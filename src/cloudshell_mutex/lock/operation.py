@@ -212,17 +212,13 @@ class Operation:
         return None if self.holder_since is None else now - self.holder_since
 
     def read_due(self, now: float, interval: float) -> bool:
-        """True when a holder read is due after a contention: the first one, after an unknown outcome,
-        or ``interval`` after the last read tried (at most a second while an add of ours may still
+        """True when a holder read is due after a contention: the first read of this acquire (the fair
+        queue's reads count: :meth:`.LockParts.saw_in_line`), after an unknown outcome, or ``interval``
+        after the last read tried (at most a second while an add of ours may still
         land, so that its landing is noticed: the alias is then ours)."""
         if self.add_can_land(now):
             interval = min(interval, LANDING_READ_INTERVAL)
-        return (
-            self.contentions == 1
-            or self.add_pending
-            or self.last_read_attempt is None
-            or now - self.last_read_attempt >= interval
-        )
+        return self.add_pending or self.last_read_attempt is None or now - self.last_read_attempt >= interval
 
     def next_pause(self, pacing: PacingPolicy, rng: random.Random) -> float:
         """The pacing policy's delay before the next add after contention."""

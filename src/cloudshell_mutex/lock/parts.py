@@ -92,6 +92,25 @@ class LockParts:
             op.see_releasing(releasing, result.sent_at)
         return result
 
+    def saw_in_line(self, op: Operation, result: CallResult) -> None:
+        """A fresh read the fair queue made while ``op`` waits in line: it shows the holder as the mutex's
+        own holder check would, so it counts as one (no second read at the next contention), and it feeds
+        the lease judgement and the releasing marker. It does not count as a read after our add: only the
+        mutex's own reads settle whether an add of ours made us the holder."""
+        op.read_tried(result.sent_at)
+        if not result.ok:
+            return
+        self.last_services = result.services or {}
+        marker = self.last_services.get(protocol.releasing_alias(self.name))
+        holder = result.holder
+        releasing = holder is not None and marker is not None and marker.token == holder.token
+        op.see_releasing(releasing, result.sent_at)
+        if holder is not None and not op.is_ours(holder):
+            op.see_holder(
+                holder
+            )  # silently: a waiter in line sees every hand-off, and says so only in progress
+            self.watch.observe(holder, result.sent_at)
+
     def poll_read(self, op: Operation, doing: str) -> Any:
         """A fresh read while acquiring: the holder (or None), or :data:`UNREAD` after a transient failure
         (recorded in ``op``). Fatal failures raise."""

@@ -63,7 +63,7 @@ JOIN_TRIES = 4
 #: The head times its polls by the holders' observed tenure (False: it polls every head_interval).
 HOLD_HINT = True
 #: ... waking this fraction of a tenure before the expected release.
-HINT_LEAD = 0.2
+HINT_LEAD = 0.1
 #: A read younger than this (seconds) is recent enough to join the queue by.
 RECENT = 1.0
 #: Jitter of every interval (a fraction), so that waiters do not poll in lock-step.
@@ -90,6 +90,7 @@ class FairQueue:
         request_lifetime: float,
         runtime: Runtime,
         wait: Optional[Callable[[Any, float], None]] = None,
+        looked: Optional[Callable[[Any, CallResult], None]] = None,
         logger: Optional[logging.Logger] = None,
         budget: float = LOCK_BUDGET,
         ticket_lease: float = TICKET_LEASE,
@@ -107,6 +108,8 @@ class FairQueue:
         # The pause in line, ``wait(op, seconds)``: the mutex's, which its caller can cancel (a break's own
         # waits use the runtime's sleep: a break is never left half done).
         self._wait = wait or (lambda op, seconds: runtime.sleep(seconds))
+        # Each read in line, ``looked(op, result)``: the mutex takes it as its own holder check.
+        self._looked = looked or (lambda op, result: None)
         self._aliases: Dict[int, TicketAlias] = {}
         # Tickets ahead whose waiter died are broken as a waiting mutex breaks a stale holder.
         self._breaker = lease.Breaker(lock.sibling, label, ticket_lease, request_lifetime, runtime)
@@ -135,7 +138,7 @@ class FairQueue:
         if not result.ok or result.services is None:
             return None
         view = queue_view(result.services, self.lock.alias, result.sent_at)
-        self.memory.update(view, token if token is not None else self.token)
+        view = self.memory.update(view, token if token is not None else self.token)
         if self.head and self.token is not None and (view.position(self.token) or 1) > 1:
             self.head = False  # a ticket ahead of ours after all (a join from an old read): wait in line
         return view
@@ -147,7 +150,9 @@ class FairQueue:
         if self.off or not self.memory.crowded(self._clock()):
             return
         self.token, self._waiting = op.token, waiting
-        self._wait_turn(op, first=True)
+        delay = self._wait_turn(op, first=True)
+        if delay > 0 and not op.deadline.passed():
+            self._wait(op, op.deadline.clip(delay))
 
     def pause(self, op: Any, default: float, waiting: Callable[[], None] = _nothing) -> float:
         """After a busy add: the delay before the next add. The head polls every :func:`head_interval`;
@@ -168,7 +173,7 @@ class FairQueue:
         """The head's next poll. With :data:`HOLD_HINT` and a holder whose grant this process saw: sleep
         until shortly before its expected release, poll fast around it, slower again after each miss past
         it; else every :func:`head_interval`."""
-        regular = head_interval(self.memory.period)
+        regular = head_interval(self.memory.cadence())
         release = self.memory.expected_release() if HOLD_HINT else None
         if release is None:
             return self._jitter(regular)
@@ -178,12 +183,17 @@ class FairQueue:
         if now < early and not self._hinted:
             self._hinted = True  # one sleep per holder: the hint is an estimate
             return early - now
-        # Around the expected release: every 1/20 of a hold; past it, slower after each miss.
-        fast = max(HEAD_MIN, min(regular, hold / 20))
+        # Around the expected release: every 1/10 of a hold; past it, slower after each miss.
+        fast = max(HEAD_MIN, min(regular, hold / 10))
         if now <= release + HINT_LEAD * hold:
             return self._jitter(fast)
         self._misses += 1
         return self._jitter(min(regular, fast * 2 ** min(self._misses, 8)))
+
+    def held_for(self, seconds: float) -> None:
+        """This process held the lock ``seconds`` (from its grant to its release): a sample of the hold time
+        that needs no reads (the others' holds are timed only between reads close enough to tell)."""
+        self.memory.own_hold(seconds)
 
     def leave(self) -> None:
         """The acquire ended (the lock granted, a timeout, an error, Ctrl-C): remove our ticket, and hand
@@ -239,14 +249,17 @@ class FairQueue:
             position = 1 + len(view.tickets)
         if position == 1:
             self.head = True
-            return True, 0.0
+            self._judge_ahead(op, view, position)  # the tickets it passed still go by the lease
+            # The head's first add: at once when the lock is free, else when the hint expects the release
+            # (an add before it would only find the lock busy).
+            return True, 0.0 if view.holder is None else self._head_delay()
         if self._head_seems_gone(view):
             return True, 0.0
         self._judge_ahead(op, view, position)
         self._beat(op, view)
         self._waiting()
         waiters = len(view.tickets)
-        interval = self._jitter(wait_interval(position, waiters, self.memory.period, self.budget))
+        interval = self._jitter(wait_interval(position, waiters, self.memory.cadence(), self.budget))
         return False, self._hinted_wait(position, interval)
 
     def _recent_view(self, now: float) -> Optional[QueueView]:
@@ -262,13 +275,14 @@ class FairQueue:
         release = self.memory.expected_release() if HOLD_HINT else None
         if release is None:
             return interval
-        turn = release + (position - 2) * self.memory.period + HINT_LEAD * self.memory.hold_estimate()
+        turn = release + (position - 2) * self.memory.cadence() + HINT_LEAD * self.memory.hold_estimate()
         delay = turn - self._clock()
         return min(MAX_INTERVAL, delay) if delay > interval else interval
 
     def _look(self, op: Any) -> Optional[QueueView]:
         """One fresh read of the reservation: the lock and its queue (None when the read failed)."""
         result = self.lock.read(paced=op.polling, deadline=op.deadline.at)
+        self._looked(op, result)
         view = self.saw(result, op.token)
         if view is None:
             return None
@@ -348,18 +362,19 @@ class FairQueue:
         it survives this process's acquisitions: a dead ticket at the head is judged even when every waiter
         passes it (by the fallback) sooner than a lease."""
         now = self._clock()
-        stale = [t for t in view.tickets[: position - 1] if self.memory.stale(t.alias, now)]
+        ahead = view.passed + view.tickets[: position - 1]  # passed tickets too: gone ones go by the lease
+        stale = [t for t in ahead if self.memory.stale(t.alias, now)]
         if not stale:
             return
-        ahead = stale[0]
-        alias = self._alias(ahead.number)
-        result = self._breaker.break_holder(alias, self.memory.watches[ahead.alias])
+        dead = stale[0]
+        alias = self._alias(dead.number)
+        result = self._breaker.break_holder(alias, self.memory.watches[dead.alias])
         if result.broken:
-            self.memory.watches.pop(ahead.alias, None)
+            self.memory.watches.pop(dead.alias, None)
             self.logger.info(
                 "cloudshell-mutex: removed the abandoned queue ticket %s (%s)",
                 alias.alias,
-                ahead.holder.label,
+                dead.holder.label,
             )
 
     def _look_and_beat(self, op: Any) -> None:

@@ -8,10 +8,12 @@ import dataclasses
 import math
 import threading
 import weakref
+from collections import deque
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from statistics import median
+from typing import Any, Deque, Dict, List, Mapping, Optional, Tuple
 
-from . import lease
+from . import lease, protocol
 from .alias import CallResult, LockAlias
 from .holder import Holder
 from .lease import parse_ticket, ticket_holder
@@ -35,6 +37,13 @@ HEAD_MIN, HEAD_MAX = 0.1, 1.0
 MIN_INTERVAL, MAX_INTERVAL = 0.25, 30.0
 #: The period (seconds from one grant to the next) assumed before a waiter has seen the queue move.
 DEFAULT_PERIOD = 1.0
+#: A holder that follows one whose release was expected between two reads was granted no earlier than
+#: this fraction of a hold before that expected release (the estimate's allowance for holds that vary).
+RELEASE_SLACK = 0.2
+#: What a hand-off costs on top of a hold, at most, in the cadence the queue paces itself by (seconds).
+HANDOFF = 0.25
+#: How many recent samples of the period and of the hold time the estimates take the median of.
+SAMPLES = 7
 #: How long this process remembers that others were queued at its last read of a lock.
 MEMORY_SECONDS = 60.0
 #: A waiter that saw the lock free at two reads this far apart, with the same head both times, adds
@@ -77,13 +86,15 @@ class QueueView:
 
     ``tickets`` are the parseable tickets in queue order, without the one of the lock's holder (an
     acquisition removes its ticket right after its grant; until that remove lands, the ticket is not a
-    waiter). ``highest`` is the highest ticket number of any value, foreign ones too (-1: none).
+    waiter), and without the ones this process passes over (``passed``: see :class:`LockMemory`).
+    ``highest`` is the highest ticket number of any value, foreign ones too (-1: none).
     """
 
     holder: Optional[Holder]
     tickets: Tuple[Ticket, ...]
     highest: int
     at: float
+    passed: Tuple[Ticket, ...] = ()
 
     def position(self, token: str) -> Optional[int]:
         """1 for the head, 2 for the next, ...; None when ``token`` has no ticket here."""
@@ -99,6 +110,19 @@ class QueueView:
     def others(self, token: Optional[str]) -> int:
         """How many tickets belong to other acquisitions."""
         return sum(1 for t in self.tickets if t.token != token)
+
+    def passing(self, passed: Mapping[str, str], token: Optional[str]) -> QueueView:
+        """This view without the tickets in ``passed`` (alias -> heartbeat; a ticket whose heartbeat moved
+        since is kept), and never without ``token``'s: they go to :attr:`passed`."""
+        skipped = tuple(t for t in self.tickets if t.token != token and passed.get(t.alias) == _beat_of(t))
+        if not skipped:
+            return self
+        kept = tuple(t for t in self.tickets if t not in skipped)
+        return dataclasses.replace(self, tickets=kept, passed=skipped)
+
+
+def _beat_of(ticket: Ticket) -> str:
+    return ticket.holder.attributes.get(protocol.ATTR_HEARTBEAT, "")
 
 
 def queue_view(services: Mapping[str, Holder], alias: str, at: float) -> QueueView:
@@ -144,8 +168,8 @@ def wait_rate(waiters: int, period: float, budget: float = LOCK_BUDGET) -> float
 def wait_interval(position: int, waiters: int, period: float, budget: float = LOCK_BUDGET) -> float:
     """Seconds between two reads of the waiter at ``position`` (2 = next after the head) of ``waiters``.
 
-    * The next in line reads every period/3: it becomes the head when the head is granted, and must learn
-      it before the lock is free again.
+    * The next in line reads every period/3 (as often as the head polls, at short holds): it becomes the
+      head when the head is granted, and must learn it before the lock is free again.
     * The waiter at position p > 2 reads every (p - 2) x c, with c chosen so that all of them together
       make :func:`wait_rate` calls/s (the sum of 1/((p - 2) c) is harmonic(waiters - 2) / c), but c is
       never more than one period: a waiter must not sleep through its own turn, or the lock stands free.
@@ -154,7 +178,7 @@ def wait_interval(position: int, waiters: int, period: float, budget: float = LO
     * Nobody reads more often than its turn can come: (p - 1) periods away, so every (p - 1) x period/2.
     """
     if position <= 2:
-        return min(MAX_INTERVAL, max(MIN_INTERVAL, period / 3))
+        return min(MAX_INTERVAL, max(HEAD_MIN, period / 3))
     spacing = min(period, harmonic(waiters - 2) / wait_rate(waiters, period, budget))
     interval = max((position - 2) * spacing, (position - 1) * period / 2)
     return min(MAX_INTERVAL, max(MIN_INTERVAL, interval))
@@ -194,34 +218,74 @@ class LockMemory:
     #: How long holders hold the lock (seconds; None: not seen yet), from holders seen to come and go
     #: between reads close enough together to tell: the head times its polls by it.
     tenure: Optional[float] = None
+    #: The latest samples of each: the estimates are their medians, so that one hold stretched by a fault
+    #: (a release waiting out its remove, a lease broken after a crash) does not make every waiter sleep
+    #: through its turn afterwards, as an average would.
+    period_samples: Deque[float] = dataclasses.field(default_factory=lambda: deque(maxlen=SAMPLES))
+    tenure_samples: Deque[float] = dataclasses.field(default_factory=lambda: deque(maxlen=SAMPLES))
     #: This process's stale judgement of each ticket it sees (lease.py's rules, on its own clock).
     watches: Dict[str, lease.StaleWatch] = dataclasses.field(default_factory=dict)
+    #: Tickets this process passes over (alias -> heartbeat): each was the head while the lock went to
+    #: another acquisition, so its waiter is gone, stuck or too slow. Passed until its heartbeat moves.
+    passed: Dict[str, str] = dataclasses.field(default_factory=dict)
+    #: The head (alias, heartbeat) at the last read, passed ones left out.
+    head: Optional[Tuple[str, str]] = None
 
     def crowded(self, now: float) -> bool:
         """True when others were queued at this process's last read, not long ago."""
         return self.others > 0 and now - self.seen_at < MEMORY_SECONDS
 
-    def update(self, view: QueueView, token: Optional[str]) -> None:
-        """Take in a read: who waits, and how far the head moved since the last read."""
+    def update(self, view: QueueView, token: Optional[str]) -> QueueView:
+        """Take in a read: who waits, and how far the head moved since the last read. Returns the view
+        without the tickets this process passes over (``token``'s own ticket is never passed)."""
+        granted = view.holder is not None and view.holder.token != self.holder
         self._observe_holder(view)
         self._observe_tickets(view)
+        view = self._pass_heads(view, token, granted)
         self.others = view.others(token)
         self.seen_at = view.at
         self.view = view
         if not view.tickets:
             self.lowest = None
-            return
+            return view
         lowest = view.tickets[0].number
         if self.lowest is not None and lowest > self.lowest and view.at > self.lowest_at:
             sample = (view.at - self.lowest_at) / (lowest - self.lowest)
-            self.period = min(600.0, max(0.05, 0.7 * self.period + 0.3 * sample))
+            self.period = _median_of(self.period_samples, min(600.0, max(0.05, sample)))
         if self.lowest is None or lowest != self.lowest:
             self.lowest, self.lowest_at = lowest, view.at
+        return view
+
+    def _pass_heads(self, view: QueueView, token: Optional[str], granted: bool) -> QueueView:
+        """The head polls the lock from the moment it is the head, so a lock granted to anyone else while
+        the same ticket, with the same heartbeat, stayed the head (a read before and a read after) says its
+        waiter is not polling: gone (a crash leaves its ticket for a lease, 150 s), stopped, or beaten by
+        code that does not queue. Waiting for it would cost every hand-off the fallback's 3 s; this process
+        passes it instead, until its heartbeat moves. Only speed is at stake: a passed waiter that is alive
+        still polls as the head, and exclusion rests on the add alone."""
+        present = {t.alias: _beat_of(t) for t in view.tickets}
+        for alias in [a for a, beat in self.passed.items() if present.get(a) != beat]:
+            del self.passed[alias]  # gone, or alive after all
+        # Judged on the view every lock object of this process shares (its own ticket included).
+        shared = view.passing(self.passed, None)
+        if shared.tickets:
+            head = shared.tickets[0]
+            if granted and self.head == (head.alias, _beat_of(head)):
+                self.passed[head.alias] = _beat_of(head)
+                shared = view.passing(self.passed, None)
+        self.head = (shared.tickets[0].alias, _beat_of(shared.tickets[0])) if shared.tickets else None
+        return view.passing(self.passed, token)
 
     def _observe_holder(self, view: QueueView) -> None:
         token = view.holder.token if view.holder is not None else None
         if token == self.holder:
             return
+        granted_after = self.seen_at
+        previous_end = self.expected_release()
+        if token is not None and previous_end is not None and self.seen_at < previous_end < view.at:
+            # Granted after the previous holder released, so about when that release was expected, not
+            # anywhere since the last read: reads far apart (a waiter far back) still time the head's polls.
+            granted_after = max(self.seen_at, previous_end - RELEASE_SLACK * self.hold_estimate())
         if self.holder is not None:
             # The previous holder released between the last read and this one: a tenure sample when both
             # its start and its end are known to within a third of it.
@@ -229,8 +293,8 @@ class LockMemory:
             sample = end - start
             known = max(self.holder_hi - self.holder_lo, view.at - self.seen_at)
             if math.isfinite(sample) and sample > 0 and known <= sample / 2:
-                self.tenure = sample if self.tenure is None else 0.7 * self.tenure + 0.3 * sample
-        self.holder, self.holder_lo, self.holder_hi = token, self.seen_at, view.at
+                self.tenure = _median_of(self.tenure_samples, sample)
+        self.holder, self.holder_lo, self.holder_hi = token, granted_after, view.at
 
     def _observe_tickets(self, view: QueueView) -> None:
         seen = {t.alias for t in view.tickets}
@@ -244,6 +308,20 @@ class LockMemory:
         watch = self.watches.get(alias)
         return watch is not None and watch.stale(now)
 
+    def own_hold(self, seconds: float) -> None:
+        """Take in a hold of this process's own, timed from its grant to its release."""
+        if math.isfinite(seconds) and seconds >= 0:
+            self.tenure = _median_of(self.tenure_samples, seconds)
+
+    def cadence(self) -> float:
+        """The time from one grant to the next that the queue paces itself by: the period seen, but never
+        more than a hold plus :data:`HANDOFF` once the hold time is known. The period includes the queue's
+        own hand-offs, so a queue slowed down (a dead head, faults) would otherwise read more slowly, hand on
+        more slowly, and slow itself down further."""
+        if self.tenure is None:
+            return self.period
+        return min(self.period, self.tenure + HANDOFF)
+
     def hold_estimate(self) -> float:
         """How long a holder holds: the tenure seen, else the period between grants (a queue that does
         not run dry hands the lock on about once a period)."""
@@ -254,6 +332,11 @@ class LockMemory:
         if self.holder is None or not math.isfinite(self.holder_lo):
             return None
         return (self.holder_lo + self.holder_hi) / 2 + self.hold_estimate()
+
+
+def _median_of(samples: Deque[float], sample: float) -> float:
+    samples.append(sample)
+    return float(median(samples))
 
 
 _memories: weakref.WeakKeyDictionary[Any, Dict[Tuple[str, str], LockMemory]] = weakref.WeakKeyDictionary()
