@@ -439,8 +439,8 @@ def test_a_dead_head_passed_by_every_waiter_is_still_judged_across_this_process_
     start = clock.now
     for _ in range(10):
         # Someone else holds the lock for 20 s; our acquisition waits behind the dead head, takes the lock
-        # by the fallback once it has been free for FALLBACK_AFTER, and releases it: each wait is much
-        # shorter than the ticket's lease, but this process's judgement goes on across them.
+        # (by the fallback the first time; after that this process passes the dead head) and releases it:
+        # each wait is much shorter than the ticket's lease, but this process's judgement goes on across them.
         other_holds(api, "Holder@host:1:deadbeef")
         api.later(clock.now + 20, lambda: api.services.pop(MUTEX, None))
         lock = make(api, clock, fair=True, timeout=60)
@@ -511,7 +511,7 @@ def test_a_head_that_let_the_lock_go_to_another_is_passed_until_its_heartbeat_mo
     memory.update(_view(11.0, None, (2, SECOND), (3, a)), None)
     view = memory.update(_view(11.5, b, (2, SECOND), (3, a)), None)
     assert [t.token for t in view.tickets] == [a] and [t.token for t in view.passed] == [SECOND]
-    assert memory.others == 1
+    assert memory.others == 2  # still waiting, for crowded(): a releaser goes behind a passed head too
     # Its own waiter never passes itself.
     assert [t.token for t in memory.update(_view(11.6, b, (2, SECOND), (3, a)), SECOND).tickets] == [
         SECOND,
@@ -594,3 +594,47 @@ def test_a_ticket_a_lagging_read_did_not_show_is_still_removed_in_the_end(clock)
         api.land_due()  # the first ticket shows up again, as a read that does not lag shows it
         watcher.sweep()
     assert tickets(api) == []
+
+
+def test_a_releaser_that_passed_a_live_head_still_goes_behind_it() -> None:
+    # The head let one hand-off go (a v1 peer was faster, say): this process passes it, but it still waits,
+    # so this process's next acquisition lines up (behind it, in its own view ahead of it) instead of racing.
+    memory = queue_values.LockMemory()
+    memory.update(_view(10.0, "A@h:1:0000000a", (1, HEAD)), None)
+    view = memory.update(_view(10.5, "B@h:2:0000000b", (1, HEAD)), None)
+    assert view.tickets == () and [t.token for t in view.passed] == [HEAD]
+    assert memory.crowded(10.6)
+
+
+def test_the_head_adds_at_once_when_the_lock_shows_its_own_late_add(clock) -> None:
+    api = RecordingApi()
+    lock = make(api, clock, fair=True, timeout=60)
+    op = lock._parts.operation("Ours@host:9:0000abcd")
+    api.services[MUTEX] = {protocol.ATTR_OWNER: op.token}  # an add of ours without an answer landed
+    done, delay = lock._queue.take_turn(op, first=False, default=0.0)
+    # Our ticket is the holder's, so we join again, at the head: the add comes at once (it settles that the
+    # lock is ours) instead of after the hint's sleep through "the holder's" hold.
+    assert done and delay == 0.0
+
+
+def test_the_heads_sleep_before_a_long_release_wakes_in_time_to_beat_its_ticket(clock) -> None:
+    api = RecordingApi()
+    lock = make(api, clock, fair=True)
+    fair, memory = lock._queue, lock._queue.memory
+    memory.holder, memory.holder_lo, memory.holder_hi, memory.tenure = "A@h:1:0000000a", 99.0, 101.0, 600.0
+    memory.period = 600.0
+    clock.now = 102.0
+    fair.ticket, fair.head = fair._alias(0), True
+    assert fair._head_delay() == pytest.approx(TICKET_LEASE / 3)  # not 538 s: its ticket would look dead
+    assert not fair._hinted  # it sleeps again after the beat, until shortly before the release
+
+
+def test_a_holder_first_seen_in_line_is_timed_from_that_read() -> None:
+    from cloudshell_mutex.lock.operation import Operation
+
+    op = Operation("Ours@host:9:0000abcd", 0.0)
+    op.contended(0.0)
+    op.read_answered(0.1)
+    op.see_holder(Holder(MUTEX, "A@h:1:0000000a", "A", "Mutex Service"))
+    op.see_holder(Holder(MUTEX, "B@h:2:0000000b", "B", "Mutex Service"), at=12.0)  # a read in line
+    assert op.holder_since == 12.0  # not 0.1: B was not seen before 12 s

@@ -39,6 +39,8 @@ class Operation:
         self.waited_before = 0.0
         self.adds = 0
         self.contentions = 0
+        #: The fair queue read the lock while this acquisition waited in line (its holder check).
+        self.seen_in_line = False
         self.transients = 0
         self.contention_delay = 0.0  # the pacing policy's previous delay
         self.backoff_delay = 0.0  # the backoff policy's previous delay
@@ -172,8 +174,9 @@ class Operation:
         self.add_pending = False
         return False
 
-    def see_holder(self, holder: Optional[Holder]) -> bool:
-        """Record the holder a fresh read showed; True when it replaced another holder."""
+    def see_holder(self, holder: Optional[Holder], at: Optional[float] = None) -> bool:
+        """Record the holder a fresh read (sent ``at``; default: the last read answered) showed; True when
+        it replaced another holder."""
         if holder is None:
             self.holder = None
             self.holder_since = None
@@ -183,9 +186,8 @@ class Operation:
         # First sight of this holder: it has held the lock at least since the contention that
         # preceded this read (this waiter's monotonic clock; no server clocks are compared).
         first = self.holder is None
-        self.holder_since = (
-            self.contended_since if first and self.contended_since is not None else self.last_read_at
-        )
+        seen_at = self.last_read_at if at is None else at
+        self.holder_since = self.contended_since if first and self.contended_since is not None else seen_at
         self.holder = holder
         return not first
 
@@ -212,13 +214,18 @@ class Operation:
         return None if self.holder_since is None else now - self.holder_since
 
     def read_due(self, now: float, interval: float) -> bool:
-        """True when a holder read is due after a contention: the first read of this acquire (the fair
-        queue's reads count: :meth:`.LockParts.saw_in_line`), after an unknown outcome, or ``interval``
+        """True when a holder read is due after a contention: the first one (unless the fair queue read the
+        lock meanwhile: :meth:`.LockParts.saw_in_line`), after an unknown outcome, or ``interval``
         after the last read tried (at most a second while an add of ours may still
         land, so that its landing is noticed: the alias is then ours)."""
         if self.add_can_land(now):
             interval = min(interval, LANDING_READ_INTERVAL)
-        return self.add_pending or self.last_read_attempt is None or now - self.last_read_attempt >= interval
+        return (
+            (self.contentions == 1 and not self.seen_in_line)
+            or self.add_pending
+            or self.last_read_attempt is None
+            or now - self.last_read_attempt >= interval
+        )
 
     def next_pause(self, pacing: PacingPolicy, rng: random.Random) -> float:
         """The pacing policy's delay before the next add after contention."""

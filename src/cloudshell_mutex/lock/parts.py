@@ -98,6 +98,7 @@ class LockParts:
         the lease judgement and the releasing marker. It does not count as a read after our add: only the
         mutex's own reads settle whether an add of ours made us the holder."""
         op.read_tried(result.sent_at)
+        op.seen_in_line = True
         if not result.ok:
             return
         self.last_services = result.services or {}
@@ -106,9 +107,8 @@ class LockParts:
         releasing = holder is not None and marker is not None and marker.token == holder.token
         op.see_releasing(releasing, result.sent_at)
         if holder is not None and not op.is_ours(holder):
-            op.see_holder(
-                holder
-            )  # silently: a waiter in line sees every hand-off, and says so only in progress
+            # Silently: a waiter in line sees every hand-off, and says so only in its progress.
+            op.see_holder(holder, result.sent_at)
             self.watch.observe(holder, result.sent_at)
 
     def poll_read(self, op: Operation, doing: str) -> Any:

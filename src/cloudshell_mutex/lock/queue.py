@@ -181,8 +181,11 @@ class FairQueue:
         hold = self.memory.hold_estimate()
         early = release - HINT_LEAD * hold
         if now < early and not self._hinted:
-            self._hinted = True  # one sleep per holder: the hint is an estimate
-            return early - now
+            # Asleep until then, but never past a heartbeat of our ticket (a long hold would otherwise let
+            # the waiters behind judge it stale): the head wakes, beats and sleeps again.
+            if early - now <= self.ticket_lease / 3:
+                self._hinted = True  # then polls: the hint is an estimate
+            return min(early - now, self.ticket_lease / 3)
         # Around the expected release: every 1/10 of a hold; past it, slower after each miss.
         fast = max(HEAD_MIN, min(regular, hold / 10))
         if now <= release + HINT_LEAD * hold:
@@ -250,9 +253,10 @@ class FairQueue:
         if position == 1:
             self.head = True
             self._judge_ahead(op, view, position)  # the tickets it passed still go by the lease
-            # The head's first add: at once when the lock is free, else when the hint expects the release
-            # (an add before it would only find the lock busy).
-            return True, 0.0 if view.holder is None else self._head_delay()
+            # The head's first add: at once when the lock is free (or shows our own add, landed late), else
+            # when the hint expects the release (an add before it would only find the lock busy).
+            free = view.holder is None or view.holder.token == op.token
+            return True, 0.0 if free else self._head_delay()
         if self._head_seems_gone(view):
             return True, 0.0
         self._judge_ahead(op, view, position)
@@ -381,6 +385,8 @@ class FairQueue:
         view = self._look(op)
         if view is not None:
             self._beat(op, view)
+            if self.head:
+                self._judge_ahead(op, view, 1)  # the tickets the head passed go by the lease
 
     def _beat(self, op: Any, view: QueueView) -> None:
         """Rewrite our ticket's heartbeat every lease/3, right after a read that showed it is ours."""

@@ -241,8 +241,9 @@ class LockMemory:
         granted = view.holder is not None and view.holder.token != self.holder
         self._observe_holder(view)
         self._observe_tickets(view)
-        view = self._pass_heads(view, token, granted)
+        # Passed tickets still count as others waiting: a releaser that passed a live head goes behind it.
         self.others = view.others(token)
+        view = self._pass_heads(view, token, granted)
         self.seen_at = view.at
         self.view = view
         if not view.tickets:
