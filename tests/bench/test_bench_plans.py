@@ -164,7 +164,8 @@ def test_the_decide_plan_judges_its_ratios_on_two_repeats_in_windows_long_enough
     assert {(n, 1.0, w) for n in (2, 8) for w in (REACQUIRE, THINK)} | {(32, 1.0, REACQUIRE)} <= repeated
     assert any(c.hold == 0.1 for c, _ in DECIDE.groups)
     once = _cells(Plan("once", DECIDE.once, repeats=1))
-    assert once[(8, 1.0, REACQUIRE)] == (30.0, ("plain",))  # plain polling beside the default at N=8
+    windows = {(c.clients, c.workload): c.window for c, _ in DECIDE.groups if c.hold == 1.0}
+    assert windows[(8, REACQUIRE)] >= 38.0  # 3 grants per client at N=8: the starvation target is judged
     assert once[(4, 1.0, MIXED)] == (60.0, ("default",))
     assert READERS in {w for _, _, w in once} and (32, 10.0, REACQUIRE) in once
     assert once[(32, 10.0, REACQUIRE)][0] >= 60.0
