@@ -81,15 +81,10 @@ class LockParts:
     def read(self, op: Operation) -> CallResult:
         """One fresh read of the holder, recorded in ``op``."""
         result = self.alias.read(paced=op.polling, deadline=op.deadline.at)
-        self.last_services = result.services or {}
-        op.read_tried(result.sent_at)
+        self._took(op, result)
         self.on_read(result)
         if result.ok:
             op.read_answered(result.sent_at)
-            marker = self.last_services.get(protocol.releasing_alias(self.name))
-            holder = result.holder
-            releasing = holder is not None and marker is not None and marker.token == holder.token
-            op.see_releasing(releasing, result.sent_at)
         return result
 
     def saw_in_line(self, op: Operation, result: CallResult) -> None:
@@ -97,19 +92,24 @@ class LockParts:
         own holder check would, so it counts as one (no second read at the next contention), and it feeds
         the lease judgement and the releasing marker. It does not count as a read after our add: only the
         mutex's own reads settle whether an add of ours made us the holder."""
-        op.read_tried(result.sent_at)
+        self._took(op, result)
         op.seen_in_line = True
-        if not result.ok:
-            return
-        self.last_services = result.services or {}
-        marker = self.last_services.get(protocol.releasing_alias(self.name))
-        holder = result.holder
-        releasing = holder is not None and marker is not None and marker.token == holder.token
-        op.see_releasing(releasing, result.sent_at)
+        holder = result.holder if result.ok else None
         if holder is not None and not op.is_ours(holder):
             # Silently: a waiter in line sees every hand-off, and says so only in its progress.
             op.see_holder(holder, result.sent_at)
             self.watch.observe(holder, result.sent_at)
+
+    def _took(self, op: Operation, result: CallResult) -> None:
+        """What every fresh read of the lock tells ``op``: that it was tried, and whether the holder it shows
+        is releasing (its ``~releasing`` marker bears the holder's token)."""
+        self.last_services = result.services or {}
+        op.read_tried(result.sent_at)
+        if result.ok:
+            marker = self.last_services.get(protocol.releasing_alias(self.name))
+            holder = result.holder
+            releasing = holder is not None and marker is not None and marker.token == holder.token
+            op.see_releasing(releasing, result.sent_at)
 
     def poll_read(self, op: Operation, doing: str) -> Any:
         """A fresh read while acquiring: the holder (or None), or :data:`UNREAD` after a transient failure

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any, Deque, Dict, List, Mapping, Optional, Tuple
 
-from . import lease, protocol
+from . import lease
 from .alias import CallResult, LockAlias
 from .holder import Holder
 from .lease import parse_ticket, ticket_holder
@@ -122,7 +122,7 @@ class QueueView:
 
 
 def _beat_of(ticket: Ticket) -> str:
-    return ticket.holder.attributes.get(protocol.ATTR_HEARTBEAT, "")
+    return lease.own_heartbeat(ticket.holder)  # a ticket's heartbeat, as its waiter wrote it
 
 
 def queue_view(services: Mapping[str, Holder], alias: str, at: float) -> QueueView:
