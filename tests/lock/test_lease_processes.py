@@ -246,8 +246,8 @@ def test_a_holder_stopped_beyond_its_lease_learns_it_lost_and_its_release_remove
         assert report["release"].startswith("lost")
         assert report["on_lost"], "on_lost was not called"
         # The resumed holder neither removed nor wrote onto its successor's service.
-        owner = emu.control.reservation(rid)["services"][0]["attributes"][protocol.ATTR_OWNER]
-        assert owner == waiter.token
+        services = {s["alias"]: s for s in emu.control.reservation(rid)["services"]}
+        assert services[protocol.DEFAULT_ALIAS]["attributes"][protocol.ATTR_OWNER] == waiter.token
         waiter.release()
     finally:
         stop_all(process)

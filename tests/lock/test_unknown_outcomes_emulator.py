@@ -95,6 +95,47 @@ def test_a_late_remove_never_deletes_the_next_holders_lock(emu):
     assert lock_history(emu, rid)[-2:] == [("service_added", token), ("service_removed", token)]
 
 
+def test_a_late_remove_of_the_lock_and_its_ticket_is_waited_for_and_takes_nobody_elses(emu):
+    """A holder that waited in line removes its ticket with the lock, in one call. That call is reset and
+    lands later: the release waits for it (no second remove), the next waiter gets the lock only after it
+    landed, and that waiter's ticket (queued meanwhile) is never touched by the holder."""
+    rid = emu.create_reservation()
+    first = mutex(emu.session(), rid, owner="first")
+    first.acquire()
+    holder = mutex(emu.session(), rid, owner="holder", timeout=30)
+    granted = threading.Thread(target=holder.acquire)
+    granted.start()
+    wait_until(lambda: any("~q~" in e["alias"] for e in emu.control.events(rid)))  # it waits in line
+    first.release()
+    granted.join(15)
+    assert holder.locked()
+    ticket = next(s["alias"] for s in emu.control.reservation(rid)["services"] if "~q~" in s["alias"])
+    emu.control.inject_fault("RemoveServicesFromReservation", "apply_late", delay=None, reset_after=0.05)
+    releasing = threading.Thread(target=holder.release)
+    releasing.start()
+    wait_until(lambda: emu.control.call_counts().get("RemoveServicesFromReservation", 0) >= 2)
+    waiter = mutex(emu.session(), rid, owner="waiter", timeout=30)
+    waiting = threading.Thread(target=waiter.acquire)
+    waiting.start()
+    wait_until(lambda: sum("~q~" in s["alias"] for s in emu.control.reservation(rid)["services"]) == 2)
+    time.sleep(0.3)
+    assert releasing.is_alive() and waiting.is_alive() and not waiter.locked()
+    assert emu.control.land_late() == 1
+    releasing.join(15)
+    waiting.join(15)
+    assert not holder.locked() and waiter.locked()
+    removed = [e["alias"] for e in emu.control.events(rid) if e["op"] == "service_removed"]
+    assert removed.count(ticket) == 1  # with the lock, in the call that landed late
+    # The waiter's own ticket (a higher number: it joined while the holder's was there) stays with it.
+    left = [s["alias"] for s in emu.control.reservation(rid)["services"] if "~q~" in s["alias"]]
+    assert len(left) == 1 and left[0] != ticket
+    token = waiter.token
+    waiter.release()
+    first.runtime.late_adds.settle(5)
+    assert emu.control.reservation(rid)["services"] == []
+    assert lock_history(emu, rid)[-2:] == [("service_added", token), ("service_removed", token)]
+
+
 @pytest.mark.client_resend
 def test_a_late_add_after_release_is_removed_and_blocks_nobody(emu):
     """Scenario 4: the first copy of the add is reset and lands after the lock was released (the

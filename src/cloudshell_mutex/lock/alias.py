@@ -287,18 +287,23 @@ class LockAlias:
             "GetReservationDetails", (self.reservation_id,), paced, deadline, read=True, disableCache=True
         )
 
-    def remove_once(self, *, paced: bool = False, deadline: Optional[float] = None) -> CallResult:
-        """``RemoveServicesFromReservation`` of the alias, sent exactly once.
+    def remove_once(
+        self, *, also: Sequence[str] = (), paced: bool = False, deadline: Optional[float] = None
+    ) -> CallResult:
+        """``RemoveServicesFromReservation`` of the alias (and of the aliases ``also``, in the same call),
+        sent exactly once.
 
         The remove cannot check the owner: whoever holds the alias when it lands loses it. If its
         reply is lost, the client would re-send it a second later, when a waiter may hold the alias;
         so the client's re-send is off, and the caller decides after a fresh read. MISSING: the
-        alias was not there (``resent`` then means an earlier copy of ours may have removed it).
+        alias was not there (``resent`` then means an earlier copy of ours may have removed it). With
+        ``also``, MISSING says only that one of them was missing: whether the others went is not known
+        (a server may remove none of them, or those that exist), and a read must tell.
         """
         with sent_once(self.api) as may_resend:
             result = self._send(
                 "RemoveServicesFromReservation",
-                (self.reservation_id, [self.alias]),
+                (self.reservation_id, [self.alias, *also]),
                 paced,
                 deadline,
                 missing=ErrorKind.ALIAS_MISSING,

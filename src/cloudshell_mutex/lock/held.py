@@ -10,7 +10,7 @@ import logging
 from typing import Optional
 
 from . import diagnosis, events, lease, protocol
-from .alias import CallResult
+from .alias import CallResult, LockAlias
 from .engine import Acquisition
 from .errors import MutexLostError
 from .heartbeat import Heartbeat
@@ -45,6 +45,9 @@ class Held:
         self.generation: Optional[int] = None
         #: When the hold began: the granted add was sent then (this process's clock).
         self.since = confirmed_at
+        #: The queue ticket this acquisition waited with (``ticket_value`` with our token), kept until the
+        #: release removes it with the lock; removed by :meth:`drop_ticket` when the hold ends otherwise.
+        self.ticket: Optional[LockAlias] = None
 
     # ------------------------------------------------------------------ what is held
 
@@ -165,10 +168,24 @@ class Held:
             self.parts.runtime.sleep(pause)
             pause *= 2
 
+    def drop_ticket(self) -> None:
+        """Remove our queue ticket now, if we still have one (one call): the hold goes on, or ends, without
+        the release that would remove it with the lock. A remove without an answer goes to the watcher."""
+        ticket, self.ticket = self.ticket, None
+        if ticket is None:
+            return
+        try:
+            lifetime = self.parts.options.request_lifetime
+            self.parts.runtime.late_adds.remove_or_watch(ticket, self.token, lifetime)
+        except Exception:  # a ticket left behind costs speed (waiters pass it, then break it), never safety
+            self.parts.news.log(logging.DEBUG, "could not remove the queue ticket %s", ticket.alias)
+
     def forget(self) -> None:
         """The hold has ended (released, lost, passed on, or an acquire abandoned). An add of it that may
-        still land is handed to the late-add watcher first; the heartbeat stops."""
+        still land is handed to the late-add watcher first; a queue ticket still there is removed; the
+        heartbeat stops."""
         parts = self.parts
+        self.drop_ticket()
         if self.late_add_by is not None:
             lifetime = parts.options.request_lifetime
             parts.runtime.late_adds.watch(

@@ -38,7 +38,8 @@ class LockInfo:
     slots; ``seen_for`` how long this observer has seen the same owner token (0 after one read);
     ``lease`` the lease in seconds (None: none, never broken automatically); ``lease_state`` one of "none",
     "unjudged" (seen once), "alive" (a heartbeat was seen), "silent" (no heartbeat seen yet, not stale),
-    "stale" (no heartbeat for lease + margin: a waiter may break it).
+    "stale" (no heartbeat for lease + margin: a waiter may break it), "holder" (a queue ticket of the
+    lock's holder: it waits no more, and goes with the lock at the release).
     """
 
     alias: str
@@ -179,7 +180,10 @@ class LockObserver:
             self._beat_seen[alias] = True  # the same holder with a new heartbeat of its own: alive
         lease_seconds = lease.lease_of(holder)
         silent = watch.unchanged_for(now)
-        if lease_seconds is None:
+        owner_of_lock = services.get(lock) if kind == "queue ticket" else None
+        if owner_of_lock is not None and owner_of_lock.token == holder.token:
+            state = "holder"  # not heartbeaten while it holds: never judged
+        elif lease_seconds is None:
             state = "none"
         elif watch.stale(now):
             state = "stale"

@@ -231,6 +231,8 @@ class ReservationMutex:
         held = self._held
         if held is None:
             raise diagnosis.export_unheld_error(self.reservation_id, self.name)
+        # Whoever releases may be the adopter, which knows nothing of our queue ticket: it goes now.
+        held.drop_ticket()
         beat = held.heartbeat
         lease_seconds = beat.lease if beat is not None else 0.0
         info = HandleInfo(self.reservation_id, self.name, self.options.model, held.token, lease_seconds)
@@ -387,7 +389,10 @@ class ReservationMutex:
             raise
         finally:
             if self._queue is not None:
-                self._queue.leave()  # acquired or not: our place in the queue is given up
+                # Our place in the queue is given up; a granted acquisition keeps the ticket for its release.
+                kept = self._queue.leave(granted=self._held is not None)
+                if kept is not None and self._held is not None:
+                    self._held.ticket = kept
         if not acquired:
             parts.watch_late_add(op)
         return acquired
@@ -423,13 +428,19 @@ class ReservationMutex:
             beat.releasing = True
         # A release() after a failed one continues it: what the first learned (a remove of ours that may
         # still land) must not be forgotten, or the next remove could delete a successor's lock.
+        first = held.release_op is None
         op = held.release_op or self._parts.operation(held.token)
-        if held.release_op is None and self._queue is not None:
-            # From the granted add to the release: about the hold as the server sees it, which is what the
-            # waiters' hints are about (the release's read comes on top, the add's answer is in it).
-            self._queue.held_for(op.start - held.since)
         held.release_op = op
-        end = ReleaseLoop(self._parts, op, held.confirmed_at, held.confirm, self._marks_release).run()
+        loop = ReleaseLoop(self._parts, op, held.confirmed_at, held.confirm, self._marks_release, held.ticket)
+        try:
+            end = loop.run()
+        finally:
+            held.ticket = loop.ticket  # None once removed with the lock (or left to the watcher)
+        if first and self._queue is not None:
+            # The hold as the server saw it, which is what the waiters' hints are about: from the granted
+            # add's landing to the remove's, about the release's start plus half its round trips (the add's
+            # whole round trip is in op.start - since, and the read's and half the remove's are not).
+            self._queue.held_for((op.start + self.runtime.clock()) / 2 - held.since)
         self._ended(op, end)
 
     def detach(self) -> None:

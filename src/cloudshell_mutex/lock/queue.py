@@ -14,8 +14,10 @@ protocol (which knows nothing of tickets) keeps competing with the head as befor
   free number would not do: a newcomer would take a number that the head just freed, ahead of everyone.)
 * **The head** (the lowest ticket) polls the lock's add; the others only read the reservation, rarely:
   the further back, the rarer, so the whole queue stays within a per-lock call budget
-  (:func:`wait_interval`). The acquisition that got the lock removes its ticket at once, which makes the
-  next ticket the head.
+  (:func:`wait_interval`). The ticket of the acquisition that got the lock is no waiter's any more (every
+  view leaves out the ticket whose token the lock shows), so the next ticket is the head from the grant on.
+  The holder keeps its ticket until its release removes it with the lock, in the same call: one call less
+  per acquisition, and none between the grant and the caller's critical section.
 * **Going to the back.** This process remembers, per lock, whether others were queued at its last read
   (the release reads the lock anyway). An acquisition that starts while others were seen waiting joins
   the queue before its first add, so a releaser that wants the lock again lines up behind them instead of
@@ -24,9 +26,10 @@ protocol (which knows nothing of tickets) keeps competing with the head as befor
   judges only its predecessor, stale once it has seen the same ticket and heartbeat unchanged for the
   ticket's lease + margin on its own clock, and removes it with :func:`.lease.break_stale` (one breaker at
   a time). Waiters heartbeat their ticket every lease/3 after a read that shows it is still theirs.
-* **Every exit removes the ticket** (acquired, timeout, error, Ctrl-C: :meth:`FairQueue.leave`); a ticket
-  add or remove without an answer goes to the late-add watcher (:mod:`.late_adds`), which removes the
-  ticket if it shows this acquisition's token.
+* **Every exit removes the ticket**: a timeout, an error, Ctrl-C (:meth:`FairQueue.leave`), and a hold that
+  ends (the release's remove, or :class:`~.held.Held` when the hold ends any other way); a ticket add or
+  remove without an answer goes to the late-add watcher (:mod:`.late_adds`), which removes the ticket if
+  it shows this acquisition's token.
 """
 
 from __future__ import annotations
@@ -198,16 +201,24 @@ class FairQueue:
         that needs no reads (the others' holds are timed only between reads close enough to tell)."""
         self.memory.own_hold(seconds)
 
-    def leave(self) -> None:
-        """The acquire ended (the lock granted, a timeout, an error, Ctrl-C): remove our ticket, and hand
-        every ticket add of ours without an answer to the late-add watcher. Never raises."""
+    def leave(self, granted: bool = False) -> Optional[TicketAlias]:
+        """The acquire ended (the lock granted, a timeout, an error, Ctrl-C): give up our place, and hand
+        every ticket add of ours without an answer to the late-add watcher. Never raises.
+
+        ``granted``: the lock is ours, and the ticket is returned instead of removed, for the release to
+        remove with the lock in one call. It waits no more: every view leaves out the holder's ticket
+        (:func:`~.tickets.queue_view`), so the next ticket is the head from the grant on, as if it were gone.
+        None when there is no ticket, or one that an add still on the wire may bring back (removed now)."""
         ticket, unsettled, dropped, token = self.ticket, self._unsettled, self._dropped, self.token
         late_adds = self.runtime.late_adds
         self._reset()
         if token is None:
-            return
+            return None
+        kept: Optional[TicketAlias] = None
         try:
-            if ticket is not None:
+            if ticket is not None and granted and all(alias is not ticket for alias, _, _ in unsettled):
+                kept = ticket
+            elif ticket is not None:
                 # Its number may be the next waiter's once gone: no second remove while one may land.
                 late_adds.remove_or_watch(ticket, token, self.request_lifetime)
             for alias in dropped:
@@ -218,6 +229,7 @@ class FairQueue:
                 late_adds.watch(alias, token, lands_by, self.request_lifetime, copies)
         except Exception:  # a ticket left behind costs speed (others break it later), never safety
             self.logger.debug("cloudshell-mutex: could not remove the queue ticket", exc_info=True)
+        return kept
 
     # ---------------------------------------------------------------- waiting in line
 

@@ -15,8 +15,9 @@ from typing import Callable, Optional
 from cloudshell.api.cloudshell_api import AttributeNameValue
 
 from . import diagnosis, events, protocol
-from .alias import CallResult, Status
+from .alias import CallResult, LockAlias, Status
 from .classify import Classification, ErrorKind
+from .lease import parse_ticket
 from .operation import Operation
 from .options import FRESH_READ_LAG
 from .parts import LockParts
@@ -43,12 +44,16 @@ class ReleaseLoop:
         confirmed_at: float,
         confirm: Callable[[CallResult], None],
         mark: bool = True,
+        ticket: Optional[LockAlias] = None,
     ) -> None:
         self.parts = parts
         self.op = op
         self.confirmed_at = confirmed_at  # when the lock was last confirmed ours, before this release
         self.confirm = confirm  # told of every read: one that shows our token confirms the hold
         self.mark = mark  # add MUTEX~releasing while the lock waits for a remove of ours
+        #: The queue ticket the acquisition waited with: removed with the lock in its first remove, when the
+        #: read before it shows the ticket ours. None once that remove was sent (or when there is none).
+        self.ticket = ticket
         self.failures = 0
 
     def run(self) -> ReleaseEnd:
@@ -137,17 +142,33 @@ class ReleaseLoop:
                     sleep(op.next_poll(parts.pacing, parts.runtime.rng))
                     continue
                 op.still_ours_at(now)
+            # With it, in the same call, the queue ticket we waited with (one call less per acquisition), but
+            # only when this very read showed both ours: a remove of two answers "missing" for either.
+            ticket = self.ticket if check and _shows(read, self.ticket, op.token) else None
             # The remove, sent once: the client's own re-send could delete a successor's lock.
             op.remove_sent_at = clock()
             try:
-                result = parts.alias.remove_once()
+                result = parts.alias.remove_once(also=() if ticket is None else (ticket.alias,))
             except BaseException:
                 # Ctrl-C (or SystemExit) while the remove was on its way: it may still land. A release()
                 # after this one continues this operation, so it waits for that instead of removing again.
                 op.remove_unsettled(True, clock() + parts.options.request_lifetime)
+                if ticket is not None:
+                    self._ticket_unsettled(ticket, op.remove_lands_by)
                 raise
             if result.ok:
+                if ticket is not None:
+                    self.ticket = None
                 return ReleaseEnd()
+            if ticket is not None:
+                # Gone or not, now or later: the watcher removes it while it shows our token (a second remove
+                # could take a newcomer's ticket of the same number).
+                lifetime = parts.options.request_lifetime
+                self._ticket_unsettled(ticket, result.lands_by(lifetime) if result.may_land_later else None)
+                if result.status is Status.MISSING and not result.resent:
+                    # One of the two was gone (the ticket, taken by hand, or the lock): a read tells which.
+                    check = True
+                    continue
             if result.status is Status.MISSING:
                 # "Not found" after a re-send of ours: our remove took effect. Otherwise the alias was gone
                 # before we removed it: the lock had been taken from us.
@@ -163,6 +184,14 @@ class ReleaseLoop:
             end = self._failed(result.failure, "removing the lock service")
             if end is not None:
                 return end
+
+    def _ticket_unsettled(self, ticket: LockAlias, lands_by: Optional[float]) -> None:
+        """A remove of the lock with our ticket failed or got no answer: the ticket goes to the late-add
+        watcher, never to a second remove while the first may land (its number may be a newcomer's)."""
+        self.ticket = None
+        lifetime = self.parts.options.request_lifetime
+        late_adds, now = self.parts.runtime.late_adds, self.parts.runtime.clock()
+        late_adds.watch(ticket, self.op.token, now + FRESH_READ_LAG, lifetime, removing_until=lands_by)
 
     def _failed(self, failure: Classification, doing: str) -> Optional[ReleaseEnd]:
         """A failed call: back off and return None to try again (transient, within ``release_attempts``);
@@ -181,3 +210,12 @@ class ReleaseLoop:
             doing = f"{doing} ({self.failures} failed calls)"
         error = diagnosis.release_error(op, failure, doing, parts.reservation_id, parts.name)
         raise parts.news.error(error, op)
+
+
+def _shows(read: CallResult, ticket: Optional[LockAlias], token: str) -> bool:
+    """True when ``read`` shows ``ticket`` as a queue ticket of ``token``."""
+    if ticket is None or not read.ok or read.services is None:
+        return False
+    service = read.services.get(ticket.alias)
+    parsed = None if service is None else parse_ticket(service.token)
+    return parsed is not None and parsed[0] == token

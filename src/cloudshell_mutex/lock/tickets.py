@@ -26,8 +26,8 @@ TICKET_LEASE = 120.0
 #: The whole lock's call budget (calls/s on the server, all waiters together) that the queue aims for.
 LOCK_BUDGET = 5.0
 #: Calls one contended acquisition costs whatever the polling: the add that found the lock busy, a read,
-#: the ticket's add, the granted add, the ticket's remove, the release's read and remove.
-ACQUISITION_CALLS = 7
+#: the ticket's add, the granted add, the release's read and its remove (of the lock and the ticket).
+ACQUISITION_CALLS = 6
 #: The waiters behind the next in line share at least this many calls/s (the budget's spare, when the
 #: acquisitions alone do not exceed it).
 MIN_WAIT_RATE = 0.5
@@ -84,9 +84,9 @@ class Ticket:
 class QueueView:
     """The lock and its queue in one fresh read.
 
-    ``tickets`` are the parseable tickets in queue order, without the one of the lock's holder (an
-    acquisition removes its ticket right after its grant; until that remove lands, the ticket is not a
-    waiter), and without the ones this process passes over (``passed``: see :class:`LockMemory`).
+    ``tickets`` are the parseable tickets in queue order, without the one of the lock's holder (it keeps
+    its ticket until its release removes it with the lock: the ticket is not a waiter's), and without
+    the ones this process passes over (``passed``: see :class:`LockMemory`).
     ``highest`` is the highest ticket number of any value, foreign ones too (-1: none).
     """
 
