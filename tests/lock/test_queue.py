@@ -560,6 +560,17 @@ def _view(at: float, holder: Optional[str], *waiting: Tuple[int, str]) -> QueueV
     return queue_view(services, MUTEX, at)
 
 
+def test_the_period_counts_the_tickets_that_left_not_the_numbers_between_them() -> None:
+    # Waiters that joined together spread their numbers out (10, 14, 20): one grant a second moves the head
+    # by 4, then by 6 numbers; the period is still a second, not a quarter or a sixth of one.
+    memory = queue_values.LockMemory()
+    third = "Third waiter@host:9:0badbeef"
+    memory.update(_view(0.0, "A@h:1:0000000a", (10, HEAD), (14, SECOND), (20, third)), None)
+    memory.update(_view(1.0, HEAD, (14, SECOND), (20, third)), None)
+    memory.update(_view(2.0, SECOND, (20, third)), None)
+    assert memory.period == pytest.approx(1.0)
+
+
 def test_the_memory_learns_the_hold_time_and_when_the_holder_will_release() -> None:
     memory = queue_values.LockMemory()
     memory.update(_view(10.0, "A@h:1:0000000a", (1, SECOND)), None)

@@ -208,6 +208,8 @@ class LockMemory:
     period: float = DEFAULT_PERIOD
     lowest: Optional[int] = None
     lowest_at: float = -math.inf
+    #: The numbers of the tickets waiting at the last read, in queue order.
+    numbers: Tuple[int, ...] = ()
     #: The last read's view, taken (and forgotten) by the next waiter that joins.
     view: Optional[QueueView] = None
     #: The lock's holder at the last read, and when it was granted: after ``holder_lo`` (the read before,
@@ -246,12 +248,16 @@ class LockMemory:
         view = self._pass_heads(view, token, granted)
         self.seen_at = view.at
         self.view = view
+        ahead, self.numbers = self.numbers, tuple(t.number for t in view.tickets)
         if not view.tickets:
             self.lowest = None
             return view
         lowest = view.tickets[0].number
-        if self.lowest is not None and lowest > self.lowest and view.at > self.lowest_at:
-            sample = (view.at - self.lowest_at) / (lowest - self.lowest)
+        # How many of the tickets seen last have left from the front since: numbers need not be dense
+        # (simultaneous joins spread out), so the numbers' difference would count grants that never were.
+        moved = sum(1 for number in ahead if number < lowest)
+        if self.lowest is not None and lowest > self.lowest and moved and view.at > self.lowest_at:
+            sample = (view.at - self.lowest_at) / moved
             self.period = _median_of(self.period_samples, min(600.0, max(0.05, sample)))
         if self.lowest is None or lowest != self.lowest:
             self.lowest, self.lowest_at = lowest, view.at
