@@ -1,7 +1,8 @@
 """cloudshell-mutex: a reservation lock for Quali CloudShell that never proceeds without the lock.
 
 The public surface: the locks (:class:`ReservationMutex`, :class:`ReservationRWLock`, and cohort mode,
-:class:`CohortMutex`), their options, and the errors a caller handles. The rest is importable from its
+:class:`CohortMutex`), :func:`acquire_all` (several named locks in one order), their options, and the errors
+a caller handles. The rest is importable from its
 module: every error (``MutexNotInstalled``, ``ReservationNotActive``, ``MutexPermissionError``,
 ``MutexHandleError``) from :mod:`cloudshell_mutex.lock.errors`, :class:`~.lock.events.MutexEvent` from
 :mod:`cloudshell_mutex.lock.events`, :class:`~.lock.holder.Holder` from :mod:`cloudshell_mutex.lock.holder`,
@@ -15,6 +16,7 @@ from .lock import protocol
 from .lock.cohort import CohortMutex
 from .lock.errors import (
     MutexCancelled,
+    MutexDeadlock,
     MutexError,
     MutexLostError,
     MutexReleaseError,
@@ -24,12 +26,14 @@ from .lock.errors import (
 from .lock.mutex import ReservationMutex
 from .lock.options import MutexOptions
 from .lock.rwlock import ReservationRWLock
+from .lock.several import acquire_all
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CohortMutex",
     "MutexCancelled",
+    "MutexDeadlock",
     "MutexError",
     "MutexLostError",
     "MutexOptions",
@@ -39,5 +43,6 @@ __all__ = [
     "ReservationMutex",
     "ReservationRWLock",
     "__version__",
+    "acquire_all",
     "protocol",
 ]
