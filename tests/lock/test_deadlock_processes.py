@@ -16,6 +16,7 @@ removed) is printed (``pytest -s``); tests assert correctness, not speed.
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing
 import os
 import random
@@ -222,3 +223,51 @@ def test_no_deadlock_is_seen_among_parties_that_take_locks_in_one_order(
     long_waits = sum(r["long"] for r in reports)
     assert _services(emu.session(), rid) == []
     print(f"\n{ACQUISITIONS} acquisitions; {judged} reads judged; {long_waits} waits past {DETECT_AFTER} s")
+
+
+def test_status_all_shows_who_waits_for_what_and_a_deadlock(
+    cloudshell_emulator_factory, original_package_zip, monkeypatch, capsys
+):
+    from cloudshell.api.cloudshell_api import AttributeNameValue
+
+    from cloudshell_mutex import cli
+    from cloudshell_mutex.lock.lease import ticket_value
+
+    emu = cloudshell_emulator_factory(packages=[original_package_zip])
+    api = emu.session()
+    rid = emu.create_reservation("status of waits")
+    held_a, held_b = "job one@exec-1:11:0000aaaa", "job two@exec-2:22:0000bbbb"
+    values = {
+        "A": held_a,
+        "B": held_b,
+        "B~q~1": ticket_value("job one@exec-1:11:1111aaaa", 120, 0, [held_a]),  # holds A, waits for B
+        "A~q~1": ticket_value("job two@exec-2:22:2222bbbb", 120, 0, [held_b]),  # holds B, waits for A
+        "C": "old snippet owner",
+        "C~q~0": ticket_value("job three@exec-3:33:3333cccc", 120, 0),  # an older waiter: holds nothing
+    }
+    for alias, value in values.items():
+        attributes = [AttributeNameValue(protocol.ATTR_OWNER, value)]
+        api.AddServiceToReservation(rid, protocol.SERVICE_MODEL, alias, attributes)
+    monkeypatch.setenv("CLOUDSHELL_HOST", emu.host)
+    monkeypatch.setenv("CLOUDSHELL_API_PORT", str(emu.port))
+    monkeypatch.setenv("CLOUDSHELL_PASSWORD", emu.admin_password)
+    assert cli.main(["status", rid, "--all"]) == 0
+    out = capsys.readouterr().out
+    assert "B~q~1: queue ticket of B, held by job one (host exec-1, pid 11), which holds A" in out
+    assert (
+        "job one (host exec-1, pid 11) waits for B (held by job two (host exec-2, pid 22)); it holds A" in out
+    )
+    assert "job three (host exec-3, pid 33) waits for C (held by 'old snippet owner')" in out
+    assert (
+        "DEADLOCK: A is held by job one (host exec-1, pid 11), which waits for B; B is held by job two "
+        "(host exec-2, pid 22), which waits for A. job two (host exec-2, pid 22) gives up" in out
+    )
+    assert emu.admin_password not in out
+    assert cli.main(["status", rid, "--all", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {(w["lock"], tuple(w["holds"])) for w in data["waits"]} == {
+        ("A", ("B",)),
+        ("B", ("A",)),
+        ("C", ()),
+    }
+    assert [len(d["cycle"]) for d in data["deadlocks"]] == [2]
