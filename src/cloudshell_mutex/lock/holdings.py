@@ -16,7 +16,7 @@ import contextvars
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Tuple
+from typing import Any, Optional, Tuple
 
 from . import catalog
 
@@ -58,14 +58,18 @@ def unregister(lock: Any) -> None:
         _HOLDS.set(tuple(e for e in entries if e.lock() is not lock and _live(e)))
 
 
-def held_tokens(api: Any, reservation_id: str) -> Tuple[str, ...]:
+def held_tokens(api: Any, reservation_id: str, but: Optional[str] = None) -> Tuple[str, ...]:
     """The tokens of the acquisitions this thread holds in ``reservation_id`` on ``api``'s server, in the
-    order they were taken (no call)."""
+    order they were taken, without those of the lock ``but`` (no call)."""
     server, thread = catalog.server_key(api), threading.get_ident()
     return tuple(
         e.token
         for e in _HOLDS.get()
-        if e.server == server and e.reservation_id == reservation_id and e.thread == thread and _live(e)
+        if e.server == server
+        and e.reservation_id == reservation_id
+        and e.thread == thread
+        and e.alias != but
+        and _live(e)
     )
 
 

@@ -501,8 +501,10 @@ class ReservationMutex:
             holdings.register(self, self._held.token)
 
     def _holding(self) -> Tuple[str, ...]:
-        """The tokens this thread holds in this lock's reservation, for the queue's ticket (no call)."""
-        return holdings.held_tokens(self.api, self.reservation_id)
+        """The tokens of the other locks this thread holds in this lock's reservation, for the queue's ticket
+        (no call). Not this lock's own: a thread that waits for a lock it holds through another object may be
+        waiting for another thread to release that object (a timer), which no read can tell."""
+        return holdings.held_tokens(self.api, self.reservation_id, but=self.name)
 
     def _ended(self, op: Operation, end: ReleaseEnd) -> None:
         """The release is settled: forget the hold, and say how it ended (lost: raise)."""

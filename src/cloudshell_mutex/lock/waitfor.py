@@ -167,7 +167,8 @@ def wait_for(services: Mapping[str, Holder]) -> WaitFor:
         holder = holders.get(lock)
         if holder is not None and holder.token == token:
             continue  # granted: the holder's own ticket, not removed yet
-        held = {by_nonce.get(nonce) for nonce in ticket_holds(service.token)} - {None}
+        # A claim on the lock it waits for itself is no edge (never written: another thread may release it).
+        held = {by_nonce.get(nonce) for nonce in ticket_holds(service.token)} - {None, lock}
         waiter = Waiter(lock, name, token, describe_owner(token), tuple(sorted(h for h in held if h)))
         tickets.setdefault(token, []).append((ticket_number(name, lock) or 0, waiter))
     waiters = []
