@@ -25,9 +25,10 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 import pytest
 from cloudshell.api.cloudshell_api import CloudShellAPISession
+from test_rwlock_processes import collect
 
-from cloudshell_mutex import MutexDeadlock, ReservationMutex, acquire_all
-from cloudshell_mutex.lock import protocol, queue, waitfor
+from cloudshell_mutex import ReservationMutex
+from cloudshell_mutex.lock import MutexDeadlock, acquire_all, protocol, queue, waitfor
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -88,14 +89,7 @@ def _run_cycle(emu, names: Sequence[str]) -> Tuple[List[Dict[str, Any]], str]:
     ]
     for process in processes:
         process.start()
-    try:
-        reports = [results.get(timeout=TIMEOUT + 60) for _ in processes]
-    finally:
-        for process in processes:
-            process.join(timeout=10)
-            if process.is_alive():
-                process.kill()
-    assert not [r["error"] for r in reports if r["error"]], reports
+    reports = collect(processes, results, timeout=TIMEOUT + 60)  # every report, no process left, no error
     return sorted(reports, key=lambda r: r["index"]), rid
 
 
@@ -207,14 +201,7 @@ def test_no_deadlock_is_seen_among_parties_that_take_locks_in_one_order(
     ]
     for process in processes:
         process.start()
-    try:
-        reports = [results.get(timeout=900) for _ in processes]
-    finally:
-        for process in processes:
-            process.join(timeout=10)
-            if process.is_alive():
-                process.kill()
-    assert not [r["error"] for r in reports if r["error"]], reports
+    reports = collect(processes, results, timeout=900)  # every report, no process left, no error
     assert sum(r["deadlocks"] for r in reports) == 0
     assert sum(r["cycles"] for r in reports) == 0  # nor did any judged read show a cycle through others
     judged = sum(r["judged"] for r in reports)

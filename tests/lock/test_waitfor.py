@@ -12,8 +12,8 @@ from fakes import RES, FakeApi, make
 from test_queue import RecordingApi
 from urllib3.exceptions import ProtocolError
 
-from cloudshell_mutex import MutexDeadlock, MutexTimeout, MutexUsageError, acquire_all, protocol
-from cloudshell_mutex.lock import holdings, lease, queue
+from cloudshell_mutex import MutexTimeout, MutexUsageError, protocol
+from cloudshell_mutex.lock import MutexDeadlock, acquire_all, holdings, lease, queue
 from cloudshell_mutex.lock import tickets as queue_values
 from cloudshell_mutex.lock.holder import Holder, describe_owner
 from cloudshell_mutex.lock.lease import MAX_TICKET_HOLDS, parse_ticket, ticket_holds, ticket_value
