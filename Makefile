@@ -44,7 +44,8 @@ help:
 	@echo "make package    build dist/Mutex_Package.zip and the library wheel (both reproducible)"
 	@echo "make dist       everything a site needs: package, wheel, sdist, and the offline bundle (docs/deploy.md)"
 	@echo "make test-dist  make dist in a fresh clone, then install from its bundle with no index"
-	@echo "make stress     32 processes x 200 acquisitions under faults, kills and pauses; checks exclusion and the history"
+	@echo "make stress     32 processes x 200 acquisitions under faults, kills and pauses; checks exclusion and the history;"
+	@echo "                then 1,000 acquisitions of three named locks in one order: no deadlock seen"
 	@echo "make lint       ruff"
 	@echo "make clean      remove the virtualenvs and build outputs"
 
@@ -115,10 +116,13 @@ test-oldest-client: $(VENV_OLDEST)/bin/.installed
 
 # 32 processes x 200 acquisitions under every fault, with original-protocol peers, our lock processes killed
 # and paused at random; figures as JSON (docs/reliability.md). STRESS_ARGS="--processes 8 --rounds 20" for a
-# shorter one (--help for the rest).
+# shorter one (--help for the rest). Then 1,000 acquisitions of random subsets of three named locks in one order:
+# no deadlock may be seen (make test runs 200 of them).
 STRESS_ARGS ?=
 stress: venv
 	$(BIN)/python tests/stress/stress_harness.py $(STRESS_ARGS)
+	CLOUDSHELL_MUTEX_DEADLOCK_ACQUISITIONS=1000 $(BIN)/python -m pytest -p no:cacheprovider -q -s \
+		tests/lock/test_deadlock_processes.py -k one_order
 
 # Builds the package, starts the embedded emulator on free ports and races two driver processes.
 demo: venv

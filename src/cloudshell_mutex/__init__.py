@@ -3,7 +3,8 @@
 The public surface: the locks (:class:`ReservationMutex`, :class:`ReservationRWLock`, and cohort mode,
 :class:`CohortMutex`), their options, and the errors a caller handles. The rest is importable from its
 module: every error (``MutexNotInstalled``, ``ReservationNotActive``, ``MutexPermissionError``,
-``MutexHandleError``) from :mod:`cloudshell_mutex.lock.errors`, :class:`~.lock.events.MutexEvent` from
+``MutexHandleError``, ``MutexDeadlock``) from :mod:`cloudshell_mutex.lock.errors`, ``acquire_all`` (several
+named locks in one order) from :mod:`cloudshell_mutex.lock`, :class:`~.lock.events.MutexEvent` from
 :mod:`cloudshell_mutex.lock.events`, :class:`~.lock.holder.Holder` from :mod:`cloudshell_mutex.lock.holder`,
 tuning knobs (pacing policies, the call budget) from :mod:`cloudshell_mutex.lock.pacing`; the wire names of
 the protocol are :mod:`cloudshell_mutex.lock.protocol` (also ``cloudshell_mutex.protocol``).

@@ -9,6 +9,9 @@
   breaking, the export/adopt handle, the advisory generation, the watcher of adds that may still land.
 * :mod:`.queue`: waiting in line (the default; ``fair=False``: plain polling): an advisory queue of
   ticket services, only its head polls, and a call schedule per lock rather than per process.
+* :mod:`.waitfor`, :mod:`.holdings`, :mod:`.several`: deadlocks between named locks: the wait-for graph
+  one read shows (waiters name what their thread holds, :mod:`.holdings`, in their tickets), and
+  :func:`~.several.acquire_all`, several locks in one order.
 * :mod:`.cohort`: :class:`~.cohort.CohortMutex`, cohort mode: the processes of one execution server pass
   the lock among themselves (a local file lock and a state file), bounded for other servers' sake.
 * :mod:`.operation`, :mod:`.classify`, :mod:`.diagnosis`, :mod:`.holder`, :mod:`.catalog`,
@@ -28,6 +31,7 @@ from .alias import CallResult, LockAlias, Status
 from .cohort import CohortMutex
 from .errors import (
     MutexCancelled,
+    MutexDeadlock,
     MutexError,
     MutexHandleError,
     MutexLostError,
@@ -43,6 +47,7 @@ from .holder import Holder
 from .mutex import ReservationMutex
 from .options import LOGGER_NAME, MutexOptions
 from .rwlock import ReservationRWLock
+from .several import acquire_all
 
 # A library's logger: records reach whatever handlers the application sets up, and never Python's
 # last-resort stderr handler when it sets up none (a driver logs to its command's logger instead).
@@ -54,6 +59,7 @@ __all__ = [
     "Holder",
     "LockAlias",
     "MutexCancelled",
+    "MutexDeadlock",
     "MutexError",
     "MutexEvent",
     "MutexHandleError",
@@ -68,4 +74,5 @@ __all__ = [
     "ReservationNotActive",
     "ReservationRWLock",
     "Status",
+    "acquire_all",
 ]

@@ -8,10 +8,11 @@ the lock without saying so (see :class:`MutexTimeout.maybe_held`).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 __all__ = [
     "MutexCancelled",
+    "MutexDeadlock",
     "MutexError",
     "MutexHandleError",
     "MutexLostError",
@@ -97,6 +98,24 @@ class MutexCancelled(MutexError):
         super().__init__(message, **kwargs)
         self.holder = holder
         self.waited = waited
+
+
+class MutexDeadlock(MutexError):
+    """Waiting would never end: the lock is held by a party that waits, directly or through others, for a
+    lock this acquisition's thread holds (a wait-for cycle, seen in one read of the reservation). Exactly one
+    waiter of a cycle raises it; the others get their locks once it has let go. Nothing of this acquisition
+    is left; the locks the thread holds stay held (leaving their ``with`` blocks releases them).
+
+    ``cycle`` holds one ``(lock, holder label, what that holder waits for)`` per step, starting with the
+    lock this acquisition waited for. Only fair-mode waiters of this library (the default) can be seen: a
+    cycle through ``fair=False`` waiters, the original code or read locks is not (docs/protocol.md).
+    """
+
+    def __init__(
+        self, message: str, *, cycle: Tuple[Tuple[str, str, str], ...] = (), **kwargs: Optional[str]
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.cycle = cycle
 
 
 class MutexNotInstalled(MutexError):

@@ -20,6 +20,7 @@ LOST = "lost"  # the lock was not ours any more (at release, or seen by the hear
 BROKEN = "broken"  # this waiter removed a stale holder (holder: its label; error: what it saw)
 DANGER = "danger"  # heartbeats failed for 2/3 of the lease: it may lapse soon
 EXPIRED = "expired"  # held for max_hold: the lease is no longer renewed, so waiters may break it
+DEADLOCK = "deadlock"  # this waiter gave up: a wait-for cycle through it (error: the cycle)
 
 EVENT_KINDS = (
     CONTENDED,
@@ -34,6 +35,7 @@ EVENT_KINDS = (
     BROKEN,
     DANGER,
     EXPIRED,
+    DEADLOCK,
 )
 
 

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import secrets
 from dataclasses import dataclass
-from typing import Callable, Dict, Mapping, Optional, Tuple
+from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 from . import protocol
 from .alias import CallResult, LockAlias, Status
@@ -118,10 +119,36 @@ def new_part() -> str:
 TICKET_PART = "q"
 
 
-def ticket_value(token: str, lease_seconds: float, count: int) -> str:
-    """The ``Mutex Owner`` of a ticket: ``<token>#<lease>#<nonce>:q:<count>``."""
+#: Put before each held acquisition's nonce in a ticket's heartbeat part (``q.<nonce>.<nonce>``).
+HOLDS_MARK = "."
+#: A ticket names at most this many held acquisitions (the latest taken): ``Mutex Owner`` stays short
+#: (9 characters each). A cycle through a lock beyond them is not seen (docs/protocol.md, "Deadlocks").
+MAX_TICKET_HOLDS = 8
+_NONCE = re.compile(r"[0-9a-f]{8,}")
+
+
+def ticket_value(token: str, lease_seconds: float, count: int, holds: Sequence[str] = ()) -> str:
+    """The ``Mutex Owner`` of a ticket: ``<token>#<lease>#<nonce>:q:<count>``; with ``holds`` (the tokens of
+    the acquisitions the waiter holds in the reservation) ``<nonce>:q.<held nonce>...:<count>``. The held
+    nonces travel in the heartbeat's part, so the value still parses as a ticket with a lease and a heartbeat
+    of its own for every release that knows tickets (:func:`parse_ticket` is unchanged)."""
     nonce = nonce_of(token) or token
-    return f"{token}#{lease_seconds:g}#{heartbeat_value(nonce, TICKET_PART, count)}"
+    held = [n for n in (nonce_of(t) for t in holds) if n is not None][-MAX_TICKET_HOLDS:]
+    part = TICKET_PART + "".join(HOLDS_MARK + n for n in held)
+    return f"{token}#{lease_seconds:g}#{heartbeat_value(nonce, part, count)}"
+
+
+def ticket_holds(value: str) -> Tuple[str, ...]:
+    """The nonces of the acquisitions a ticket's waiter holds (``()``: none, an older ticket, or a value
+    that is not a ticket of ours)."""
+    parsed = parse_ticket(value)
+    if parsed is None:
+        return ()
+    part = parsed[2].split(":")[1]
+    pieces = part.split(HOLDS_MARK)
+    if pieces[0] != TICKET_PART or not all(_NONCE.fullmatch(n) for n in pieces[1:]):
+        return ()
+    return tuple(pieces[1 : 1 + MAX_TICKET_HOLDS])
 
 
 def parse_ticket(value: str) -> Optional[Tuple[str, float, str]]:

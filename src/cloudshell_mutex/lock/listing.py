@@ -10,6 +10,10 @@ service of the lock model by what its alias says:
   read from the ticket's value); ``<alias>~break``: a waiter breaking a stale holder;
   ``MUTEX~generation``: the fencing counter; any other ``MUTEX~...``: an internal service, shown as is.
 
+Who waits for what (:mod:`.waitfor`): each fair-mode waiter, the lock it waits for and its holder, and the
+locks the waiter holds (named in its ticket); a wait-for cycle among them is shown as a deadlock. Waiters
+of the original code and ``fair=False`` waiters have no tickets: they are not shown.
+
 How long a service was held, and whether its holder is alive, can only be *observed*: no time of day is
 stored on it. A :class:`LockObserver` that reads again (``status --all --watch``) reports how long it saw the
 same holder, and judges leases the way a waiter does (:class:`~.lease.StaleWatch`, its own monotonic clock).
@@ -21,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import diagnosis, lease, protocol
+from . import diagnosis, lease, protocol, waitfor
 from .alias import LockAlias
 from .holder import Holder, is_read_group
 from .protocol import KINDS
@@ -53,6 +57,8 @@ class LockInfo:
     lease_state: str
     silent_for: float = 0.0
     readers: Tuple[str, ...] = ()
+    #: A queue ticket's waiter: the locks it holds (named in its ticket, shown held by it in the read).
+    holds: Tuple[str, ...] = ()
 
     def describe(self) -> str:
         """One line for people (stable: scripts may parse it)."""
@@ -62,6 +68,8 @@ class LockInfo:
             who = f"exclusive, held by {self.owner}"
         else:
             who = f"{self.kind} of {self.lock}, held by {self.owner}"
+        if self.holds:
+            who += f", which holds {', '.join(self.holds)}"
         lease_text = "no lease" if self.lease is None else f"lease {self.lease:g} s {self.lease_state}"
         if self.lease_state == "silent":
             lease_text += f" ({self.silent_for:.1f} s)"
@@ -82,6 +90,7 @@ class LockInfo:
             "lease": self.lease,
             "lease_state": self.lease_state,
             "silent_for": round(self.silent_for, 3),
+            "holds": list(self.holds),
         }
 
 
@@ -94,6 +103,10 @@ class LockListing:
     watched_for: float = 0.0
     calls: int = 0
     other_services: int = field(default=0)
+    #: Who waits for what: one ``(waiter, lock, holder, held locks)`` per fair-mode waiter.
+    waits: Tuple[Tuple[str, str, str, Tuple[str, ...]], ...] = ()
+    #: Wait-for cycles: each as ``(lock, holder, what that holder waits for)`` steps, and who gives up.
+    deadlocks: Tuple[Tuple[Tuple[Tuple[str, str, str], ...], str], ...] = ()
 
     def lines(self) -> List[str]:
         """The listing for people: a header, then one line per lock service."""
@@ -101,7 +114,18 @@ class LockListing:
             return [f"no lock services in reservation {self.reservation_id} (nothing is locked)"]
         watched = f", watched {self.watched_for:.1f} s" if self.watched_for > 0 else " (one read)"
         header = f"{len(self.locks)} lock service(s) in reservation {self.reservation_id}{watched}:"
-        return [header] + [f"  {info.describe()}" for info in self.locks]
+        lines = [header] + [f"  {info.describe()}" for info in self.locks]
+        if self.waits:
+            lines.append("who waits for what (fair-mode waiters; original code and fair=False are not seen):")
+        for waiter, lock, holder, holds in self.waits:
+            held = f"; it holds {', '.join(holds)}" if holds else ""
+            lines.append(f"  {waiter} waits for {lock} (held by {holder}){held}")
+        for steps, victim in self.deadlocks:
+            cycle = "; ".join(
+                f"{lock} is held by {holder}, which waits for {wanted}" for lock, holder, wanted in steps
+            )
+            lines.append(f"  DEADLOCK: {cycle}. {victim} gives up")
+        return lines
 
     def as_dict(self) -> Dict[str, Any]:
         """A JSON-ready dict (``status --all --json``)."""
@@ -110,6 +134,14 @@ class LockListing:
             "watched_for": round(self.watched_for, 3),
             "calls": self.calls,
             "locks": [info.as_dict() for info in self.locks],
+            "waits": [
+                {"waiter": waiter, "lock": lock, "holder": holder, "holds": list(holds)}
+                for waiter, lock, holder, holds in self.waits
+            ],
+            "deadlocks": [
+                {"cycle": [list(step) for step in steps], "gives_up": victim}
+                for steps, victim in self.deadlocks
+            ],
         }
 
 
@@ -155,17 +187,35 @@ class LockObserver:
                 del self._first_seen[alias]
                 self._watches.pop(alias, None)
                 self._beat_seen.pop(alias, None)
-        infos = [self._info(alias, holder, services, now) for alias, holder in services.items()]
+        graph = waitfor.wait_for(services)
+        holds = {waiter.ticket: waiter.holds for waiter in graph.waiters}
+        infos = [
+            self._info(alias, holder, services, now, holds.get(alias, ()))
+            for alias, holder in services.items()
+        ]
         infos.sort(key=_order)
+        free = "nobody (free)"
+        waits = tuple(
+            (w.label, w.lock, graph.holders[w.lock].label if w.lock in graph.holders else free, w.holds)
+            for w in graph.waiters
+        )
+        deadlocks = tuple(
+            (cycle.as_tuples(), next(w.label for w in graph.waiters if w.token == cycle.victim))
+            for cycle in graph.cycles()
+        )
         return LockListing(
             self._alias.reservation_id,
             tuple(infos),
             watched_for=now - self._started,
             calls=self._alias.calls,
             other_services=len(result.services or {}) - len(services),
+            waits=waits,
+            deadlocks=deadlocks,
         )
 
-    def _info(self, alias: str, holder: Holder, services: Dict[str, Holder], now: float) -> LockInfo:
+    def _info(
+        self, alias: str, holder: Holder, services: Dict[str, Holder], now: float, holds: Tuple[str, ...]
+    ) -> LockInfo:
         lock, kind = protocol.alias_kind(alias)
         if kind == "queue ticket":
             holder = lease.ticket_holder(holder)  # its token, lease and heartbeat travel in its one value
@@ -214,6 +264,7 @@ class LockObserver:
             state,
             silent,
             readers,
+            holds,
         )
 
 

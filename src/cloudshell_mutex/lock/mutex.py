@@ -24,14 +24,14 @@ from __future__ import annotations
 import logging
 import random
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Tuple
 
-from . import diagnosis, events, fencing, lease, protocol
+from . import diagnosis, events, fencing, holdings, lease, protocol
 from .alias import LockAlias
 from .attempt import MutexAttempt
 from .classify import ErrorKind
 from .engine import Acquisition, Deadline, Runtime, acquire_loop
-from .errors import MutexUsageError
+from .errors import MutexDeadlock, MutexUsageError
 from .handle import HandleInfo, make_handle, parse_handle
 from .held import Held
 from .holder import Holder, make_token
@@ -126,6 +126,7 @@ class ReservationMutex:
                 wait=self._parts.pause,
                 looked=self._parts.saw_in_line,
                 logger=self.logger,
+                holding=self._holding,
             )
             self._parts.on_read = self._queue.saw  # who waits, remembered for this process's next acquire
         self._part = lease.new_part()
@@ -285,6 +286,7 @@ class ReservationMutex:
             raise parts.news.error(error, op, events.LOST, logging.WARNING, holder=op.holder_label)
         self._held = Held(parts, token, read.sent_at, self._part)
         self._held.adopt_lease(holder)
+        self._register()
         parts.news.event(events.ACQUIRED, op, error="adopted")
         parts.news.log(
             logging.INFO, "adopted %s in reservation %s (%s)", self.name, self.reservation_id, token
@@ -295,6 +297,7 @@ class ReservationMutex:
         without a call: a trusted adopt. Its confirmation is recent enough that no waiter can have broken
         it; the heartbeat goes on from there, keeping the passer's schedule."""
         held = self._held = Held(self._parts, acquisition.token, acquisition.confirmed_at, self._part)
+        self._register()
         if acquisition.lease > 0:
             due = acquisition.confirmed_at + acquisition.lease / 3 - self.runtime.clock()
             held.start_heartbeat(acquisition.confirmed_at, acquisition.lease, first_delay=due)
@@ -379,6 +382,9 @@ class ReservationMutex:
             raise parts.news.error(
                 error, op, events.CANCELLED, logging.WARNING, holder=error.holder
             ) from None
+        except MutexDeadlock as error:
+            parts.watch_late_add(op)  # as on timeout: an add of ours that may still land is removed then
+            raise parts.news.error(error, op, events.DEADLOCK, logging.WARNING) from None
         except Exception:
             parts.watch_late_add(op)
             raise
@@ -450,6 +456,7 @@ class ReservationMutex:
         held, self._held = self._held, None
         if held is not None:
             held.forget()
+            holdings.unregister(self)
 
     def stop_heartbeat(self) -> None:
         """Stop heartbeating (no call) while the lock stays held by this object: for a participant of a
@@ -480,6 +487,7 @@ class ReservationMutex:
         held.late_add_by = op.add_lands_by if op.add_can_land(self.runtime.clock()) else None
         held.late_copies = op.add_unanswered
         self._held = held
+        self._register()
         if attempt.resolved:
             parts.news.event(events.RESOLVED, op)
             parts.news.log(logging.INFO, "an earlier add of %s turned out to have succeeded", self.name)
@@ -494,6 +502,20 @@ class ReservationMutex:
             op.adds,
             parts.news.calls_of(op),
         )
+
+    # ------------------------------------------------------------------ what the thread holds (deadlocks)
+
+    def _register(self) -> None:
+        """Named locks of one's own (not a read-write lock's parts, nor a read group) are what a fair-mode
+        waiter's ticket names as held by its thread (:mod:`.holdings`, :mod:`.waitfor`)."""
+        if not self._derived_name and not self._token_mark and self._held is not None:
+            holdings.register(self, self._held.token)
+
+    def _holding(self) -> Tuple[str, ...]:
+        """The tokens of the other locks this thread holds in this lock's reservation, for the queue's ticket
+        (no call). Not this lock's own: a thread that waits for a lock it holds through another object may be
+        waiting for another thread to release that object (a timer), which no read can tell."""
+        return holdings.held_tokens(self.api, self.reservation_id, but=self.name)
 
     def _ended(self, op: Operation, end: ReleaseEnd) -> None:
         """The release is settled: forget the hold, and say how it ended (lost: raise)."""

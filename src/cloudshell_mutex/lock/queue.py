@@ -26,6 +26,10 @@ protocol (which knows nothing of tickets) keeps competing with the head as befor
   judges only its predecessor, stale once it has seen the same ticket and heartbeat unchanged for the
   ticket's lease + margin on its own clock, and removes it with :func:`.lease.break_stale` (one breaker at
   a time). Waiters heartbeat their ticket every lease/3 after a read that shows it is still theirs.
+* **Deadlocks** (:mod:`.waitfor`): a waiter that holds other locks of the reservation (``holding``) names
+  them in its ticket; once it has waited :data:`DETECT_AFTER`, it reads at least every
+  :data:`DETECT_INTERVAL` (the head too), and raises :class:`~.errors.MutexDeadlock` when a read shows a
+  wait-for cycle through its own wait of which it is the victim. A waiter that holds nothing reads as before.
 * **Every exit removes the ticket**: a timeout, an error, Ctrl-C (:meth:`FairQueue.leave`), and a hold that
   ends (the release's remove, or :class:`~.held.Held` when the hold ends any other way); a ticket add or
   remove without an answer goes to the late-add watcher (:mod:`.late_adds`), which removes the ticket if
@@ -40,7 +44,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from cloudshell.api.cloudshell_api import AttributeNameValue
 
-from . import lease, protocol
+from . import lease, protocol, waitfor
 from .alias import CallResult, LockAlias, Status
 from .engine import Runtime, acquire_loop
 from .lease import ticket_value
@@ -71,6 +75,11 @@ HINT_LEAD = 0.1
 RECENT = 1.0
 #: Jitter of every interval (a fraction), so that waiters do not poll in lock-step.
 JITTER = 0.2
+#: A waiter that holds other locks of the reservation looks for a deadlock once it has waited this long
+#: (seconds): a shorter wait costs no extra read.
+DETECT_AFTER = 2.0
+#: ... reading the reservation at least this often from then on (seconds; the head too).
+DETECT_INTERVAL = 2.5
 
 
 def _nothing() -> None:
@@ -97,6 +106,7 @@ class FairQueue:
         logger: Optional[logging.Logger] = None,
         budget: float = LOCK_BUDGET,
         ticket_lease: float = TICKET_LEASE,
+        holding: Callable[[], Tuple[str, ...]] = tuple,
     ) -> None:
         self.lock = lock
         self.label = label
@@ -113,6 +123,8 @@ class FairQueue:
         self._wait = wait or (lambda op, seconds: runtime.sleep(seconds))
         # Each read in line, ``looked(op, result)``: the mutex takes it as its own holder check.
         self._looked = looked or (lambda op, result: None)
+        # The tokens of what this waiter's thread holds in the reservation, named in its ticket.
+        self._holding = holding
         self._aliases: Dict[int, TicketAlias] = {}
         # Tickets ahead whose waiter died are broken as a waiting mutex breaks a stale holder.
         self._breaker = lease.Breaker(lock.sibling, label, ticket_lease, request_lifetime, runtime)
@@ -133,6 +145,9 @@ class FairQueue:
         self._hinted = False  # the head slept until shortly before the expected release
         self._misses = 0  # the head's polls since then
         self._waiting: Callable[[], None] = _nothing  # called between reads while in line
+        self._holds: Optional[Tuple[str, ...]] = None  # what the ticket names as held (asked at the join)
+        self._looked_at = -math.inf  # the last read in line
+        self._cycle_told = False  # a deadlock another waiter gives up for was logged
 
     # ---------------------------------------------------------------- the mutex's hooks
 
@@ -166,10 +181,10 @@ class FairQueue:
             return default
         self.token, self._waiting = op.token, waiting
         if self.ticket is not None and self.head:
-            if self._clock() - self._beat_at >= self.ticket_lease / 3:
+            if self._clock() - self._beat_at >= self.ticket_lease / 3 or self._detect_due(op):
                 self._look_and_beat(op)
             if self.ticket is not None:
-                return self._head_delay()
+                return self._detecting(op, self._head_delay())
         return self._wait_turn(op, first=False, default=default)
 
     def _head_delay(self) -> float:
@@ -268,7 +283,7 @@ class FairQueue:
             # The head's first add: at once when the lock is free (or shows our own add, landed late), else
             # when the hint expects the release (an add before it would only find the lock busy).
             free = view.holder is None or view.holder.token == op.token
-            return True, 0.0 if free else self._head_delay()
+            return True, 0.0 if free else self._detecting(op, self._head_delay())
         if self._head_seems_gone(view):
             return True, 0.0
         self._judge_ahead(op, view, position)
@@ -276,7 +291,7 @@ class FairQueue:
         self._waiting()
         waiters = len(view.tickets)
         interval = self._jitter(wait_interval(position, waiters, self.memory.cadence(), self.budget))
-        return False, self._hinted_wait(position, interval)
+        return False, self._detecting(op, self._hinted_wait(position, interval))
 
     def _recent_view(self, now: float) -> Optional[QueueView]:
         """A read of this process made a moment ago (the mutex's after a busy add, or the release's of the
@@ -298,6 +313,7 @@ class FairQueue:
     def _look(self, op: Any) -> Optional[QueueView]:
         """One fresh read of the reservation: the lock and its queue (None when the read failed)."""
         result = self.lock.read(paced=op.polling, deadline=op.deadline.at)
+        self._looked_at = self._clock()
         self._looked(op, result)
         view = self.saw(result, op.token)
         if view is None:
@@ -311,6 +327,8 @@ class FairQueue:
                 if extra.number not in self._removed:
                     self._removed.add(extra.number)
                     self._alias(extra.number).remove_once()
+            if self._holds:
+                self._find_deadlock(op, result)
         elif self.ticket is not None:
             # Removed (judged stale by a waiter behind us), or a read that lags: join again, at the back,
             # and leave the old one to the late-add watcher at the end, which removes it if it is there.
@@ -322,7 +340,9 @@ class FairQueue:
     def _join(self, op: Any, view: QueueView) -> bool:
         """Add a ticket after the highest number seen; False when the model refuses tickets."""
         number = view.highest + 1
-        value = ticket_value(op.token, self.ticket_lease, 0)
+        if self._holds is None:
+            self._holds = tuple(self._holding())
+        value = ticket_value(op.token, self.ticket_lease, 0, self._holds)
         for tries in range(JOIN_TRIES):
             alias = self._alias(number)
             result = alias.try_add(
@@ -405,10 +425,43 @@ class FairQueue:
         if self.ticket is None or self._clock() - self._beat_at < self.ticket_lease / 3:
             return
         self._beats += 1
-        value = ticket_value(op.token, self.ticket_lease, self._beats)
+        value = ticket_value(op.token, self.ticket_lease, self._beats, self._holds or ())
         written = self.ticket.set_attributes([(protocol.ATTR_OWNER, value)], paced=op.polling)
         if written.ok:
             self._beat_at = written.sent_at
+
+    # ---------------------------------------------------------------- deadlocks (waitfor.py)
+
+    def _detect_due(self, op: Any) -> bool:
+        """True when this waiter names held locks, has waited DETECT_AFTER, and read DETECT_INTERVAL ago."""
+        now = self._clock()
+        waited, since = now - op.start, now - self._looked_at
+        return bool(self._holds) and waited >= DETECT_AFTER and since >= DETECT_INTERVAL
+
+    def _detecting(self, op: Any, seconds: float) -> float:
+        """``seconds`` until the next look, but no later than the next deadlock check is due (a waiter that
+        names held locks: DETECT_INTERVAL, and not before DETECT_AFTER). Others: ``seconds``."""
+        if not self._holds:
+            return seconds
+        due = max(self._jitter(DETECT_INTERVAL), op.start + DETECT_AFTER - self._clock())
+        return min(seconds, due)
+
+    def _find_deadlock(self, op: Any, result: CallResult) -> None:
+        """Raise MutexDeadlock when this read shows a wait-for cycle through our wait whose victim we are."""
+        cycle = waitfor.wait_for(result.services or {}).cycle_through(op.token)
+        if cycle is None:
+            return
+        if cycle.victim != op.token:
+            if self._cycle_told:
+                return
+            self._cycle_told = True
+            self.logger.info(
+                "cloudshell-mutex: a deadlock through %s (%s); another waiter of it gives up",
+                self.lock.alias,
+                cycle.describe(op.token),
+            )
+            return
+        raise waitfor.deadlock_error(cycle, op.token, self.lock.reservation_id, self.lock.alias)
 
     def _jitter(self, seconds: float) -> float:
         return seconds * self._rng.uniform(1 - JITTER, 1 + JITTER)
