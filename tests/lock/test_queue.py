@@ -17,6 +17,7 @@ from cloudshell_mutex.lock import queue
 from cloudshell_mutex.lock import tickets as queue_values
 from cloudshell_mutex.lock.holder import Holder
 from cloudshell_mutex.lock.lease import parse_ticket, ticket_value
+from cloudshell_mutex.lock.options import FRESH_READ_LAG
 from cloudshell_mutex.lock.protocol import ticket_alias, ticket_number
 from cloudshell_mutex.lock.queue import FALLBACK_AFTER
 from cloudshell_mutex.lock.tickets import (
@@ -212,10 +213,85 @@ def test_a_release_whose_ticket_went_between_its_read_and_its_remove_removes_the
         return False
 
     api.faults["RemoveServicesFromReservation"] = [the_ticket_goes_first]
+    reads: List[float] = []
+    api.on_call = lambda method: reads.append(clock.now) if method == "GetReservationDetails" else None
     lock.release()  # not lost: a read showed the lock still ours, and it went alone
     assert api.removed == [MUTEX, ticket_alias(MUTEX, 0), MUTEX]
     assert api.services == {}
     assert not lock.locked()
+    # The read that decided came a fresh read's lag after the remove of both: a read that may lag behind it
+    # could show the lock ours after a server removed it with that call, and a successor's would go.
+    assert reads[1] - reads[0] >= FRESH_READ_LAG
+
+
+class PartialRemoveApi(RecordingApi):
+    """A server whose remove of several aliases removes those it finds, then says one was not found (the
+    emulator, like the fake, removes none of them then: the real server's behaviour is not known)."""
+
+    def commit_remove(self, reservation_id: str, aliases) -> None:
+        missing = [alias for alias in aliases if alias not in self.services]
+        super().commit_remove(reservation_id, [alias for alias in aliases if alias in self.services])
+        if missing:
+            raise api_error(
+                f"Service with alias '{missing[0]}' was not found in reservation '{reservation_id}'"
+            )
+
+
+def test_on_a_server_that_removes_what_it_finds_a_release_whose_ticket_went_is_released_not_lost(
+    clock,
+) -> None:
+    api = PartialRemoveApi()
+    lock = _granted_after_a_wait(api, clock)
+
+    def the_ticket_goes_first(reservation_id, services) -> bool:
+        del api.services[ticket_alias(MUTEX, 0)]
+        return False
+
+    api.faults["RemoveServicesFromReservation"] = [the_ticket_goes_first]
+    lock.release()  # the call took the lock with it: a read shows neither, so it may have been ours
+    assert api.removed == [MUTEX, ticket_alias(MUTEX, 0)]  # and no second remove of the lock
+    assert api.services == {} and not lock.locked()
+
+
+def test_a_lost_holds_ticket_is_never_removed_once_its_number_is_a_newcomers(clock) -> None:
+    api = RecordingApi()
+    lock = _granted_after_a_wait(api, clock)
+    # An operator's Force Release; waiters remove our ticket as abandoned and a newcomer takes its number.
+    del api.services[MUTEX]
+    del api.services[ticket_alias(MUTEX, 0)]
+    queue_up(api, 0, SECOND)
+    with pytest.raises(MutexLostError):
+        lock.release()
+    for _ in range(3):
+        clock.sleep(2)
+        lock.runtime.late_adds.sweep()
+    assert tickets(api) == [ticket_alias(MUTEX, 0)]  # the newcomer's, left alone
+    assert ticket_alias(MUTEX, 0) not in api.removed
+
+
+def test_a_ticket_that_names_held_locks_goes_at_the_grant(clock) -> None:
+    # Kept, it would be a waiter's again in every view once this hold were lost (a lease broken), and its
+    # claim on the other lock could make a deadlock cycle that is not there.
+    api = RecordingApi()
+    other = make(api, clock, fair=True, name="MUTEX-other")
+    other.acquire()
+    lock = _granted_after_a_wait(api, clock)
+    assert tickets(api) == [] and api.removed == [ticket_alias(MUTEX, 0)]
+    lock.release()
+    other.release()
+    assert api.services == {}
+
+
+def test_without_the_releases_read_the_ticket_still_goes_with_the_lock(clock) -> None:
+    api = RecordingApi()
+    lock = make(api, clock, fair=True, timeout=60, release_check_after=5)
+    other_holds(api, "Holder@host:1:deadbeef")
+    api.later(clock.now + 3, lambda: api.services.pop(MUTEX))
+    lock.acquire()
+    before = len(api.calls)
+    lock.release()
+    assert api.calls[before:] == ["RemoveServicesFromReservation"]
+    assert api.removed == [MUTEX, ticket_alias(MUTEX, 0)] and api.services == {}
 
 
 def test_a_release_whose_lock_went_between_its_read_and_its_remove_is_lost_and_its_ticket_goes(clock) -> None:
@@ -560,6 +636,17 @@ def _view(at: float, holder: Optional[str], *waiting: Tuple[int, str]) -> QueueV
     return queue_view(services, MUTEX, at)
 
 
+def test_a_lost_holds_kept_ticket_is_passed_not_waited_for() -> None:
+    # H held the lock with the ticket it waited with (kept for its release); it crashed, its lease was
+    # broken and Y holds now. H's ticket is a waiter's again in the read, but no one polls for it.
+    memory = queue_values.LockMemory()
+    crashed = "H@h:1:0000000a"
+    memory.update(_view(0.0, crashed, (0, crashed), (1, SECOND)), SECOND)
+    view = memory.update(_view(1.0, "Y@h:2:0000000b", (0, crashed), (1, SECOND)), SECOND)
+    assert view.position(SECOND) == 1
+    assert [t.alias for t in view.passed] == [ticket_alias(MUTEX, 0)]
+
+
 def test_the_period_counts_the_tickets_that_left_not_the_numbers_between_them() -> None:
     # Waiters that joined together spread their numbers out (10, 14, 20): one grant a second moves the head
     # by 4, then by 6 numbers; the period is still a second, not a quarter or a sixth of one.
@@ -628,35 +715,36 @@ def test_a_new_holder_was_granted_about_when_the_one_before_was_expected_to_rele
 def test_a_head_that_let_the_lock_go_to_another_is_passed_until_its_heartbeat_moves() -> None:
     memory = queue_values.LockMemory()
     a, b, c = "A@h:1:0000000a", "B@h:2:0000000b", "C@h:3:0000000c"
+    d = "D@h:4:0000000d"  # a waiter (A held the lock: an acquisition waits once, so A never queues again)
     memory.update(_view(10.0, a, (1, HEAD), (2, SECOND)), None)
     # The head itself granted: its ticket is the holder's, nothing passed.
     view = memory.update(_view(10.5, HEAD, (1, HEAD), (2, SECOND)), None)
     assert [t.token for t in view.tickets] == [SECOND] and not memory.passed
     # SECOND is the head; the lock goes to B while it stays the head: passed, by this process.
-    memory.update(_view(11.0, None, (2, SECOND), (3, a)), None)
-    view = memory.update(_view(11.5, b, (2, SECOND), (3, a)), None)
-    assert [t.token for t in view.tickets] == [a] and [t.token for t in view.passed] == [SECOND]
+    memory.update(_view(11.0, None, (2, SECOND), (3, d)), None)
+    view = memory.update(_view(11.5, b, (2, SECOND), (3, d)), None)
+    assert [t.token for t in view.tickets] == [d] and [t.token for t in view.passed] == [SECOND]
     assert memory.others == 2  # still waiting, for crowded(): a releaser goes behind a passed head too
     # Its own waiter never passes itself.
-    assert [t.token for t in memory.update(_view(11.6, b, (2, SECOND), (3, a)), SECOND).tickets] == [
+    assert [t.token for t in memory.update(_view(11.6, b, (2, SECOND), (3, d)), SECOND).tickets] == [
         SECOND,
-        a,
+        d,
     ]
-    # The lock goes to C while A (the new head, here) stays: A is passed too.
-    view = memory.update(_view(12.0, c, (2, SECOND), (3, a)), None)
-    assert view.tickets == () and {t.token for t in view.passed} == {SECOND, a}
+    # The lock goes to C while D (the new head, here) stays: D is passed too.
+    view = memory.update(_view(12.0, c, (2, SECOND), (3, d)), None)
+    assert view.tickets == () and {t.token for t in view.passed} == {SECOND, d}
     # SECOND's heartbeat moves (its waiter is alive): it is the head again.
     alive = queue_view(
         {
             MUTEX: _holder(MUTEX, c),
             ticket_alias(MUTEX, 2): _holder(ticket_alias(MUTEX, 2), ticket_value(SECOND, TICKET_LEASE, 1)),
-            ticket_alias(MUTEX, 3): _holder(ticket_alias(MUTEX, 3), ticket_value(a, TICKET_LEASE, 0)),
+            ticket_alias(MUTEX, 3): _holder(ticket_alias(MUTEX, 3), ticket_value(d, TICKET_LEASE, 0)),
         },
         MUTEX,
         13.0,
     )
     view = memory.update(alive, None)
-    assert [t.token for t in view.tickets] == [SECOND] and [t.token for t in view.passed] == [a]
+    assert [t.token for t in view.tickets] == [SECOND] and [t.token for t in view.passed] == [d]
     # A ticket gone is forgotten.
     memory.update(_view(14.0, c, (2, SECOND)), None)
     assert memory.passed == {}

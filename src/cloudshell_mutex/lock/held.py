@@ -169,8 +169,9 @@ class Held:
             pause *= 2
 
     def drop_ticket(self) -> None:
-        """Remove our queue ticket now, if we still have one (one call): the hold goes on, or ends, without
-        the release that would remove it with the lock. A remove without an answer goes to the watcher."""
+        """Remove our queue ticket now (one call), while the lock is surely still ours: no waiter removes a
+        holder's ticket, so its number cannot be a newcomer's (an export, a hand-over within the cohort).
+        A remove without an answer goes to the watcher."""
         ticket, self.ticket = self.ticket, None
         if ticket is None:
             return
@@ -182,10 +183,20 @@ class Held:
 
     def forget(self) -> None:
         """The hold has ended (released, lost, passed on, or an acquire abandoned). An add of it that may
-        still land is handed to the late-add watcher first; a queue ticket still there is removed; the
-        heartbeat stops."""
+        still land is handed to the late-add watcher first, and so is a queue ticket still kept: the hold
+        may have been lost long ago, the ticket removed by waiters as abandoned and its number taken by a
+        newcomer, so it goes only while a read shows it ours. The heartbeat stops."""
         parts = self.parts
-        self.drop_ticket()
+        ticket, self.ticket = self.ticket, None
+        if ticket is not None:
+            lifetime = parts.options.request_lifetime
+            parts.runtime.late_adds.watch(
+                ticket,
+                self.token,
+                parts.runtime.clock() + FRESH_READ_LAG,
+                lifetime,
+                leftover="the queue ticket of a hold that has ended",
+            )
         if self.late_add_by is not None:
             lifetime = parts.options.request_lifetime
             parts.runtime.late_adds.watch(

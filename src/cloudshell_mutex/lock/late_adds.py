@@ -44,6 +44,9 @@ class LateAdd:
     #: No read before then: a read may lag behind a removal of ours (the release's, or this watcher's),
     #: and show our token after it is gone, when the alias may already be someone else's.
     read_after: float = 0.0
+    #: Not an add whose reply was lost but a service of ours left behind on purpose (a queue ticket whose
+    #: hold ended): removed without a warning, this said at INFO instead.
+    leftover: str = ""
     #: The context of the code that handed the add over (its logging context): the watcher's thread does
     #: this entry's work in it, so what it logs reaches the log of the command or script that took the lock.
     context: contextvars.Context = field(default_factory=contextvars.copy_context)
@@ -86,10 +89,12 @@ class LateAdds:
         lifetime: float,
         copies: int = 1,
         removing_until: Optional[float] = None,
+        leftover: str = "",
     ) -> None:
         """Watch an add of ``token`` that may land until ``lands_by``; nothing to do once that passed.
         ``lifetime`` is how long a request without an answer may still land (a remove this makes).
-        ``removing_until``: a remove of ours without an answer may land until then; no second one before."""
+        ``removing_until``: a remove of ours without an answer may land until then; no second one before.
+        ``leftover``: what the service is, when it is no late add but ours left behind (said at INFO)."""
         if lands_by <= self._clock():
             return
         with self._lock:
@@ -100,7 +105,15 @@ class LateAdds:
                     if removing_until is not None:
                         entry.remove_lands_by = max(entry.remove_lands_by or removing_until, removing_until)
                     return
-            entry = LateAdd(alias, token, lands_by, lifetime, max(1, copies), remove_lands_by=removing_until)
+            entry = LateAdd(
+                alias,
+                token,
+                lands_by,
+                lifetime,
+                max(1, copies),
+                remove_lands_by=removing_until,
+                leftover=leftover,
+            )
             entry.read_after = self._clock() + FRESH_READ_LAG
             self._entries.append(entry)
             if self._background and self._thread is None:
@@ -170,6 +183,14 @@ class LateAdds:
         if result.ok or result.status is Status.MISSING:
             entry.copies -= 1  # that copy landed; another may still come until lands_by
             entry.read_after = self._clock() + FRESH_READ_LAG
+            if entry.leftover:
+                self._logger_of(entry).info(
+                    "cloudshell-mutex: removed %r in reservation %s (%s)",
+                    alias.alias,
+                    alias.reservation_id,
+                    entry.leftover,
+                )
+                return entry.copies <= 0 or now >= entry.lands_by
             self._logger_of(entry).warning(
                 "cloudshell-mutex: an add of %r in reservation %s whose reply was lost landed after the "
                 "lock had given it up (Mutex Owner %s); removed it",

@@ -232,7 +232,8 @@ class ReservationMutex:
         held = self._held
         if held is None:
             raise diagnosis.export_unheld_error(self.reservation_id, self.name)
-        # Whoever releases may be the adopter, which knows nothing of our queue ticket: it goes now.
+        # Whoever releases may be the adopter, which knows nothing of our queue ticket: it goes now (held,
+        # so the ticket is surely still ours: no waiter takes a holder's ticket away).
         held.drop_ticket()
         beat = held.heartbeat
         lease_seconds = beat.lease if beat is not None else 0.0
@@ -318,6 +319,7 @@ class ReservationMutex:
                 return None
         acquisition = held.acquisition()
         op = self._parts.operation(held.token)
+        held.drop_ticket()  # still held, so still ours: the next holder in the cohort knows nothing of it
         self.detach()
         self._parts.news.event(events.RELEASED, op, error="passed within the cohort")
         return acquisition
@@ -367,10 +369,12 @@ class ReservationMutex:
         op.waited_before = 0.0 if since is None else max(0.0, op.start - since)
         beat = lease.heartbeat_value(lease.nonce_of(op.token) or op.token, self._part, 0)
         attempt = MutexAttempt(parts, op, blocking, self._queue, beat if self.options.lease > 0 else "")
+        granted = False  # the hold is in place (Ctrl-C while it was being set up takes the lock back)
         try:
             acquired = acquire_loop(attempt, op.deadline, lambda seconds: parts.pause(op, seconds))
             if acquired:
                 self._acquired(attempt)
+                granted = True
         except CancelledWait:
             # The caller stopped waiting. An add of ours may be in place: take back what a read shows, as
             # after Ctrl-C. Either way, an add that may still land goes to the watcher, as on timeout.
@@ -396,7 +400,7 @@ class ReservationMutex:
         finally:
             if self._queue is not None:
                 # Our place in the queue is given up; a granted acquisition keeps the ticket for its release.
-                kept = self._queue.leave(granted=self._held is not None)
+                kept = self._queue.leave(granted=granted)
                 if kept is not None and self._held is not None:
                     self._held.ticket = kept
         if not acquired:

@@ -223,15 +223,24 @@ class FairQueue:
         ``granted``: the lock is ours, and the ticket is returned instead of removed, for the release to
         remove with the lock in one call. It waits no more: every view leaves out the holder's ticket
         (:func:`~.tickets.queue_view`), so the next ticket is the head from the grant on, as if it were gone.
-        None when there is no ticket, or one that an add still on the wire may bring back (removed now)."""
+        None when there is no ticket, one that an add still on the wire may bring back, or one that names
+        held locks (:mod:`.waitfor`): those are removed now."""
         ticket, unsettled, dropped, token = self.ticket, self._unsettled, self._dropped, self.token
+        holds = self._holds
         late_adds = self.runtime.late_adds
         self._reset()
         if token is None:
             return None
         kept: Optional[TicketAlias] = None
         try:
-            if ticket is not None and granted and all(alias is not ticket for alias, _, _ in unsettled):
+            # A ticket that names held locks goes now: should this hold be lost (a lease broken), the ticket
+            # would be a waiter's again in every view, and its claims could make a cycle that is not there.
+            if (
+                ticket is not None
+                and granted
+                and not holds
+                and all(alias is not ticket for alias, _, _ in unsettled)
+            ):
                 kept = ticket
             elif ticket is not None:
                 # Its number may be the next waiter's once gone: no second remove while one may land.

@@ -54,6 +54,8 @@ class ReleaseLoop:
         #: The queue ticket the acquisition waited with: removed with the lock in its first remove, when the
         #: read before it shows the ticket ours. None once that remove was sent (or when there is none).
         self.ticket = ticket
+        #: Our ticket, after a remove of it with the lock answered "not found": the next read tells which.
+        self.both_missing: Optional[LockAlias] = None
         self.failures = 0
 
     def run(self) -> ReleaseEnd:
@@ -62,6 +64,8 @@ class ReleaseLoop:
         try:
             end = self._settle()
         except BaseException as error:
+            if self.both_missing is not None:  # no read told which was gone: the watcher finds out
+                self._ticket_unsettled(self.both_missing, None)
             # An error leaves the lock held: the next release() continues this operation, marker and all.
             # Ctrl-C leaves nobody to continue it: the late-add watcher takes the marker away.
             if not isinstance(error, Exception):
@@ -116,6 +120,14 @@ class ReleaseLoop:
                         return end
                     continue
                 op.see_holder(read.holder)
+                missing, self.both_missing = self.both_missing, None
+                if missing is not None:
+                    # Our remove of both answered "not found". Neither there now: a server that removes what
+                    # it finds of a list may have removed our lock with it (the ticket was the one gone). Our
+                    # ticket still there: the remove took nothing, so the lock was gone before it (lost).
+                    if not op.is_ours(read.holder) and not _shows(read, missing, op.token):
+                        op.remove_unsettled(True)
+                    self._ticket_unsettled(missing, None)  # only now: the watcher could remove it first
                 if not op.is_ours(read.holder):
                     # Gone, or someone else's: a remove of ours took effect, or the lock was taken from us.
                     if op.remove_may_have_landed:
@@ -142,9 +154,9 @@ class ReleaseLoop:
                     sleep(op.next_poll(parts.pacing, parts.runtime.rng))
                     continue
                 op.still_ours_at(now)
-            # With it, in the same call, the queue ticket we waited with (one call less per acquisition), but
-            # only when this very read showed both ours: a remove of two answers "missing" for either.
-            ticket = self.ticket if check and _shows(read, self.ticket, op.token) else None
+            # With it, in the same call, the queue ticket we waited with (one call less per acquisition): when
+            # this read showed it ours, or with no read (release_check_after), as the lock is taken to be.
+            ticket = self.ticket if not check or _shows(read, self.ticket, op.token) else None
             # The remove, sent once: the client's own re-send could delete a successor's lock.
             op.remove_sent_at = clock()
             try:
@@ -160,15 +172,18 @@ class ReleaseLoop:
                 if ticket is not None:
                     self.ticket = None
                 return ReleaseEnd()
+            if ticket is not None and result.status is Status.MISSING:
+                # One of the two was gone (the ticket, taken by hand, or the lock): a read tells which, but
+                # only one that cannot lag behind this remove (a lagging one that still showed our lock
+                # would have us remove it again, maybe after a successor took it).
+                self.ticket, self.both_missing, check = None, ticket, True
+                sleep(max(0.0, op.remove_sent_at + FRESH_READ_LAG - clock()))
+                continue
             if ticket is not None:
                 # Gone or not, now or later: the watcher removes it while it shows our token (a second remove
                 # could take a newcomer's ticket of the same number).
                 lifetime = parts.options.request_lifetime
                 self._ticket_unsettled(ticket, result.lands_by(lifetime) if result.may_land_later else None)
-                if result.status is Status.MISSING and not result.resent:
-                    # One of the two was gone (the ticket, taken by hand, or the lock): a read tells which.
-                    check = True
-                    continue
             if result.status is Status.MISSING:
                 # "Not found" after a re-send of ours: our remove took effect. Otherwise the alias was gone
                 # before we removed it: the lock had been taken from us.
@@ -191,7 +206,14 @@ class ReleaseLoop:
         self.ticket = None
         lifetime = self.parts.options.request_lifetime
         late_adds, now = self.parts.runtime.late_adds, self.parts.runtime.clock()
-        late_adds.watch(ticket, self.op.token, now + FRESH_READ_LAG, lifetime, removing_until=lands_by)
+        late_adds.watch(
+            ticket,
+            self.op.token,
+            now + FRESH_READ_LAG,
+            lifetime,
+            removing_until=lands_by,
+            leftover="the queue ticket of a released hold, whose remove with the lock failed",
+        )
 
     def _failed(self, failure: Classification, doing: str) -> Optional[ReleaseEnd]:
         """A failed call: back off and return None to try again (transient, within ``release_attempts``);

@@ -232,6 +232,9 @@ class LockMemory:
     passed: Dict[str, str] = dataclasses.field(default_factory=dict)
     #: The head (alias, heartbeat) at the last read, passed ones left out.
     head: Optional[Tuple[str, str]] = None
+    #: Tokens seen holding the lock lately: a ticket of one of them is no waiter's (an acquisition waits
+    #: once), but the ticket a holder kept for its release, left behind when the hold was lost.
+    former_holders: Deque[str] = dataclasses.field(default_factory=lambda: deque(maxlen=SAMPLES * 2))
 
     def crowded(self, now: float) -> bool:
         """True when others were queued at this process's last read, not long ago."""
@@ -273,6 +276,9 @@ class LockMemory:
         present = {t.alias: _beat_of(t) for t in view.tickets}
         for alias in [a for a, beat in self.passed.items() if present.get(a) != beat]:
             del self.passed[alias]  # gone, or alive after all
+        for ticket in view.tickets:
+            if ticket.token in self.former_holders and ticket.token != token:
+                self.passed[ticket.alias] = _beat_of(ticket)  # a lost hold's: nobody polls for it
         # Judged on the view every lock object of this process shares (its own ticket included).
         shared = view.passing(self.passed, None)
         if shared.tickets:
@@ -287,6 +293,8 @@ class LockMemory:
         token = view.holder.token if view.holder is not None else None
         if token == self.holder:
             return
+        if token is not None:
+            self.former_holders.append(token)
         granted_after = self.seen_at
         previous_end = self.expected_release()
         if token is not None and previous_end is not None and self.seen_at < previous_end < view.at:
