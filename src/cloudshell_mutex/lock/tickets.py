@@ -206,10 +206,9 @@ class LockMemory:
     others: int = 0
     seen_at: float = -math.inf
     period: float = DEFAULT_PERIOD
-    lowest: Optional[int] = None
-    lowest_at: float = -math.inf
-    #: The numbers of the tickets waiting at the last read, in queue order.
+    #: The numbers of the tickets waiting at the last read, in queue order, and when its head was first seen.
     numbers: Tuple[int, ...] = ()
+    lowest_at: float = -math.inf
     #: The last read's view, taken (and forgotten) by the next waiter that joins.
     view: Optional[QueueView] = None
     #: The lock's holder at the last read, and when it was granted: after ``holder_lo`` (the read before,
@@ -253,17 +252,16 @@ class LockMemory:
         self.view = view
         ahead, self.numbers = self.numbers, tuple(t.number for t in view.tickets)
         if not view.tickets:
-            self.lowest = None
             return view
-        lowest = view.tickets[0].number
+        lowest, previous = view.tickets[0].number, ahead[0] if ahead else None
         # How many of the tickets seen last have left from the front since: numbers need not be dense
         # (simultaneous joins spread out), so the numbers' difference would count grants that never were.
         moved = sum(1 for number in ahead if number < lowest)
-        if self.lowest is not None and lowest > self.lowest and moved and view.at > self.lowest_at:
+        if previous is not None and moved and view.at > self.lowest_at:
             sample = (view.at - self.lowest_at) / moved
             self.period = _median_of(self.period_samples, min(600.0, max(0.05, sample)))
-        if self.lowest is None or lowest != self.lowest:
-            self.lowest, self.lowest_at = lowest, view.at
+        if lowest != previous:
+            self.lowest_at = view.at  # when this head was first seen
         return view
 
     def _pass_heads(self, view: QueueView, token: Optional[str], granted: bool) -> QueueView:
