@@ -105,8 +105,8 @@ class LockListing:
     other_services: int = field(default=0)
     #: Who waits for what: one ``(waiter, lock, holder, held locks)`` per fair-mode waiter.
     waits: Tuple[Tuple[str, str, str, Tuple[str, ...]], ...] = ()
-    #: Wait-for cycles: each as ``(lock, holder, what that holder waits for)`` steps, and who gives up.
-    deadlocks: Tuple[Tuple[Tuple[Tuple[str, str, str], ...], str], ...] = ()
+    #: Wait-for cycles (:class:`~.waitfor.Cycle`), each with the label of the waiter that gives up.
+    deadlocks: Tuple[Tuple[waitfor.Cycle, str], ...] = ()
 
     def lines(self) -> List[str]:
         """The listing for people: a header, then one line per lock service."""
@@ -120,11 +120,8 @@ class LockListing:
         for waiter, lock, holder, holds in self.waits:
             held = f"; it holds {', '.join(holds)}" if holds else ""
             lines.append(f"  {waiter} waits for {lock} (held by {holder}){held}")
-        for steps, victim in self.deadlocks:
-            cycle = "; ".join(
-                f"{lock} is held by {holder}, which waits for {wanted}" for lock, holder, wanted in steps
-            )
-            lines.append(f"  DEADLOCK: {cycle}. {victim} gives up")
+        for cycle, victim in self.deadlocks:
+            lines.append(f"  DEADLOCK: {cycle.describe()}. {victim} gives up")
         return lines
 
     def as_dict(self) -> Dict[str, Any]:
@@ -139,8 +136,8 @@ class LockListing:
                 for waiter, lock, holder, holds in self.waits
             ],
             "deadlocks": [
-                {"cycle": [list(step) for step in steps], "gives_up": victim}
-                for steps, victim in self.deadlocks
+                {"cycle": [list(step) for step in cycle.as_tuples()], "gives_up": victim}
+                for cycle, victim in self.deadlocks
             ],
         }
 
@@ -200,7 +197,7 @@ class LockObserver:
             for w in graph.waiters
         )
         deadlocks = tuple(
-            (cycle.as_tuples(), next(w.label for w in graph.waiters if w.token == cycle.victim))
+            (cycle, next(w.label for w in graph.waiters if w.token == cycle.victim))
             for cycle in graph.cycles()
         )
         return LockListing(

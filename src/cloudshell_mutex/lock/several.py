@@ -8,11 +8,11 @@ that all take them through :func:`acquire_all` take them sorted by name, so no c
 from __future__ import annotations
 
 import logging
-import time
 from contextlib import contextmanager
 from typing import Any, Iterator, List, Optional, Tuple
 
 from . import catalog
+from .engine import Deadline
 from .errors import MutexUsageError
 from .options import LOGGER_NAME, UNSET, check_duration
 
@@ -47,15 +47,14 @@ def acquire_all(*locks: Any, timeout: Optional[float] = UNSET) -> Iterator[Tuple
             "pass each lock once"
         )
     ordered = sorted(locks, key=lambda lock: str(lock.name))
-    deadline = None if timeout is UNSET or timeout is None else time.monotonic() + timeout
+    deadline = None if timeout is UNSET else Deadline.after(timeout)  # one deadline for the whole
     taken: List[Any] = []
     try:
         for lock in ordered:
-            if timeout is UNSET:
+            if deadline is None:
                 lock.acquire()
             else:
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                lock.acquire(timeout=left)
+                lock.acquire(timeout=deadline.left())
             taken.append(lock)
     except BaseException:
         _release_all(taken, raising=False)
