@@ -76,13 +76,22 @@ def check_and_release(mutex: ReservationMutex, report: Dict[str, Any]) -> None:
         report["release"] = f"lost: {error}"
 
 
-def holder_worker(addr: Address, rid: str, lease: float, events, go, results) -> None:
-    """Acquire with a lease, say so, wait for ``go``; then check the lock and release (reporting both)."""
+def holder_worker(
+    addr: Address, rid: str, lease: float, events, go, results, name: str = protocol.DEFAULT_ALIAS
+) -> None:
+    """Acquire ``name`` with a lease, say so, wait for ``go``; then check the lock and release (reporting
+    both)."""
     report: Dict[str, Any] = {"error": None}
     try:
         lost: List[str] = []
         mutex = ReservationMutex(
-            session(addr), rid, owner="holder", lease=lease, on_lost=lambda e: lost.append(str(e)), **FAST
+            session(addr),
+            rid,
+            owner="holder",
+            name=name,
+            lease=lease,
+            on_lost=lambda e: lost.append(str(e)),
+            **FAST,
         )
         mutex.acquire()
         events.put(("held", mutex.token, os.getpid()))
@@ -194,10 +203,10 @@ def check_log(emu, rid: str) -> Dict[str, int]:
     return {"grants": grants, "removes": removes}
 
 
-def spawn_holder(emu, rid: str, lease: float = LEASE):
+def spawn_holder(emu, rid: str, lease: float = LEASE, name: str = protocol.DEFAULT_ALIAS):
     ctx = multiprocessing.get_context("spawn")
     events, go, results = ctx.Queue(), ctx.Event(), ctx.Queue()
-    process = start(holder_worker, address(emu), rid, lease, events, go, results)
+    process = start(holder_worker, address(emu), rid, lease, events, go, results, name)
     kind, token, _pid = events.get(timeout=60)
     assert kind == "held"
     return process, token, go, results
@@ -229,6 +238,29 @@ def test_a_killed_holder_is_broken_within_lease_plus_margin_plus_one_poll(emu):
     assert any("broke the stale lock" in line and token in line for line in emu.control.output(rid))
     waiter.release()
     assert check_log(emu, rid) == {"grants": 2, "removes": 2}
+
+
+def test_a_waiter_that_holds_another_lock_still_breaks_a_killed_holder(emu):
+    """A waiter that holds another named lock reads in line for deadlocks, not by its own holder checks; those
+    reads judge the holder too, so a crashed holder is broken as for a waiter that holds nothing."""
+    rid = emu.create_reservation()
+    process, token, _, _ = spawn_holder(emu, rid, name="L2")
+    time.sleep(LEASE)
+    process.kill()
+    killed = time.monotonic()
+    process.join(10)
+    api = emu.session()
+    seen: List[Any] = []
+    with ReservationMutex(api, rid, owner="waiter", name="L1", lease=LEASE, **FAST):
+        # The default holder_check_interval (5 s): longer than the deadlock checks' reads in line.
+        waiter = ReservationMutex(api, rid, owner="waiter", name="L2", timeout=30, on_event=seen.append)
+        waiter.acquire()  # a MutexTimeout here is the defect: the holder was never judged
+        recovered = time.monotonic() - killed
+        waiter.release()
+    print(f"\nkill -9 of L2's holder, its waiter holding L1: acquired {recovered:.2f} s later")
+    assert LEASE + stale_margin(LEASE) <= recovered
+    assert [e.kind for e in seen].count("broken") == 1
+    assert any("broke the stale lock" in line and token in line for line in emu.control.output(rid))
 
 
 def test_a_holder_stopped_beyond_its_lease_learns_it_lost_and_its_release_removes_nothing(emu):

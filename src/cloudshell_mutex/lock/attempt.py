@@ -56,6 +56,7 @@ class MutexAttempt:
         self.lease_from = op.start
         self.resolved = False
         self._started = False
+        self._judged_after: Optional[float] = None  # the read the last stale judgement followed
 
     # ------------------------------------------------------------------ the engine's attempt
 
@@ -290,12 +291,15 @@ class MutexAttempt:
         return False
 
     def _break_if_stale(self) -> bool:
-        """After a read while waiting: judge the holder on this waiter's own clock; when it is stale, break it
-        as the only breaker (:class:`~.lease.Breaker`). True when the stale holder is gone (add at once)."""
+        """After a busy add: judge the holder on this waiter's own clock, from every fresh read it made (its
+        own holder checks and its reads in line alike: a waiter that holds other locks reads only in line);
+        when it is stale, break it as the only breaker (:class:`~.lease.Breaker`, which reads it again
+        first). True when the stale holder is gone (add at once)."""
         op, parts = self.op, self.parts
         watch = parts.watch
-        if not op.read_since_add or watch.holder is None:
-            return False
+        if watch.holder is None or op.last_read_attempt == self._judged_after:
+            return False  # nobody seen, or nothing read since the last judgement (a break costs calls)
+        self._judged_after = op.last_read_attempt
         now = parts.runtime.clock()
         if not watch.stale(now):
             return False
