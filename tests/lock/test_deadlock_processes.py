@@ -16,19 +16,26 @@ removed) is printed (``pytest -s``); tests assert correctness, not speed.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import multiprocessing
 import os
 import random
 import time
-from typing import Any, Dict, List, Sequence, Tuple
+from types import SimpleNamespace
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import pytest
 from cloudshell.api.cloudshell_api import CloudShellAPISession
+from cloudshell.shell.core.resource_driver_interface import ResourceDriverInterface
+from test_lease_processes import our_package
 from test_rwlock_processes import collect
 
-from cloudshell_mutex import ReservationMutex
+from cloudshell_mutex import CohortMutex, MutexTimeout, ReservationMutex
+from cloudshell_mutex.driver import ReservationMutexMixin
+from cloudshell_mutex.emulated import EmulatedSite
 from cloudshell_mutex.lock import MutexDeadlock, acquire_all, protocol, queue, waitfor
+from cloudshell_mutex.lock import holder as tokens
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -46,24 +53,59 @@ def _address(emu) -> Tuple[str, int, str, str, str]:
     return (emu.host, emu.port, emu.admin_user, emu.admin_password, emu.admin_domain)
 
 
-def crosser(index: int, address, rid: str, first: str, second: str, barrier, results) -> None:
-    """Hold ``first``; once every process holds its first lock, take ``second`` too."""
+#: How a party takes its locks: ReservationMutex (the queue), ("cohort", dir) CohortMutex in that cohort
+#: folder (one folder: one execution server), ("mixin", dir) a driver command's self.reservation_mutex
+#: (cohort mode, the mixin's default), ("plain", None) ReservationMutex with fair=False.
+How = Tuple[str, Optional[str]]
+QUEUE: How = ("queue", None)
+
+
+class CrossingDriver(ResourceDriverInterface, ReservationMutexMixin):
+    """A driver whose command takes two locks of its sandbox, one inside the other."""
+
+    def initialize(self, context: Any) -> None:
+        pass
+
+    def cross(self, context: Any, first: str, second: str, cohort_dir: str, inside: Any) -> None:
+        with self.reservation_mutex(context, first, cohort_dir=cohort_dir, timeout=TIMEOUT):
+            inside(lambda: self.reservation_mutex(context, second, cohort_dir=cohort_dir, timeout=TIMEOUT))
+
+
+def _lock(api: Any, rid: str, index: int, name: str, how: How) -> Any:
+    kind, folder = how
+    owner = f"crosser {index}"
+    if kind == "cohort":
+        return CohortMutex(api, rid, owner=owner, name=name, timeout=TIMEOUT, cohort_dir=folder)
+    return ReservationMutex(api, rid, owner=owner, name=name, timeout=TIMEOUT, fair=kind != "plain")
+
+
+def crosser(
+    index: int, address, rid: str, first: str, second: str, barrier, results, how: How = QUEUE
+) -> None:
+    """Hold ``first``; once every process holds its first lock, take ``second`` too (``how``: see How)."""
     report: Dict[str, Any] = {"index": index, "error": None, "outcome": None}
+
+    def inside(second_lock: Callable[[], Any]) -> None:
+        barrier.wait(timeout=TIMEOUT)
+        report["waiting_at"] = time.monotonic()
+        try:
+            with second_lock():
+                time.sleep(0.1)
+            report["outcome"] = "acquired"
+        except MutexDeadlock as error:
+            report.update(outcome="deadlock", cycle=error.cycle, message=str(error))
+        report["done_at"] = time.monotonic()
+
     try:
         host, port, user, password, domain = address
-        api = CloudShellAPISession(host, user, password, domain, port=port)
-        outer = ReservationMutex(api, rid, owner=f"crosser {index}", name=first, timeout=TIMEOUT)
-        inner = ReservationMutex(api, rid, owner=f"crosser {index}", name=second, timeout=TIMEOUT)
-        with outer:
-            barrier.wait(timeout=TIMEOUT)
-            report["waiting_at"] = time.monotonic()
-            try:
-                with inner:
-                    time.sleep(0.1)
-                report["outcome"] = "acquired"
-            except MutexDeadlock as error:
-                report.update(outcome="deadlock", cycle=error.cycle, message=str(error))
-            report["done_at"] = time.monotonic()
+        if how[0] == "mixin":
+            site = EmulatedSite(host, port, user, password, domain)
+            context = site.driver_context(rid, f"Router {index}")
+            CrossingDriver().cross(context, first, second, str(how[1]), inside)
+        else:
+            api = CloudShellAPISession(host, user, password, domain, port=port)
+            with _lock(api, rid, index, first, how):
+                inside(lambda: _lock(api, rid, index, second, how))
     except BaseException as error:  # report, never hang the parent
         report["error"] = f"{type(error).__name__}: {error}"
     results.put(report)
@@ -74,16 +116,20 @@ def _services(api: Any, rid: str) -> List[str]:
     return sorted(s.Alias for s in services)
 
 
-def _run_cycle(emu, names: Sequence[str]) -> Tuple[List[Dict[str, Any]], str]:
-    """One process per name: process i holds names[i], then takes names[i + 1] (a cycle over all)."""
+def _run_cycle(
+    emu, names: Sequence[str], hows: Optional[Sequence[How]] = None
+) -> Tuple[List[Dict[str, Any]], str]:
+    """One process per name: process i holds names[i], then takes names[i + 1] (a cycle over all), taking
+    its locks as ``hows[i]`` says (default: ReservationMutex, waiting in line)."""
     rid = emu.create_reservation(f"deadlock {len(names)}")
     emu.control.configure(latency=LATENCY)
     ctx = multiprocessing.get_context("spawn")
     results, barrier = ctx.Queue(), ctx.Barrier(len(names))
+    hows = hows or [QUEUE] * len(names)
     processes = [
         ctx.Process(
             target=crosser,
-            args=(i, _address(emu), rid, names[i], names[(i + 1) % len(names)], barrier, results),
+            args=(i, _address(emu), rid, names[i], names[(i + 1) % len(names)], barrier, results, hows[i]),
         )
         for i in range(len(names))
     ]
@@ -127,6 +173,165 @@ def test_a_cycle_makes_exactly_one_waiter_give_up_and_the_others_get_their_locks
     print(f"\n{len(names)} locks: the victim left {detected:.2f} s after the cycle formed")
 
 
+def _one_victim(reports: List[Dict[str, Any]], names: Sequence[str]) -> Dict[str, Any]:
+    """Exactly one MutexDeadlock, naming the whole cycle; every other party got its lock."""
+    outcomes = [r["outcome"] for r in reports]
+    assert outcomes.count("deadlock") == 1 and outcomes.count("acquired") == len(names) - 1, reports
+    victim = next(r for r in reports if r["outcome"] == "deadlock")
+    assert {lock for lock, _, _ in victim["cycle"]} == set(names), victim
+    assert "deadlock" in victim["message"] and "(this thread)" in victim["message"]
+    return victim
+
+
+@pytest.mark.parametrize("kind", ["cohort", "mixin"])
+def test_a_cycle_between_two_cohort_members_on_one_machine_is_seen(
+    cloudshell_emulator_factory, original_package_zip, tmp_path, kind
+):
+    """Both wait for the local lock the other holds: waits no queue sees, seen through their wait records
+    (``mixin``: two driver commands, each in its own process, with the mixin's default, cohort mode)."""
+    emu = cloudshell_emulator_factory(packages=[original_package_zip])
+    how: How = (kind, str(tmp_path))
+    reports, rid = _run_cycle(emu, ("A", "B"), [how, how])
+    victim = _one_victim(reports, ("A", "B"))
+    assert _services(emu.session(), rid) == []  # no lock, no record left behind
+    waited = victim["done_at"] - victim["waiting_at"]
+    print(f"\n{kind}: the victim gave up {waited:.2f} s after it began waiting")
+
+
+def test_a_cycle_of_local_and_remote_waits_is_seen(
+    cloudshell_emulator_factory, original_package_zip, tmp_path
+):
+    """Two cohort members of one execution server and a party elsewhere: 0 holds A and waits for B (on the
+    server), 1 (elsewhere) holds B and waits for C (held by the cohort), 2 holds C and waits for A (its
+    machine's local lock, which 0 holds)."""
+    emu = cloudshell_emulator_factory(packages=[original_package_zip])
+    here: How = ("cohort", str(tmp_path / "exec-1"))
+    elsewhere: How = ("cohort", str(tmp_path / "exec-2"))
+    reports, rid = _run_cycle(emu, ("A", "B", "C"), [here, elsewhere, here])
+    victim = _one_victim(reports, ("A", "B", "C"))
+    assert _services(emu.session(), rid) == []
+    print(
+        f"\nmixed: the victim gave up {victim['done_at'] - victim['waiting_at']:.2f} s after it began waiting"
+    )
+
+
+def test_a_cycle_of_plain_polling_waiters_is_seen(cloudshell_emulator_factory, original_package_zip):
+    emu = cloudshell_emulator_factory(packages=[original_package_zip])
+    plain: How = ("plain", None)
+    reports, rid = _run_cycle(emu, ("A", "B"), [plain, plain])
+    _one_victim(reports, ("A", "B"))
+    assert _services(emu.session(), rid) == []
+
+
+# ---------------------------------------------------------------- waits that are not live make no cycle
+
+#: The lease of the held locks in the tests below (seconds): short, so a dead holder's lock is broken soon.
+LEASE = 2.0
+
+
+def _nonces_counting_from(first: int) -> None:
+    """This process's tokens get nonces counting up from ``first``: a test decides which party is a cycle's
+    victim (the greatest nonce) instead of leaving it to chance."""
+    counter = itertools.count(first)
+    tokens.secrets = SimpleNamespace(token_hex=lambda size: f"{next(counter):0{2 * size}x}")
+
+
+def other_party(address, rid: str, give_up_after: Optional[float], hold_after: float, events, go) -> None:
+    """Holds L2 (leased), then waits for L1: until killed (``give_up_after`` None), or gives up after that
+    many seconds and keeps L2 ``hold_after`` seconds more. Its nonces are small: it is never the victim."""
+    _nonces_counting_from(0x10)
+    try:
+        host, port, user, password, domain = address
+        api = CloudShellAPISession(host, user, password, domain, port=port)
+        with ReservationMutex(api, rid, owner="party 2", name="L2", lease=LEASE):
+            events.put("holds")
+            go.wait(TIMEOUT)
+            try:
+                timeout = TIMEOUT if give_up_after is None else give_up_after
+                with ReservationMutex(api, rid, owner="party 2", name="L1", timeout=timeout):
+                    events.put("acquired L1")
+            except MutexTimeout:
+                events.put("gave up")
+            time.sleep(hold_after)
+    except BaseException as error:  # report, never hang the parent
+        events.put(f"error: {type(error).__name__}: {error}")
+
+
+def _tickets_of(api: Any, rid: str, lock: str) -> List[str]:
+    return [alias for alias in _services(api, rid) if alias.startswith(lock + protocol.TICKET_INFIX)]
+
+
+def _leased_emulator(cloudshell_emulator_factory):
+    return cloudshell_emulator_factory(packages=[our_package()])
+
+
+def test_a_party_killed_while_it_waits_makes_no_deadlock_and_its_lock_is_broken(
+    cloudshell_emulator_factory, monkeypatch
+):
+    """Party 2 holds L2 and waits for L1, and is killed; party 1 holds L1 and waits for L2. Party 2's ticket
+    still shows the cycle, but it never moves: party 1 (the victim, were it live) waits, breaks L2 when its
+    lease lapses, and gets it."""
+    emu = _leased_emulator(cloudshell_emulator_factory)
+    rid = emu.create_reservation("a dead party")
+    emu.control.configure(latency=LATENCY)
+    monkeypatch.setattr(tokens, "secrets", tokens.secrets)  # restored after the test
+    _nonces_counting_from(0xF0000000)
+    api = emu.session()
+    ctx = multiprocessing.get_context("spawn")
+    events, go = ctx.Queue(), ctx.Event()
+    with ReservationMutex(api, rid, owner="party 1", name="L1", lease=LEASE):
+        process = ctx.Process(target=other_party, args=(_address(emu), rid, None, 0.0, events, go))
+        process.start()
+        try:
+            assert events.get(timeout=60) == "holds"
+            go.set()
+            deadline = time.monotonic() + 30
+            while not _tickets_of(api, rid, "L1") and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert _tickets_of(api, rid, "L1"), "party 2 never waited for L1"
+        finally:
+            process.kill()  # SIGKILL: its ticket stays, naming L2
+            process.join(10)
+        waiter = ReservationMutex(api, rid, owner="party 1", name="L2", lease=LEASE, timeout=30)
+        with waiter:  # a MutexDeadlock here is the defect: a dead party's wait counted
+            pass
+
+
+def test_a_party_that_gave_up_but_whose_ticket_remove_lands_late_makes_no_deadlock(
+    cloudshell_emulator_factory, monkeypatch
+):
+    """Party 2 holds L2, waits for L1 and gives up after 1 s (before anyone looks for a cycle), keeping L2 for
+    a while; its ticket's remove lands 5 s late, so reads still show it waiting for L1. Party 1 holds L1 and
+    waits for L2: it waits for L2's release, with no MutexDeadlock."""
+    emu = _leased_emulator(cloudshell_emulator_factory)
+    rid = emu.create_reservation("a party that gave up")
+    emu.control.configure(latency=LATENCY)
+    monkeypatch.setattr(tokens, "secrets", tokens.secrets)
+    _nonces_counting_from(0xF0000000)
+    api = emu.session()
+    ctx = multiprocessing.get_context("spawn")
+    events, go = ctx.Queue(), ctx.Event()
+    hold_after = 8.0
+    with ReservationMutex(api, rid, owner="party 1", name="L1", lease=LEASE):
+        process = ctx.Process(target=other_party, args=(_address(emu), rid, 1.0, hold_after, events, go))
+        process.start()
+        try:
+            assert events.get(timeout=60) == "holds"
+            # The next remove (party 2's ticket, when it gives up) is reset and lands 5 s later.
+            emu.control.inject_fault("RemoveServicesFromReservation", "apply_late", delay=5.0)
+            go.set()
+            start = time.monotonic()
+            with ReservationMutex(api, rid, owner="party 1", name="L2", lease=LEASE, timeout=30):
+                waited = time.monotonic() - start
+            assert events.get(timeout=30) == "gave up"
+        finally:
+            process.join(30)
+            if process.is_alive():
+                process.kill()
+    assert waited >= hold_after  # it waited for L2's release
+    print(f"\nparty 1 got L2 after {waited:.2f} s, when party 2 released it")
+
+
 def random_taker(index: int, address, rid: str, count: int, seed: int, results) -> None:
     """``count`` acquisitions: random non-empty subsets of A, B, C, always in that order (nested with
     blocks, or acquire_all), with random short holds."""
@@ -140,7 +345,7 @@ def random_taker(index: int, address, rid: str, count: int, seed: int, results) 
         "cycles": 0,
     }
     rng = random.Random(seed)
-    queue.DETECT_AFTER, queue.DETECT_INTERVAL = DETECT_AFTER, DETECT_INTERVAL  # this process only
+    waitfor.DETECT_AFTER, waitfor.DETECT_INTERVAL = DETECT_AFTER, DETECT_INTERVAL  # this process only
     graph = waitfor.wait_for
 
     def judged(services):  # every read a waiter judged: no cycle at all may show, through anyone

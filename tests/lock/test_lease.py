@@ -196,6 +196,19 @@ def test_a_waiter_breaks_a_stale_holder_after_lease_plus_margin_on_its_own_clock
     assert any("broke the stale lock" in line and STALE in line for line in api.output)
 
 
+def test_a_stale_holder_is_judged_when_it_turns_stale_not_at_the_next_holder_check(clock):
+    api = leased_api()
+    hold(api)
+    mutex = make(api, clock, lease=2, holder_check_interval=5, timeout=30)  # the default holder check
+    start = clock.now
+    assert mutex.acquire() is True
+    waited = clock.now - start
+    # Seen at the first contention; stale lease + margin later: read and broken then (not 5 s after the
+    # first read, when the next holder check would be due).
+    assert 2 + stale_margin(2) <= waited <= 2 + stale_margin(2) + 0.2 + FRESH_READ_LAG
+    mutex.release()
+
+
 def test_a_living_holder_is_never_broken(clock):
     api = leased_api()
     hold(api)

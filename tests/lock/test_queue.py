@@ -6,10 +6,11 @@ requests at a virtual time with ``api.later``). Each test looks at what the lock
 
 from __future__ import annotations
 
+import logging
 from typing import Any, List, Optional, Tuple
 
 import pytest
-from fakes import RES, FakeApi, api_error, make, other_holds
+from fakes import RES, FakeApi, api_error, http_500, make, other_holds
 from urllib3.exceptions import ProtocolError
 
 from cloudshell_mutex import MutexError, MutexLostError, MutexTimeout, protocol
@@ -594,6 +595,45 @@ def test_a_ticket_remove_without_an_answer_is_never_sent_again_while_it_may_land
     assert joined
     assert mine in api.services, "our first remove landed on the next waiter's ticket"
     assert parse_ticket(api.services[mine][protocol.ATTR_OWNER])[0] == SECOND
+
+
+def test_an_extra_ticket_whose_remove_fails_is_settled_and_named_exactly_at_exit(clock, caplog) -> None:
+    """The client re-sent a ticket add after its first copy had committed: "already exists", and the waiter
+    took a further number, so it has two tickets. Its remove of the extra one fails: the late-add watcher
+    keeps it, removes it while it shows our token, and a warning at exit (were it still there) names it."""
+    api, lock = _waiting(clock)
+    first = ticket_alias(MUTEX, 1)
+
+    def committed_then_resent(reservation_id, model, alias, attributes) -> bool:
+        if alias == first and first not in api.services:
+            api.commit_add(reservation_id, model, alias, list(attributes))  # the first copy, reply lost
+            raise api_error(protocol.DUPLICATE_ALIAS_MESSAGE)  # the client's re-send finds it
+        return False
+
+    failed: List[str] = []
+
+    def remove_fails(reservation_id, aliases) -> bool:
+        if aliases != [first] and any(protocol.TICKET_INFIX in a for a in aliases) and not failed:
+            failed.extend(aliases)
+            raise http_500()  # not applied
+        return False
+
+    api.faults["AddServiceToReservation"] = [committed_then_resent] * 10
+    api.faults["RemoveServicesFromReservation"] = [remove_fails] * 10
+    watcher = lock.runtime.late_adds
+    with pytest.raises(MutexTimeout):
+        lock.acquire()
+    (extra,) = failed
+    assert extra != first and extra in api.services  # the extra ticket's remove failed: still there
+    (entry,) = [e for e in watcher.pending() if e.alias.alias == extra]
+    with caplog.at_level(logging.WARNING, logger="cloudshell_mutex"):
+        watcher.warn_unsettled()
+    (warning,) = [r.getMessage() for r in caplog.records if extra in r.getMessage()]
+    assert "extra queue ticket" in warning and f"starting with {entry.token + '#'!r}" in warning
+    for _ in range(5):
+        clock.sleep(1.0)
+        watcher.sweep()
+    assert tickets(api) == [ticket_alias(MUTEX, 0)]  # neither of ours is left
 
 
 def test_the_fair_option_is_checked() -> None:

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from cloudshell_mutex import ReservationMutex, protocol
+from cloudshell_mutex import MutexTimeout, ReservationMutex, protocol
 from cloudshell_mutex.emulator import Emulator
 from cloudshell_mutex.lock.pacing import DefaultPacing
 
@@ -17,6 +17,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 FAST = DefaultPacing(first=0.01, base=0.02, cap=0.1)
 OUTAGE_SECONDS = 4.0
+#: The longest one call takes against a server that refuses connections: the client's own three copies, 1 s
+#: and then 2 s apart (a bound of what the lock cannot interrupt, not a speed claim).
+CLIENT_CALL_SECONDS = 3.5
 
 
 def test_waiters_keep_waiting_through_an_outage_and_get_the_lock_after_it(
@@ -67,3 +70,28 @@ def test_a_server_restarted_without_its_state_does_not_leave_a_holder_believing_
         assert second.control.events() == []  # nothing was added or removed on the new server
     finally:
         second.stop()
+
+
+def test_a_server_that_cannot_be_reached_is_no_unknown_outcome(
+    cloudshell_emulator_factory, original_package_zip
+):
+    """Connections refused from the first add on: nothing was ever sent, so nothing is pending. The acquire
+    ends by its deadline plus at most the call on the wire (the client's own retries of one call), says the
+    server could not be reached, and leaves nothing to watch (no warning at exit about a MUTEX that cannot
+    exist)."""
+    emu = cloudshell_emulator_factory(packages=[original_package_zip])
+    rid = emu.create_reservation()
+    mutex = ReservationMutex(emu.session(), rid, owner="waiter", timeout=5)
+    emu.stop()  # connections refused
+    start = time.monotonic()
+    with pytest.raises(MutexTimeout) as raised:
+        mutex.acquire()
+    took = time.monotonic() - start
+    message = str(raised.value)
+    print(f"\nunreachable: MutexTimeout after {took:.1f} s (timeout 5 s)")
+    assert "could not be reached" in message and "left nothing there" in message
+    assert "RemoveServicesFromReservation" not in message  # no advice to remove what cannot exist
+    assert not raised.value.maybe_held
+    watched = [entry for entry in mutex.runtime.late_adds.pending() if entry.alias.reservation_id == rid]
+    assert watched == []
+    assert took <= 5 + CLIENT_CALL_SECONDS + 1.5  # the deadline, the one call on the wire, some slack

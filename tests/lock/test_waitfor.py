@@ -13,7 +13,7 @@ from test_queue import RecordingApi
 from urllib3.exceptions import ProtocolError
 
 from cloudshell_mutex import MutexTimeout, MutexUsageError, protocol
-from cloudshell_mutex.lock import MutexDeadlock, acquire_all, holdings, lease, queue
+from cloudshell_mutex.lock import MutexDeadlock, acquire_all, holdings, lease, queue, waitfor
 from cloudshell_mutex.lock import tickets as queue_values
 from cloudshell_mutex.lock.holder import Holder, describe_owner
 from cloudshell_mutex.lock.lease import MAX_TICKET_HOLDS, parse_ticket, ticket_holds, ticket_value
@@ -137,6 +137,37 @@ def test_a_cycle_that_a_waiter_only_waits_on_is_not_its_own() -> None:
     assert graph.cycle_through(W3) is None  # W3 waits for A, in the cycle of W1 and W2, but is not on it
 
 
+def test_a_wait_record_is_a_waiter_in_the_graph_but_no_queue_counts_it() -> None:
+    record = protocol.wait_record_alias("B", "100000a1")
+    assert protocol.alias_kind(record) == ("B", "wait record")
+    read = _read({"A": HA, "B": HB}, {record: (W1, [HA]), "A~q~4": (W2, [HB])})
+    graph = wait_for(read)
+    assert {w.ticket for w in graph.waiters} == {record, "A~q~4"}
+    assert graph.cycle_through(W1) is not None
+    assert queue_values.queue_view(read, "B", 0.0).tickets == ()  # nobody lines up behind it
+
+
+def _beating(read: Dict[str, Holder], alias: str, token: str, held: list, count: int) -> Dict[str, Holder]:
+    """``read`` with the record ``alias`` of ``token`` at heartbeat ``count``."""
+    return {**read, alias: _service(alias, ticket_value(token, 120, count, held))}
+
+
+def test_a_cycle_is_confirmed_only_once_every_other_member_moved_its_record_since_it_was_first_seen() -> None:
+    read = _read({"A": HA, "B": HB, "C": HC}, {"B~q~1": (W1, [HA]), "C~q~1": (W2, [HB]), "A~q~1": (W3, [HC])})
+    watch = waitfor.CycleWatch(W3)
+    assert watch.judge(wait_for(read)) is None and watch.cycle is not None and watch.pending
+    assert watch.judge(wait_for(read)) is None  # nobody moved: a dead or departed waiter never completes it
+    read = _beating(read, "B~q~1", W1, [HA], 1)
+    assert watch.judge(wait_for(read)) is None  # W2 has not moved yet
+    read = _beating(read, "C~q~1", W2, [HB], 1)
+    confirmed = watch.judge(wait_for(read))
+    assert confirmed is not None and confirmed.victim == W3 and not watch.pending
+    # The cycle gone (a member left), then back: its members' signs of life count from then on.
+    gone = {alias: holder for alias, holder in read.items() if alias != "C~q~1"}
+    assert watch.judge(wait_for(gone)) is None and watch.cycle is None
+    assert watch.judge(wait_for(read)) is None and watch.pending
+
+
 # ---------------------------------------------------------------- what a thread holds
 
 
@@ -186,13 +217,13 @@ def _wait_behind_a_holder(clock, holding: bool, detect_after: float) -> List[str
     reads: List[float] = []
     api.on_call = lambda method: reads.append(clock.now) if method == "GetReservationDetails" else None
     waiter = make(api, clock, name="B", fair=True, timeout=30)
-    old = queue.DETECT_AFTER
-    queue.DETECT_AFTER = detect_after
+    old = waitfor.DETECT_AFTER
+    waitfor.DETECT_AFTER = detect_after
     try:
         with pytest.raises(MutexTimeout):
             waiter.acquire()
     finally:
-        queue.DETECT_AFTER = old
+        waitfor.DETECT_AFTER = old
     if holding:
         outer.release()
     return api.calls, reads
@@ -202,35 +233,145 @@ def test_a_waiter_that_holds_nothing_makes_no_extra_reads_and_one_that_holds_rea
     clock,
 ) -> None:
     without_checks, _ = _wait_behind_a_holder(clock, holding=False, detect_after=float("inf"))
-    nothing_held, _ = _wait_behind_a_holder(clock, holding=False, detect_after=queue.DETECT_AFTER)
+    nothing_held, _ = _wait_behind_a_holder(clock, holding=False, detect_after=waitfor.DETECT_AFTER)
     assert nothing_held == without_checks
-    holding, reads = _wait_behind_a_holder(clock, holding=True, detect_after=queue.DETECT_AFTER)
+    holding, reads = _wait_behind_a_holder(clock, holding=True, detect_after=waitfor.DETECT_AFTER)
     start = reads[0]
-    gaps = [b - a for a, b in zip(reads, reads[1:]) if a >= start + queue.DETECT_AFTER]
-    assert gaps and max(gaps) <= queue.DETECT_INTERVAL * (1 + queue.JITTER) + 0.5, reads
+    gaps = [b - a for a, b in zip(reads, reads[1:]) if a >= start + waitfor.DETECT_AFTER]
+    assert gaps and max(gaps) <= waitfor.DETECT_INTERVAL * (1 + queue.JITTER) + 0.5, reads
     assert holding.count("GetReservationDetails") > nothing_held.count("GetReservationDetails")
 
 
-def _cycle_behind(api: FakeApi, other_waiter: str) -> None:
-    """B is held by HB, whose party waits for A (held by us) with ``other_waiter``'s ticket."""
+def _cycle_behind(api: FakeApi, other_waiter: str, clock=None, beats: int = 0) -> None:
+    """B is held by HB, whose party waits for A (held by us) with ``other_waiter``'s ticket; with ``clock``,
+    that party is alive: it rewrites its ticket's heartbeat every second, ``beats`` times."""
     api.services["B"] = {protocol.ATTR_OWNER: HB}
-    api.services[ticket_alias("A", 0)] = {protocol.ATTR_OWNER: ticket_value(other_waiter, 120, 0, [HB])}
+    alias = ticket_alias("A", 0)
+    api.services[alias] = {protocol.ATTR_OWNER: ticket_value(other_waiter, 120, 0, [HB])}
+
+    def beat(count: int) -> None:
+        if alias in api.services:
+            api.services[alias] = {protocol.ATTR_OWNER: ticket_value(other_waiter, 120, count, [HB])}
+
+    for count in range(1, beats + 1):
+        api.later(clock.now + count, lambda count=count: beat(count))
 
 
 def test_the_victim_raises_mutex_deadlock_keeps_what_it_holds_and_leaves_no_ticket(clock) -> None:
     api = RecordingApi()
     outer = make(api, clock, name="A", fair=True)
     outer.acquire()
-    _cycle_behind(api, "p2@h:2:00000000")  # the smallest nonce: we are the victim
+    _cycle_behind(api, "p2@h:2:00000000", clock, beats=60)  # the smallest nonce: we are the victim
     inner = make(api, clock, name="B", fair=True, timeout=120)
     start = clock.now
     with pytest.raises(MutexDeadlock) as raised:
         inner.acquire()
-    assert clock.now - start <= queue.DETECT_AFTER + queue.DETECT_INTERVAL * (1 + queue.JITTER) + 1
+    # The first look, and one more once the other member was seen to move (a sign of life).
+    detection = waitfor.DETECT_AFTER + (waitfor.DETECT_INTERVAL + waitfor.CONFIRM_INTERVAL) * (
+        1 + queue.JITTER
+    )
+    assert clock.now - start <= detection + 1
     assert [step[0] for step in raised.value.cycle] == ["B", "A"]
     assert raised.value.alias == "B" and "deadlock" in str(raised.value)
     assert _ours(api, "B") == []  # our ticket is gone
     assert api.services["A"][protocol.ATTR_OWNER] == outer.token  # what we hold stays held
+    outer.release()
+
+
+def test_a_cycle_through_a_member_that_never_moves_is_no_deadlock_and_the_timeout_says_what_it_saw(
+    clock,
+) -> None:
+    # The other member's ticket stays, unchanged: its waiter died, or gave up and its remove has not landed.
+    api = RecordingApi()
+    outer = make(api, clock, name="A", fair=True)
+    outer.acquire()
+    _cycle_behind(api, "p2@h:2:00000000")  # we would be the victim
+    inner = make(api, clock, name="B", fair=True, timeout=60)
+    with pytest.raises(MutexTimeout) as raised:
+        inner.acquire()
+    message = str(raised.value)
+    assert (
+        "deadlock" in message and "waiting longer would not end" in message and "Wait longer" not in message
+    )
+    assert _ours(api, "B") == []
+    outer.release()
+
+
+def test_a_cohort_members_local_timeout_in_a_cycle_does_not_advise_waiting_longer() -> None:
+    from cloudshell_mutex.lock import diagnosis
+
+    cycle = wait_for(
+        _read({"A": HA, "B": HB}, {"B~d~100000a1": (W1, [HA]), "A~q~4": (W2, [HB])})
+    ).cycle_through(W1)
+    plain = diagnosis.local_timeout_error(30.0, "pid 7 (x)", "/tmp/l.lock", RES, "B")
+    assert "Wait longer" in str(plain)
+    in_cycle = diagnosis.local_timeout_error(30.0, "pid 7 (x)", "/tmp/l.lock", RES, "B", cycle, W1)
+    assert (
+        "Wait longer" not in str(in_cycle)
+        and "deadlock" in str(in_cycle)
+        and "(this thread)" in str(in_cycle)
+    )
+
+
+def test_a_member_rewrites_its_ticket_when_a_read_shows_it_a_cycle(clock) -> None:
+    api = RecordingApi()
+    outer = make(api, clock, name="A", fair=True)
+    outer.acquire()
+    _cycle_behind(api, "p2@h:2:ffffffff")  # the other one is the victim: we wait on
+    values: List[str] = []
+    api.on_call = lambda method: values.extend(
+        v["Mutex Owner"] for a, v in api.services.items() if a.startswith("B" + protocol.TICKET_INFIX)
+    )
+    inner = make(api, clock, name="B", fair=True, timeout=20)
+    with pytest.raises(MutexTimeout):
+        inner.acquire()
+    beats = {parse_ticket(v)[2] for v in values}
+    assert len(beats) >= 5  # a sign of life after each read that showed the cycle (lease/3 would be one)
+    outer.release()
+
+
+def test_a_plain_polling_waiter_that_holds_a_lock_keeps_a_wait_record_and_its_victim_gives_up(clock) -> None:
+    api = RecordingApi()
+    outer = make(api, clock, name="A", fair=False)
+    outer.acquire()
+    _cycle_behind(api, "p2@h:2:00000000", clock, beats=60)
+    records: List[str] = []
+    api.on_call = lambda method: records.extend(a for a in api.services if protocol.WAIT_RECORD_INFIX in a)
+    inner = make(api, clock, name="B", fair=False, timeout=60)
+    start = clock.now
+    with pytest.raises(MutexDeadlock) as raised:
+        inner.acquire()
+    assert clock.now - start <= waitfor.DETECT_AFTER + 2 * waitfor.DETECT_INTERVAL + 1
+    assert [step[0] for step in raised.value.cycle] == ["B", "A"]
+    assert len(set(records)) == 1 and records[0].startswith("B" + protocol.WAIT_RECORD_INFIX)
+    assert not any(protocol.WAIT_RECORD_INFIX in a for a in api.services)  # the record went
+    assert not any(protocol.TICKET_INFIX in a and a.startswith("B") for a in api.services)  # no queue
+    outer.release()
+
+
+def test_a_wait_record_add_that_lands_late_is_removed_by_the_watcher(clock) -> None:
+    api = RecordingApi()
+    outer = make(api, clock, name="A", fair=False)
+    outer.acquire()
+    api.services["B"] = {protocol.ATTR_OWNER: HB}
+    late: List[float] = []
+
+    def lost_reply(reservation_id, model, alias, attributes) -> bool:
+        if protocol.WAIT_RECORD_INFIX in alias and not late:
+            late.append(clock.now)
+            api.later(clock.now + 30, lambda: api.commit_add(reservation_id, model, alias, list(attributes)))
+            raise ProtocolError("Connection aborted.", ConnectionResetError())
+        return False
+
+    api.faults["AddServiceToReservation"] = [lost_reply] * 40
+    inner = make(api, clock, name="B", fair=False, timeout=10)
+    with pytest.raises(MutexTimeout):
+        inner.acquire()
+    watcher = inner.runtime.late_adds
+    while clock.now < late[0] + 40:
+        clock.sleep(1.0)
+        watcher.sweep()
+    assert not any(protocol.WAIT_RECORD_INFIX in a for a in api.services)
     outer.release()
 
 
@@ -257,7 +398,7 @@ def test_a_victims_ticket_add_that_lands_late_is_removed_by_the_watcher(clock) -
     api = RecordingApi()
     outer = make(api, clock, name="A", fair=True)
     outer.acquire()
-    _cycle_behind(api, "p2@h:2:00000000")
+    _cycle_behind(api, "p2@h:2:00000000", clock, beats=60)
     late: List[float] = []
 
     def lost_reply(reservation_id, model, alias, attributes) -> bool:

@@ -21,7 +21,15 @@ from typing import Any, Callable, FrozenSet, List, Mapping, Optional, Sequence, 
 from cloudshell.api.cloudshell_api import AttributeNameValue
 
 from . import catalog, protocol
-from .classify import CLIENT_RETRY_DELAY, Classification, ErrorKind, classify, may_have_resent, sent_once
+from .classify import (
+    CLIENT_RETRY_DELAY,
+    Classification,
+    ErrorKind,
+    classify,
+    copies_sent,
+    may_have_resent,
+    sent_once,
+)
 from .holder import Holder, holders_in, sanitize_label
 from .pacing import CallBudget, budget_for, clip
 from .text import output_line
@@ -254,6 +262,10 @@ class LockAlias:
             attributes.append(AttributeNameValue(protocol.ATTR_HEARTBEAT, heartbeat))
         return attributes
 
+    def owner_shown(self, token: str) -> str:
+        """How the ``Mutex Owner`` of this alias's service shows the acquisition ``token``, for people."""
+        return repr(token)
+
     def takes(self, attribute: str) -> bool:
         """True when this process learned that the server's model takes ``attribute`` (from an add)."""
         known = catalog.accepted(self.api, self.model)
@@ -380,30 +392,39 @@ class LockAlias:
                 self._sleep(clip(wait, self._clock(), deadline))
         self.calls += 1
         sent_at = self._clock()
-        try:
-            answer = getattr(self.api, method)(*args, **kwargs)
-        except Exception as exc:
-            elapsed = self._clock() - sent_at
-            failure = classify(exc)
-            if failure.kind is busy and busy is not None:
-                status = Status.BUSY
-            elif failure.kind is missing and missing is not None:
-                status = Status.MISSING
-            elif failure.kind is ErrorKind.TRANSIENT:
-                status = Status.TRANSIENT
-            else:
-                status = Status.FATAL
-            return CallResult(status, sent_at, elapsed, failure, may_have_resent(elapsed))
+        with copies_sent(self.api) as copies:
+            try:
+                answer = getattr(self.api, method)(*args, **kwargs)
+            except Exception as exc:
+                elapsed = self._clock() - sent_at
+                failure = classify(exc)
+                if failure.kind is busy and busy is not None:
+                    status = Status.BUSY
+                elif failure.kind is missing and missing is not None:
+                    status = Status.MISSING
+                elif failure.kind is ErrorKind.TRANSIENT:
+                    status = Status.TRANSIENT
+                else:
+                    status = Status.FATAL
+                return CallResult(status, sent_at, elapsed, failure, _resent(copies, elapsed))
         elapsed = self._clock() - sent_at
         services = holders_in(answer) if read else None
         holder = services.get(self.alias) if services is not None else None
         # A success may come from the client's re-send: then an earlier copy got no answer.
         return CallResult(
-            Status.DONE, sent_at, elapsed, resent=may_have_resent(elapsed), holder=holder, services=services
+            Status.DONE, sent_at, elapsed, resent=_resent(copies, elapsed), holder=holder, services=services
         )
 
     def __repr__(self) -> str:
         return f"<LockAlias {self.alias!r} reservation={self.reservation_id}>"
+
+
+def _resent(copies: Optional[List[bool]], elapsed: float) -> bool:
+    """True when a copy the client sent before the last may have reached the server (and so be applied, or
+    answered in its place): told by :func:`~.classify.copies_sent` when it can, else by the duration."""
+    if copies is None:
+        return may_have_resent(elapsed)
+    return any(copies[:-1])
 
 
 def _seconds(value: float) -> str:

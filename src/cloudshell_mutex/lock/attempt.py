@@ -16,7 +16,7 @@ At the deadline, :meth:`MutexAttempt.give_up` settles with a last read and raise
 from __future__ import annotations
 
 import logging
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 from . import diagnosis, events, lease
 from .alias import CallResult, Status
@@ -24,10 +24,14 @@ from .holder import namesake, sanitize_label
 from .operation import Operation
 from .pacing import Protocol
 from .parts import UNREAD, LockParts
+from .waitrecord import WaitRecord
 
 
 class Line(Protocol):
     """What an acquire asks of a fair queue (:class:`~.queue.FairQueue`) while it waits."""
+
+    #: True once the model refused a ticket: the acquire waits outside the queue.
+    off: bool
 
     def before_first_add(self, op: Operation, waiting: Callable[[], None]) -> None:
         """Line up behind the waiters this process saw at its last read, before the first add."""
@@ -45,13 +49,24 @@ class MutexAttempt:
     """
 
     def __init__(
-        self, parts: LockParts, op: Operation, blocking: bool, queue: Optional[Line], first_beat: str
+        self,
+        parts: LockParts,
+        op: Operation,
+        blocking: bool,
+        queue: Optional[Line],
+        first_beat: str,
+        holding: Callable[[], Tuple[str, ...]] = tuple,
     ) -> None:
         self.parts = parts
         self.op = op
         self.blocking = blocking
         self.queue = queue if blocking else None
         self.first_beat = first_beat
+        #: The tokens of the other locks this thread holds in the reservation (asked once, at the first
+        #: contention outside the queue: such a wait needs a wait record of its own to be seen in a deadlock).
+        self.holding = holding
+        self._record: Optional[WaitRecord] = None
+        self._asked_holding = False
         self.confirmed_at = float("-inf")
         self.lease_from = op.start
         self.resolved = False
@@ -93,8 +108,14 @@ class MutexAttempt:
             # Freed since the add failed (the read found nobody), or a stale holder broken: retry at once.
             freed = (op.read_since_add and op.holder is None) or self._break_if_stale()
             delay = 0.0 if freed else op.next_pause(parts.pacing, parts.runtime.rng)
-            if self.queue is not None and not freed:
+            if self.queue is not None and not self.queue.off and not freed:
                 delay = self.queue.pause(op, delay, self.waiting)  # wait in line (fair=False: plain polling)
+            elif self.blocking and not freed:
+                delay = self._look_for_deadlock(delay)
+            # The next add no later than the moment the holder turns stale: judged then, not a poll later.
+            stale_at, now = parts.watch.stale_at(), parts.runtime.clock()
+            if stale_at is not None and stale_at > now:
+                delay = min(delay, stale_at - now)
         elif add.status is Status.TRANSIENT:
             # Step 3: a transient failure. Back off on a separate schedule, then settle with one read.
             if self._on_transient(add):
@@ -133,7 +154,10 @@ class MutexAttempt:
         fresh read (no sleep) settles whether that add, or an earlier one whose reply was lost, made us the
         owner. ``blocking=False`` answers False only for "busy": a failing API raises, as on timeout."""
         op, parts = self.op, self.parts
-        if not op.read_since_add:
+        # No read when the server could not be reached and nothing of ours may be there: it would only wait on
+        # the client's retries past the deadline, to settle nothing.
+        nothing_to_settle = op.unreachable and not op.add_pending
+        if not op.read_since_add and not nothing_to_settle:
             holder = parts.poll_read(op, "reading the lock holder")
             if holder is not UNREAD:
                 if op.settled_by(holder):
@@ -153,6 +177,11 @@ class MutexAttempt:
             op, now, parts.reservation_id, parts.name, unleased_holder=unleased, releasing_until=releasing
         )
         raise parts.news.error(error, op, events.TIMEOUT, logging.WARNING, holder=error.holder)
+
+    def finish(self) -> None:
+        """The acquire ended, however it ended: a wait record of ours goes (settled). Never raises."""
+        if self._record is not None:
+            self._record.close()
 
     # ------------------------------------------------------------------ after an interrupt
 
@@ -206,7 +235,8 @@ class MutexAttempt:
         """Handle "already exists"; True when the holder turns out to be this acquisition."""
         op, parts = self.op, self.parts
         op.contended(add.sent_at)
-        if add.resent or op.read_due(parts.runtime.clock(), parts.options.holder_check_interval):
+        now = parts.runtime.clock()
+        if add.resent or op.read_due(now, parts.options.holder_check_interval) or self._turned_stale(now):
             holder = parts.poll_read(op, "reading the lock holder")
             if holder is UNREAD:
                 return False  # read again later
@@ -239,7 +269,7 @@ class MutexAttempt:
     def _on_transient(self, add: CallResult) -> bool:
         """Back off after a transient failure, then settle an unknown outcome with one fresh read."""
         op, parts = self.op, self.parts
-        op.failed(add.failure.message)
+        op.failed(add.failure.message, reached=add.may_have_committed)
         # "Never sent" describes the client's last copy only; an earlier, re-sent one may have committed.
         op.add_may_be_pending(add.may_have_committed)
         parts.news.event(events.TRANSIENT, op, error=add.failure.message)
@@ -289,6 +319,32 @@ class MutexAttempt:
         op.saw_contention(parts.runtime.clock())
         parts.note_holder(op, holder)
         return False
+
+    def _look_for_deadlock(self, delay: float) -> float:
+        """Outside the queue, a waiter that holds other locks keeps a wait record (:mod:`.waitrecord`): one
+        look when due (raises MutexDeadlock for the victim of a confirmed cycle). Returns the pause before the
+        next add, cut to the next look."""
+        if not self._asked_holding:
+            self._asked_holding = True
+            held = self.holding()
+            if held:
+                parts = self.parts
+                lifetime, logger = parts.options.request_lifetime, parts.logger
+                self._record = WaitRecord(
+                    parts.alias, self.op.token, held, parts.runtime, lifetime, self.op.start, logger
+                )
+        if self._record is None:
+            return delay
+        self._record.step(self.op.deadline.at)
+        self.op.cycle = self._record.cycle
+        return min(delay, self._record.due_in())
+
+    def _turned_stale(self, now: float) -> bool:
+        """True when the holder seen turned stale since this waiter last judged it: read it at once (its
+        judgement waits for no holder check; a judgement that did not break it waits for the next one)."""
+        stale_at = self.parts.watch.stale_at()
+        judged = self._judged_after
+        return stale_at is not None and now >= stale_at and (judged is None or judged < stale_at)
 
     def _break_if_stale(self) -> bool:
         """After a busy add: judge the holder on this waiter's own clock, from every fresh read it made (its

@@ -13,8 +13,8 @@ emulator's messages and plausible server wording; callers confirm "reservation g
 
 The client also does something behind the caller's back: it re-sends a request whose connection
 failed, after 1 s and then 2 s (``common_cloudshell_api.retry``, ``max_attempts=3``). For an add that is
-harmless but hides an outcome; for a remove it is dangerous. :func:`may_have_resent` and
-:func:`sent_once` hold what the lock needs to know about it.
+harmless but hides an outcome; for a remove it is dangerous. :func:`copies_sent`, :func:`may_have_resent`
+and :func:`sent_once` hold what the lock needs to know about it.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import socket
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, List, Optional
 
 from cloudshell.api.common_cloudshell_api import CloudShellAPIError
 
@@ -228,8 +228,69 @@ _locks_guard = threading.Lock()
 
 
 def may_have_resent(elapsed: float) -> bool:
-    """True when a call that took ``elapsed`` seconds may include a re-send by the client."""
+    """True when a call that took ``elapsed`` seconds may include a re-send by the client (what the lock
+    assumes when :func:`copies_sent` cannot tell)."""
     return elapsed >= CLIENT_RETRY_DELAY
+
+
+class _Copies(threading.local):
+    """The copies of the current call that this thread's client sent: for each, whether it may have reached
+    the server (False: the connection was refused or never made, so nothing of it can commit)."""
+
+    reached: Optional[List[bool]] = None
+
+
+_copies = _Copies()
+
+
+class _CountingPool:
+    """The client's connection pool (``api._http``), telling :func:`copies_sent` about each copy of a request
+    the client sends (its retry loop calls ``request`` once per copy). Everything else is the pool's own."""
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+
+    def request(self, *args: Any, **kwargs: Any) -> Any:
+        """The pool's ``request``, noting whether this copy may have reached the server."""
+        try:
+            response = self._pool.request(*args, **kwargs)
+        except BaseException as error:
+            _note(not _never_sent(error))
+            raise
+        _note(True)
+        return response
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pool, name)
+
+
+def _note(reached: bool) -> None:
+    if _copies.reached is not None:
+        _copies.reached.append(reached)
+
+
+@contextlib.contextmanager
+def copies_sent(api: Any) -> Iterator[Optional[List[bool]]]:
+    """For one call on ``api`` in this thread: yields a list that, once the call returned or raised, holds one
+    entry per copy the client sent (True: it may have reached the server), or None when the session is not one
+    whose copies can be told (then :func:`may_have_resent` decides from the call's duration).
+
+    A connection that was refused cannot have delivered anything: an acquire against a server that cannot be
+    reached makes no request of unknown outcome (nothing to settle, nothing to warn about at exit), however
+    often the client tried. The pool is wrapped once per session, and only counts: it changes no request."""
+    pool = getattr(api, "_http", None)
+    if pool is None or not callable(getattr(pool, "request", None)):
+        yield None
+        return
+    if not isinstance(pool, _CountingPool):
+        with _locks_guard:  # two threads may wrap the same session at once: wrap it once
+            if not isinstance(api._http, _CountingPool):
+                api._http = _CountingPool(api._http)
+    outer, _copies.reached = _copies.reached, []
+    try:
+        yield _copies.reached
+    finally:
+        _copies.reached = outer
 
 
 @contextlib.contextmanager

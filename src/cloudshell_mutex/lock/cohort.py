@@ -23,11 +23,11 @@ import secrets
 import socket
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Union
+from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import filelock
 
-from . import catalog, diagnosis
+from . import catalog, diagnosis, holdings
 from .alias import LockAlias
 from .cohort_files import (
     STATE_GRACE,
@@ -45,10 +45,12 @@ from .cohort_files import (
     trust_window,
 )
 from .engine import Acquisition, Deadline, acquire_loop
-from .errors import MutexCancelled, MutexError, MutexLostError, MutexTimeout
+from .errors import MutexCancelled, MutexDeadlock, MutexError, MutexLostError, MutexTimeout
+from .holder import make_token
 from .mutex import ReservationMutex
 from .options import UNSET, check_duration
 from .pacing import CancelledWait, CohortPacing, cancellation_check, pause
+from .waitrecord import WaitRecord
 
 #: Passes in a row before the cohort gives the server lock back (one server acquisition serves at most
 #: 1 + DEFAULT_MAX_PASSES local holders).
@@ -137,10 +139,13 @@ class CohortMutex:
         self._sleep = sleep
         # The caller's cancellation, asked while this waits for the local lock or yields to other servers.
         self._cancellation = cancellation_check(self._mutex.options.cancellation)
-        # The cohort's own lines in the reservation output (a local waiter's progress).
-        self._output = LockAlias.for_lock(
+        # The cohort's own calls: a local waiter's progress lines and its wait record.
+        self._alias = LockAlias.for_lock(
             api, self._mutex.reservation_id, name, self._mutex.options, self.logger, clock, sleep
         )
+        #: The deadlock cycle through this member's last local wait, when its last look showed one, and the
+        #: token of that wait: (None, "") otherwise.
+        self._local_cycle: Tuple[Any, str] = (None, "")
         self._nested = 0  # acquires counted on top of the one that holds (reentrant)
         server = catalog.server_key(api)
         self.cohort_dir = Path(cohort_dir) if cohort_dir is not None else default_cohort_dir()
@@ -198,7 +203,7 @@ class CohortMutex:
     @property
     def calls(self) -> int:
         """API calls made by this object in total."""
-        return self._mutex.calls + self._output.calls
+        return self._mutex.calls + self._alias.calls
 
     @property
     def token(self) -> Optional[str]:
@@ -274,6 +279,10 @@ class CohortMutex:
             holder = self._local_holder() + " on this machine, in cohort mode"
             self._tidy_orphan()  # as after a timeout: a lock passed to this waiter meanwhile is not orphaned
             raise self._cancelled(start, holder) from None
+        except MutexDeadlock as deadlock:
+            self._tidy_orphan()
+            self.logger.warning("cloudshell-mutex: %s", deadlock)
+            raise
         self._mutex.waiting_since = start  # the local wait counts in the server wait's figures
         try:
             acquired = self._take_server(blocking, deadline)
@@ -325,14 +334,40 @@ class CohortMutex:
         engine's loop: a log line when the wait begins, and the progress line scripts write, at most every
         ``progress_interval`` seconds when ``progress`` is on; the caller's cancellation is asked every half
         second (``CancelledWait``). The local wait runs on real time."""
-        wait = LocalWait(self, deadline.left(), deadline.at, holder, self._cancellation is not None)
+        record = self._wait_record()
+        wait = LocalWait(self, deadline.left(), deadline.at, holder, self._cancellation is not None, record)
         self.logger.info(
             "cloudshell-mutex: %s in reservation %s is held by %s in cohort mode; waiting for it",
             self.name,
             self.reservation_id,
             wait.who,
         )
-        return acquire_loop(wait, wait.end, lambda seconds: pause(seconds, time.sleep, self._cancellation))
+        self._local_cycle = (None, "")
+        try:
+            return acquire_loop(
+                wait, wait.end, lambda seconds: pause(seconds, time.sleep, self._cancellation)
+            )
+        finally:
+            if record is not None:
+                self._local_cycle = (record.cycle, record.token)
+                record.close()
+
+    def _wait_record(self) -> Optional[WaitRecord]:
+        """The wait record of a local wait by a thread that holds other locks of the reservation (its local
+        waits must be seen in the wait-for graph, as the queue's waits are), else None."""
+        held = holdings.held_tokens(self.api, self.reservation_id, but=self.name)
+        if not held:
+            return None
+        runtime, options = self._mutex.runtime, self._mutex.options
+        return WaitRecord(
+            self._alias,
+            make_token(self.owner),
+            held,
+            runtime,
+            options.request_lifetime,
+            runtime.clock(),
+            self.logger,
+        )
 
     def try_local(self, seconds: float) -> bool:
         """Try the local lock for up to ``seconds`` (-1: until it is free); True when this object has it."""
@@ -344,7 +379,7 @@ class CohortMutex:
 
     def write_progress(self, message: str, deadline: Optional[float]) -> None:
         """One progress line in the reservation output (a courtesy: a failure is logged)."""
-        if not self._output.write_output(message, paced=True, deadline=deadline).ok:
+        if not self._alias.write_output(message, paced=True, deadline=deadline).ok:
             self.logger.debug("cloudshell-mutex: could not write progress to the reservation output")
 
     def _take_server(self, blocking: bool, deadline: Deadline) -> bool:
@@ -496,7 +531,8 @@ class CohortMutex:
     def _local_timeout(self, start: float) -> MutexTimeout:
         waited = self._clock() - start
         who, path = self._local_holder(), str(self._files.lock_path)
-        return diagnosis.local_timeout_error(waited, who, path, self.reservation_id, self.name)
+        cycle, token = self._local_cycle
+        return diagnosis.local_timeout_error(waited, who, path, self.reservation_id, self.name, cycle, token)
 
     def _state_timeout(self, start: float, busy: CohortStateBusy) -> MutexTimeout:
         return diagnosis.state_timeout_error(self._clock() - start, str(busy), self.reservation_id, self.name)

@@ -40,6 +40,7 @@ from .engine import Deadline
 from .errors import MutexTimeout
 from .holder import sanitize_label
 from .pacing import CANCEL_SLICE, Protocol
+from .waitrecord import WaitRecord
 
 #: How often the state lock is tried (it is held for a file read and write only).
 STATE_POLL = 0.001
@@ -428,7 +429,9 @@ class LocalWaiter(Protocol):
 
 class LocalWait:
     """A cohort member's wait for the local lock, as the engine's attempt: one try waits for the local file
-    lock until the next progress line, the next cancellation check or the deadline, whichever comes first."""
+    lock until the next progress line, the next cancellation check, the next look for a deadlock (``record``:
+    the member's :class:`~.waitrecord.WaitRecord` when it holds other locks) or the deadline, whichever comes
+    first."""
 
     def __init__(
         self,
@@ -437,9 +440,11 @@ class LocalWait:
         deadline: Optional[float],
         holder: Optional[Dict[str, Any]],
         cancellable: bool,
+        record: Optional[WaitRecord] = None,
     ) -> None:
         self.cohort = cohort
         self.cancellable = cancellable
+        self.record = record
         self.holder = holder
         self.deadline = deadline
         self.who = "another process"
@@ -459,10 +464,14 @@ class LocalWait:
         until = min(math.inf if self.end.at is None else self.end.at, self.next_progress)
         if self.cancellable:
             until = min(until, now + CANCEL_SLICE)
+        if self.record is not None:
+            until = min(until, now + self.record.due_in())
         return None if self.cohort.try_local(-1.0 if math.isinf(until) else max(0.0, until - now)) else 0.0
 
     def waiting(self) -> None:
-        """The progress line, when it is due."""
+        """A look for a deadlock when due (raises MutexDeadlock for its victim), and the progress line."""
+        if self.record is not None:
+            self.record.step(self.deadline)
         now = time.monotonic()
         if now < self.next_progress:
             return

@@ -166,12 +166,20 @@ def timeout_error(
             f"after {limit:g} s: the CloudShell API kept failing ({op.last_error}); "
             + remove_hint(alias, op.token)
         )
+    elif op.cycle is not None:
+        message = f"{waiting}: {deadlock_note(op.cycle, op.token)}; nothing was removed"
     elif holder is not None:
         message = (
             f"{waiting}: held by {holder}, seen held for {held_for or 0.0:.1f} s; nothing was removed{note}"
         )
     elif op.contentions:
         message = f"{waiting}: it was held at every attempt (holder unknown); nothing was removed"
+    elif op.unreachable and not op.unsure_add:
+        message = (
+            f"{waiting}: the CloudShell server could not be reached ({op.last_error}); no request of this "
+            "acquisition reached it, so it left nothing there. Check the server's address and port, and that "
+            "it is up"
+        )
     else:
         message = f"{waiting}: the CloudShell API kept failing ({op.last_error}); nothing was removed"
     return MutexTimeout(
@@ -183,6 +191,16 @@ def timeout_error(
         maybe_held=op.add_pending or landing,
         reservation_id=reservation_id,
         alias=alias,
+    )
+
+
+def deadlock_note(cycle: Any, token: str) -> str:
+    """What a timeout says when its wait was part of a wait-for cycle (``cycle``, a :class:`~.waitfor.Cycle`,
+    through the wait of ``token``): waiting longer would not help."""
+    return (
+        f"it waited in a deadlock ({cycle.describe(token)}), which waiting longer would not end: leave the "
+        "with blocks of the locks this thread holds (or release them) and retry; take several locks in one "
+        "order (cloudshell_mutex.lock.acquire_all) to avoid it"
     )
 
 
@@ -451,13 +469,24 @@ def cohort_export_error(reservation_id: str, alias: str) -> MutexUsageError:
 
 
 def local_timeout_error(
-    waited: float, who: str, lock_path: str, reservation_id: str, alias: str
+    waited: float,
+    who: str,
+    lock_path: str,
+    reservation_id: str,
+    alias: str,
+    cycle: Any = None,
+    token: str = "",
 ) -> MutexTimeout:
-    """A cohort member ran out of time waiting for the local lock that ``who`` holds."""
+    """A cohort member ran out of time waiting for the local lock that ``who`` holds (``cycle``: the wait-for
+    cycle through the wait of ``token`` that its last look showed, a :class:`~.waitfor.Cycle`)."""
+    advice = (
+        deadlock_note(cycle, token)
+        if cycle is not None
+        else "Wait longer (timeout=...), or find out why that process holds it so long"
+    )
     return MutexTimeout(
         f"timed out after {waited:.1f} s waiting for {alias!r} in reservation {reservation_id}: {who} on "
-        f"this machine holds it in cohort mode (local lock {lock_path}). Wait longer (timeout=...), or find "
-        "out why that process holds it so long",
+        f"this machine holds it in cohort mode (local lock {lock_path}). {advice[0].upper()}{advice[1:]}",
         holder=who,
         waited=waited,
         reservation_id=reservation_id,

@@ -107,8 +107,9 @@ class MutexDeadlock(MutexError):
     is left; the locks the thread holds stay held (leaving their ``with`` blocks releases them).
 
     ``cycle`` holds one ``(lock, holder label, what that holder waits for)`` per step, starting with the
-    lock this acquisition waited for. Only fair-mode waiters of this library (the default) can be seen: a
-    cycle through ``fair=False`` waiters, the original code or read locks is not (docs/protocol.md).
+    lock this acquisition waited for. Waits of this library's mutexes are seen (in the queue, with
+    ``fair=False``, and a cohort member's wait for its machine's local lock); a cycle through the original
+    code or through read locks is not (docs/protocol.md).
     """
 
     def __init__(

@@ -177,7 +177,9 @@ class Held:
             return
         try:
             lifetime = self.parts.options.request_lifetime
-            self.parts.runtime.late_adds.remove_or_watch(ticket, self.token, lifetime)
+            self.parts.runtime.late_adds.remove_or_watch(
+                ticket, self.token, lifetime, leftover="the queue ticket of a hold passed on or exported"
+            )
         except Exception:  # a ticket left behind costs speed (waiters pass it, then break it), never safety
             self.parts.news.log(logging.DEBUG, "could not remove the queue ticket %s", ticket.alias)
 

@@ -55,9 +55,9 @@ class LateAdd:
 def removal_command(alias: LockAlias, token: str) -> str:
     """The exact call that removes a lock service left behind with ``token``, and when to make it."""
     return (
-        f"if the service {alias.alias!r} in reservation {alias.reservation_id} has Mutex Owner {token!r}, "
-        f"remove it: CloudShellAPISession(...).RemoveServicesFromReservation({alias.reservation_id!r}, "
-        f"[{alias.alias!r}])"
+        f"if the service {alias.alias!r} in reservation {alias.reservation_id} has Mutex Owner "
+        f"{alias.owner_shown(token)}, remove it: CloudShellAPISession(...)."
+        f"RemoveServicesFromReservation({alias.reservation_id!r}, [{alias.alias!r}])"
     )
 
 
@@ -123,16 +123,18 @@ class LateAdds:
                 self._thread.start()
         self._wake.set()
 
-    def remove_or_watch(self, alias: LockAlias, token: str, lifetime: float) -> None:
-        """Remove ``alias`` (a service of ours with ``token``: a queue ticket, a marker) once, now. When the
-        remove fails or gets no answer, the service may still be there: watch it, and remove it while it
-        shows ``token``, but never while that first remove may still land (the alias may be someone
-        else's by then)."""
+    def remove_or_watch(self, alias: LockAlias, token: str, lifetime: float, leftover: str = "") -> None:
+        """Remove ``alias`` (a service of ours with ``token``: a queue ticket, a marker; ``leftover`` says
+        what it is) once, now. When the remove fails or gets no answer, the service may still be there:
+        watch it, and remove it while it shows ``token``, but never while that first remove may still land
+        (the alias may be someone else's by then)."""
         removed = alias.remove_once()
         if removed.ok or removed.status is Status.MISSING:
             return
         removing = removed.lands_by(lifetime) if removed.may_land_later else None
-        self.watch(alias, token, self._clock() + lifetime, lifetime, removing_until=removing)
+        self.watch(
+            alias, token, self._clock() + lifetime, lifetime, removing_until=removing, leftover=leftover
+        )
 
     def forget(self, which: Callable[[LateAdd], bool]) -> int:
         """Stop watching the adds ``which`` picks, with no call and no warning; return how many. For a test
@@ -229,11 +231,13 @@ class LateAdds:
 
     def _warn_unsettled(self, entry: LateAdd, why: str) -> None:
         logger = self._logger_of(entry)
-        message = (
-            f"cloudshell-mutex: an add of {entry.alias.alias!r} in reservation {entry.alias.reservation_id} "
-            f"whose reply was lost may still land or have landed ({why}); "
-            + removal_command(entry.alias, entry.token)
+        where = f"{entry.alias.alias!r} in reservation {entry.alias.reservation_id}"
+        what = (
+            f"{entry.leftover} ({where}) may be left behind"
+            if entry.leftover
+            else f"an add of {where} whose reply was lost may still land or have landed"
         )
+        message = f"cloudshell-mutex: {what} ({why}); " + removal_command(entry.alias, entry.token)
         logger.warning("%s", message)
         if not _heard(logger):
             # The library's logger has only a NullHandler: an application that set up no logging would never

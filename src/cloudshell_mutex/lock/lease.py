@@ -221,9 +221,14 @@ class StaleWatch:
 
     def stale(self, now: float) -> bool:
         """True when the holder seen has a lease and has shown no sign of life for lease + margin."""
+        at = self.stale_at()
+        return at is not None and now >= at
+
+    def stale_at(self) -> Optional[float]:
+        """When the holder seen will be judged stale if nothing changes (monotonic; None: never, no lease)."""
         if self.key is None or self.lease is None or self.since is None:
-            return False
-        return now - self.since >= self.lease + stale_margin(self.lease)
+            return None
+        return self.since + self.lease + stale_margin(self.lease)
 
     def unchanged_for(self, now: float) -> float:
         """Seconds this waiter has seen the current (token, heartbeat) unchanged."""

@@ -214,7 +214,7 @@ class LockObserver:
         self, alias: str, holder: Holder, services: Dict[str, Holder], now: float, holds: Tuple[str, ...]
     ) -> LockInfo:
         lock, kind = protocol.alias_kind(alias)
-        if kind == "queue ticket":
+        if kind in ("queue ticket", "wait record"):
             holder = lease.ticket_holder(holder)  # its token, lease and heartbeat travel in its one value
         first = self._first_seen.get(alias)
         if first is None or first[0] != holder.token:

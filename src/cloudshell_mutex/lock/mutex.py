@@ -368,7 +368,8 @@ class ReservationMutex:
         since, self.waiting_since = self.waiting_since, None  # for this acquisition only
         op.waited_before = 0.0 if since is None else max(0.0, op.start - since)
         beat = lease.heartbeat_value(lease.nonce_of(op.token) or op.token, self._part, 0)
-        attempt = MutexAttempt(parts, op, blocking, self._queue, beat if self.options.lease > 0 else "")
+        first_beat = beat if self.options.lease > 0 else ""
+        attempt = MutexAttempt(parts, op, blocking, self._queue, first_beat, self._holding)
         granted = False  # the hold is in place (Ctrl-C while it was being set up takes the lock back)
         try:
             acquired = acquire_loop(attempt, op.deadline, lambda seconds: parts.pause(op, seconds))
@@ -398,6 +399,7 @@ class ReservationMutex:
             attempt.abandon(self._removes_abandoned_add)
             raise
         finally:
+            attempt.finish()
             if self._queue is not None:
                 # Our place in the queue is given up; a granted acquisition keeps the ticket for its release.
                 kept = self._queue.leave(granted=granted)

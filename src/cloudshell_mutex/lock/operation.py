@@ -42,6 +42,8 @@ class Operation:
         #: The fair queue read the lock while this acquisition waited in line (its holder check).
         self.seen_in_line = False
         self.transients = 0
+        #: The last transient failure was a request that never reached the server (connection refused).
+        self.unreachable = False
         self.contention_delay = 0.0  # the pacing policy's previous delay
         self.backoff_delay = 0.0  # the backoff policy's previous delay
         # True while an add of ours may have committed without us knowing (its reply was lost); one
@@ -81,6 +83,9 @@ class Operation:
         self.releasing_mark_lands_by: Optional[float] = None
         self.last_progress: Optional[float] = None
         self.last_error: Optional[str] = None
+        #: The deadlock cycle through this wait that the last look for one showed (a
+        #: :class:`~.waitfor.Cycle`; None: none): a timeout then says so instead of advising to wait longer.
+        self.cycle: Optional[Any] = None
 
     # ---------------------------------------------------------------- what happened
 
@@ -159,10 +164,12 @@ class Operation:
         if self.contended_since is None:
             self.contended_since = since
 
-    def failed(self, message: str) -> None:
-        """Record a transient failure."""
+    def failed(self, message: str, reached: bool = True) -> None:
+        """Record a transient failure (``reached``: False when the request provably never reached the
+        server: the connection was refused or never made)."""
         self.transients += 1
         self.last_error = message
+        self.unreachable = not reached
 
     def settled_by(self, holder: Optional[Holder]) -> bool:
         """Take in a fresh read after an add: True when it shows our token. Anything else shows that

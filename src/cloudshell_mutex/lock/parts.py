@@ -119,7 +119,7 @@ class LockParts:
             return result.holder
         if result.status is not Status.TRANSIENT:
             raise self.fatal(op, result.failure, doing)
-        op.failed(result.failure.message)
+        op.failed(result.failure.message, reached=result.may_have_committed)
         self.news.log(logging.DEBUG, "fresh read failed (%s)", result.failure.message)
         return UNREAD
 

@@ -39,6 +39,10 @@ GROUP_CLOSER_SUFFIX = "~c"
 WRITER_WAITING_SUFFIX = "~w"
 #: ``MUTEX~q~<n>``: ticket ``n`` of a fair-mode waiter.
 TICKET_INFIX = "~q~"
+#: ``MUTEX~d~<nonce>``: the wait record of a waiter that holds other locks of the reservation and waits for
+#: ``MUTEX`` outside the queue (a cohort member waiting for its machine's local lock, a ``fair=False``
+#: waiter): what it waits for and what it holds, for deadlock detection. No queue counts it as a waiter.
+WAIT_RECORD_INFIX = "~d~"
 #: ``MUTEX~releasing``: added by a holder whose remove of ``MUTEX`` got no answer and may still land (its
 #: ``Mutex Owner`` is the holder's token), so that a waiter that times out meanwhile can say why.
 RELEASING_SUFFIX = "~releasing"
@@ -53,6 +57,7 @@ KINDS = (
     "writer waiting",
     "reader slot",
     "queue ticket",
+    "wait record",
     "closing",
     "releasing",
     "breaker",
@@ -79,6 +84,12 @@ def writer_waiting_alias(name: str) -> str:
 def ticket_alias(name: str, number: int) -> str:
     """The alias of ticket ``number`` of the lock ``name``."""
     return f"{name}{TICKET_INFIX}{number}"
+
+
+def wait_record_alias(name: str, nonce: str) -> str:
+    """The alias of the wait record for the lock ``name`` of the waiting acquisition whose token has
+    ``nonce``."""
+    return f"{name}{WAIT_RECORD_INFIX}{nonce}"
 
 
 def releasing_alias(name: str) -> str:
@@ -182,6 +193,9 @@ def alias_kind(alias: str) -> Tuple[str, str]:
     lock, infix, number = alias.rpartition(TICKET_INFIX)
     if infix and lock and _DIGITS.fullmatch(number):
         return lock, "queue ticket"
+    lock, infix, nonce = alias.rpartition(WAIT_RECORD_INFIX)
+    if infix and lock and _HEX.fullmatch(nonce):
+        return lock, "wait record"
     lock = alias.rsplit(DERIVED_MARK, 1)[0]
     if alias == writer_waiting_alias(lock):
         return lock, "writer waiting"
@@ -201,3 +215,4 @@ def _after(alias: str, prefix: str) -> Optional[str]:
 
 
 _DIGITS = re.compile(r"[0-9]+")
+_HEX = re.compile(r"[0-9a-f]+")

@@ -27,9 +27,11 @@ protocol (which knows nothing of tickets) keeps competing with the head as befor
   ticket's lease + margin on its own clock, and removes it with :func:`.lease.break_stale` (one breaker at
   a time). Waiters heartbeat their ticket every lease/3 after a read that shows it is still theirs.
 * **Deadlocks** (:mod:`.waitfor`): a waiter that holds other locks of the reservation (``holding``) names
-  them in its ticket; once it has waited :data:`DETECT_AFTER`, it reads at least every
-  :data:`DETECT_INTERVAL` (the head too), and raises :class:`~.errors.MutexDeadlock` when a read shows a
-  wait-for cycle through its own wait of which it is the victim. A waiter that holds nothing reads as before.
+  them in its ticket; once it has waited :data:`~.waitfor.DETECT_AFTER`, it reads at least every
+  :data:`~.waitfor.DETECT_INTERVAL` (the head too). A read that shows a wait-for cycle through its own wait
+  makes it rewrite its ticket's heartbeat (a sign of life for the other members) and read again soon; it
+  raises :class:`~.errors.MutexDeadlock` when it is the victim of a cycle whose other members all moved their
+  records since it first saw it (:class:`~.waitfor.CycleWatch`). A waiter that holds nothing reads as before.
 * **Every exit removes the ticket**: a timeout, an error, Ctrl-C (:meth:`FairQueue.leave`), and a hold that
   ends (the release's remove, or :class:`~.held.Held` when the hold ends any other way); a ticket add or
   remove without an answer goes to the late-add watcher (:mod:`.late_adds`), which removes the ticket if
@@ -75,11 +77,10 @@ HINT_LEAD = 0.1
 RECENT = 1.0
 #: Jitter of every interval (a fraction), so that waiters do not poll in lock-step.
 JITTER = 0.2
-#: A waiter that holds other locks of the reservation looks for a deadlock once it has waited this long
-#: (seconds): a shorter wait costs no extra read.
-DETECT_AFTER = 2.0
-#: ... reading the reservation at least this often from then on (seconds; the head too).
-DETECT_INTERVAL = 2.5
+
+
+#: What a queue ticket the late-add watcher settles for a waiter whose acquire ended is, in its messages.
+LEFT_TICKET = "the queue ticket of an acquire that has ended"
 
 
 def _nothing() -> None:
@@ -147,6 +148,7 @@ class FairQueue:
         self._waiting: Callable[[], None] = _nothing  # called between reads while in line
         self._holds: Optional[Tuple[str, ...]] = None  # what the ticket names as held (asked at the join)
         self._looked_at = -math.inf  # the last read in line
+        self._cycles: Optional[waitfor.CycleWatch] = None  # the cycles through our wait (holding others)
         self._cycle_told = False  # a deadlock another waiter gives up for was logged
 
     # ---------------------------------------------------------------- the mutex's hooks
@@ -244,10 +246,13 @@ class FairQueue:
                 kept = ticket
             elif ticket is not None:
                 # Its number may be the next waiter's once gone: no second remove while one may land.
-                late_adds.remove_or_watch(ticket, token, self.request_lifetime)
+                late_adds.remove_or_watch(ticket, token, self.request_lifetime, leftover=LEFT_TICKET)
             for alias in dropped:
                 # Committed long ago: one read that does not lag settles it (removed if it shows our token).
-                late_adds.watch(alias, token, self._clock() + FRESH_READ_LAG, self.request_lifetime)
+                now = self._clock()
+                late_adds.watch(
+                    alias, token, now + FRESH_READ_LAG, self.request_lifetime, leftover=LEFT_TICKET
+                )
             for alias, lands_by, copies in unsettled:
                 # A copy may land after our remove, even of the ticket we had: the watcher settles it.
                 late_adds.watch(alias, token, lands_by, self.request_lifetime, copies)
@@ -296,7 +301,7 @@ class FairQueue:
         if self._head_seems_gone(view):
             return True, 0.0
         self._judge_ahead(op, view, position)
-        self._beat(op, view)
+        self._beat(op)
         self._waiting()
         waiters = len(view.tickets)
         interval = self._jitter(wait_interval(position, waiters, self.memory.cadence(), self.budget))
@@ -329,13 +334,20 @@ class FairQueue:
             return None
         mine = view.mine(op.token)
         if mine:
-            # The lowest of our tickets is our place; another one (a late add of ours) goes, once: a read
-            # that lags may still show one we removed, and its number may be someone else's by now.
+            # The lowest of our tickets is our place; another one (a late add of ours) goes, settled like any
+            # remove (a failed or unanswered one is left to the late-add watcher, which removes it while it
+            # shows our token), and once: a read that lags may still show one we removed, and its number may
+            # be someone else's by now.
             self.ticket = self._alias(mine[0].number)
             for extra in mine[1:]:
                 if extra.number not in self._removed:
                     self._removed.add(extra.number)
-                    self._alias(extra.number).remove_once()
+                    self.runtime.late_adds.remove_or_watch(
+                        self._alias(extra.number),
+                        op.token,
+                        self.request_lifetime,
+                        leftover="an extra queue ticket of a waiter (an add of it was sent twice)",
+                    )
             if self._holds:
                 self._find_deadlock(op, result)
         elif self.ticket is not None:
@@ -425,13 +437,14 @@ class FairQueue:
     def _look_and_beat(self, op: Any) -> None:
         view = self._look(op)
         if view is not None:
-            self._beat(op, view)
+            self._beat(op)
             if self.head:
                 self._judge_ahead(op, view, 1)  # the tickets the head passed go by the lease
 
-    def _beat(self, op: Any, view: QueueView) -> None:
-        """Rewrite our ticket's heartbeat every lease/3, right after a read that showed it is ours."""
-        if self.ticket is None or self._clock() - self._beat_at < self.ticket_lease / 3:
+    def _beat(self, op: Any, now: bool = False) -> None:
+        """Rewrite our ticket's heartbeat every lease/3 (``now``: at once, for a deadlock's other members to
+        see us live), right after a read that showed it is ours."""
+        if self.ticket is None or (not now and self._clock() - self._beat_at < self.ticket_lease / 3):
             return
         self._beats += 1
         value = ticket_value(op.token, self.ticket_lease, self._beats, self._holds or ())
@@ -441,24 +454,36 @@ class FairQueue:
 
     # ---------------------------------------------------------------- deadlocks (waitfor.py)
 
+    def _detect_interval(self) -> float:
+        """Seconds between two deadlock checks: sooner while a cycle through our wait awaits confirmation."""
+        pending = self._cycles is not None and self._cycles.pending
+        return waitfor.CONFIRM_INTERVAL if pending else waitfor.DETECT_INTERVAL
+
     def _detect_due(self, op: Any) -> bool:
-        """True when this waiter names held locks, has waited DETECT_AFTER, and read DETECT_INTERVAL ago."""
+        """True when this waiter names held locks, has waited DETECT_AFTER, and read an interval ago."""
         now = self._clock()
         waited, since = now - op.start, now - self._looked_at
-        return bool(self._holds) and waited >= DETECT_AFTER and since >= DETECT_INTERVAL
+        return bool(self._holds) and waited >= waitfor.DETECT_AFTER and since >= self._detect_interval()
 
     def _detecting(self, op: Any, seconds: float) -> float:
         """``seconds`` until the next look, but no later than the next deadlock check is due (a waiter that
-        names held locks: DETECT_INTERVAL, and not before DETECT_AFTER). Others: ``seconds``."""
+        names held locks: every check's interval, and not before DETECT_AFTER). Others: ``seconds``."""
         if not self._holds:
             return seconds
-        due = max(self._jitter(DETECT_INTERVAL), op.start + DETECT_AFTER - self._clock())
+        due = max(self._jitter(self._detect_interval()), op.start + waitfor.DETECT_AFTER - self._clock())
         return min(seconds, due)
 
     def _find_deadlock(self, op: Any, result: CallResult) -> None:
-        """Raise MutexDeadlock when this read shows a wait-for cycle through our wait whose victim we are."""
-        cycle = waitfor.wait_for(result.services or {}).cycle_through(op.token)
+        """Raise MutexDeadlock when this read confirms a wait-for cycle through our wait whose victim we are;
+        a cycle seen, confirmed or not, makes us rewrite our ticket's heartbeat (a sign of life)."""
+        if self._cycles is None or self._cycles.token != op.token:
+            self._cycles = waitfor.CycleWatch(op.token)
+        confirmed = self._cycles.judge(waitfor.wait_for(result.services or {}))
+        cycle = op.cycle = self._cycles.cycle
         if cycle is None:
+            return
+        self._beat(op, now=True)
+        if confirmed is None:
             return
         if cycle.victim != op.token:
             if self._cycle_told:

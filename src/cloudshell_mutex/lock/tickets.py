@@ -55,6 +55,10 @@ class TicketAlias(LockAlias):
     """One ticket alias: a :class:`LockAlias` whose reads show the ticket's token as the holder's, so the
     late-add watcher and the stale-lock breaker work on tickets as they do on the lock."""
 
+    def owner_shown(self, token: str) -> str:
+        """A ticket's ``Mutex Owner`` starts with its waiter's token (then its lease and heartbeat)."""
+        return f"starting with {token + '#'!r}"
+
     def read(self, *, paced: bool = False, deadline: Optional[float] = None) -> CallResult:
         """One fresh read; the holder of the ticket alias as :func:`ticket_holder` makes it."""
         result = super().read(paced=paced, deadline=deadline)

@@ -1,9 +1,11 @@
 """The wait-for graph of a reservation's named locks, from one read: who waits for what, and its cycles.
 
-No calls are made here (:mod:`.queue` reads; this module judges what one read shows). A fair-mode waiter's
-ticket (``<lock>~q~<n>``) says which lock it waits for; a waiter that holds other locks of the same
-reservation names them in its ticket, by the nonces of their holders' tokens (:func:`.lease.ticket_holds`).
-Edges of the graph, all from the same read:
+No calls are made here (:mod:`.queue` and :mod:`.waitrecord` read; this module judges what reads show). A
+waiter's record says which lock it waits for: a fair-mode waiter's ticket (``<lock>~q~<n>``), or the wait
+record (``<lock>~d~<nonce>``) of a waiter outside the queue (a cohort member waiting for its machine's local
+lock, a ``fair=False`` waiter). A waiter that holds other locks of the same reservation names them in its
+record, by the nonces of their holders' tokens (:func:`.lease.ticket_holds`). Edges of the graph, all from
+the same read:
 
 * waiter ``W`` waits for lock ``L`` (its ticket's lock);
 * ``L``'s holder (its ``Mutex Owner`` token) is held by the one waiter whose ticket names that token's
@@ -18,6 +20,12 @@ found once every record on it is fresh.
 member whose token's nonce (its random part) is the greatest, then the token (:func:`victim_key`). Every
 member computes the same from any read that shows the cycle, with no clock compared; the nonce is random
 per acquisition, so no owner label always loses.
+
+**Only live waits count** (:class:`CycleWatch`). A record outlives its wait when its waiter died or gave up
+and its remove has not landed yet. So the victim gives up only once every other member's record has moved
+(its heartbeat rewritten) since the victim first saw the cycle: each member rewrites its record when a read
+shows it a cycle through its own wait, so a live cycle is confirmed within a read or two, and a record that
+no longer moves never completes one.
 """
 
 from __future__ import annotations
@@ -30,19 +38,43 @@ from .holder import Holder, describe_owner
 from .lease import nonce_of, parse_ticket, ticket_holds
 from .protocol import DERIVED_MARK, alias_kind, ticket_number
 
-__all__ = ["Cycle", "Step", "WaitFor", "Waiter", "deadlock_error", "victim_key", "wait_for"]
+__all__ = [
+    "CONFIRM_INTERVAL",
+    "DETECT_AFTER",
+    "DETECT_INTERVAL",
+    "Cycle",
+    "CycleWatch",
+    "Step",
+    "WaitFor",
+    "Waiter",
+    "deadlock_error",
+    "victim_key",
+    "wait_for",
+]
+
+#: A waiter that holds other locks of the reservation looks for a deadlock once it has waited this long
+#: (seconds): a shorter wait costs no extra read.
+DETECT_AFTER = 1.5
+#: ... reading the reservation at least this often from then on (seconds).
+DETECT_INTERVAL = 2.0
+#: ... and this soon after a read that showed a cycle through its wait, not yet confirmed live (seconds).
+CONFIRM_INTERVAL = 1.0
+#: What a record's kind is in :func:`~.protocol.alias_kind`'s words: a waiter's ticket or wait record.
+_RECORD_KINDS = ("queue ticket", "wait record")
 
 
 @dataclass(frozen=True)
 class Waiter:
-    """One fair-mode waiter in a read: the lock it waits for, its ticket, its acquisition's token and label,
-    and the locks it holds (each shown held, in this read, by a token its ticket names)."""
+    """One waiter in a read: the lock it waits for, its record (a ticket or a wait record), its acquisition's
+    token and label, the locks it holds (each shown held, in this read, by a token its record names) and its
+    record's heartbeat (which moves while the waiter lives and waits)."""
 
     lock: str
     ticket: str
     token: str
     label: str
     holds: Tuple[str, ...] = ()
+    beat: str = ""
 
 
 @dataclass(frozen=True)
@@ -160,16 +192,16 @@ def wait_for(services: Mapping[str, Holder]) -> WaitFor:
     tickets: Dict[str, List[Tuple[int, Waiter]]] = {}
     for name, service in services.items():
         lock, kind = alias_kind(name)
-        parsed = parse_ticket(service.token) if kind == "queue ticket" else None
+        parsed = parse_ticket(service.token) if kind in _RECORD_KINDS else None
         if parsed is None:
-            continue  # not a ticket, or a foreign or corrupt one
-        token = parsed[0]
+            continue  # not a waiter's record, or a foreign or corrupt one
+        token, _, beat = parsed
         holder = holders.get(lock)
         if holder is not None and holder.token == token:
             continue  # granted: the holder's own ticket, not removed yet
         # A claim on the lock it waits for itself is no edge (never written: another thread may release it).
         held = {by_nonce.get(nonce) for nonce in ticket_holds(service.token)} - {None, lock}
-        waiter = Waiter(lock, name, token, describe_owner(token), tuple(sorted(h for h in held if h)))
+        waiter = Waiter(lock, name, token, describe_owner(token), tuple(sorted(h for h in held if h)), beat)
         tickets.setdefault(token, []).append((ticket_number(name, lock) or 0, waiter))
     waiters = []
     for entries in tickets.values():
@@ -186,3 +218,41 @@ def wait_for(services: Mapping[str, Holder]) -> WaitFor:
             edges[waiter.token] = next(iter(claimants))
     waiters.sort(key=lambda w: (w.lock, ticket_number(w.ticket, w.lock) or 0))
     return WaitFor(tuple(waiters), holders, edges)
+
+
+class CycleWatch:
+    """One waiting acquisition's judgement of the cycles through its wait, across its reads (the module's
+    docstring: only live waits count).
+
+    :meth:`judge` takes each read's graph; :attr:`cycle` is the cycle through this wait in the last read
+    (None: none), confirmed or not: the waiter rewrites its own record when there is one, and a timeout says
+    it waited in a deadlock rather than advising to wait longer.
+    """
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+        self.cycle: Optional[Cycle] = None
+        # The other members' record heartbeats when this cycle was first seen, and which have moved since.
+        self._first: Dict[str, str] = {}
+        self._moved: Set[str] = set()
+
+    def judge(self, graph: WaitFor) -> Optional[Cycle]:
+        """Take in one read's graph; return the cycle through this wait once every other member of it has
+        moved its record since this waiter first saw it (None: no cycle, or not confirmed yet)."""
+        cycle = graph.cycle_through(self.token)
+        if cycle is None:
+            self.cycle, self._first, self._moved = None, {}, set()
+            return None
+        others = set(cycle.tokens) - {self.token}
+        beats = {w.token: w.beat for w in graph.waiters if w.token in others}
+        if self.cycle is None or set(self.cycle.tokens) != set(cycle.tokens):
+            self._first, self._moved = beats, set()  # a new cycle: its members' signs of life start now
+        else:
+            self._moved |= {token for token, beat in beats.items() if beat != self._first.get(token)}
+        self.cycle = cycle
+        return cycle if self._moved >= others else None
+
+    @property
+    def pending(self) -> bool:
+        """True while the last read showed a cycle through this wait that is not confirmed yet."""
+        return self.cycle is not None and not self._moved >= set(self.cycle.tokens) - {self.token}
