@@ -272,6 +272,31 @@ def test_only_one_breaker_at_a_time_and_a_crashed_breaker_is_removed_after_its_l
     assert api.services[protocol.DEFAULT_ALIAS][protocol.ATTR_OWNER] == mutex.token
 
 
+def test_a_crashed_breakers_remove_that_fails_is_left_to_the_watcher_and_never_sent_twice(clock):
+    api = leased_api()
+    hold(api)
+    crashed = "Other waiter@exec-03:9:c0ffee00"
+    api.services[BREAKER] = {protocol.ATTR_OWNER: crashed, protocol.ATTR_LEASE_SECONDS: "2"}
+    removes = []
+
+    def lost_reply(reservation_id, aliases) -> bool:
+        if aliases == [BREAKER] and api.services.get(BREAKER, {}).get(protocol.ATTR_OWNER) == crashed:
+            removes.append(clock.now)
+            if len(removes) == 1:  # applied 30 s later; the reply never comes
+                api.later(clock.now + 30, lambda: api.services.pop(BREAKER, None))
+                raise ProtocolError("Connection aborted.", ConnectionResetError())
+        return False
+
+    mutex = make(api, clock, lease=2, holder_check_interval=0.5, timeout=60)
+    _sweeping(api, mutex)  # the watcher sweeps after every sleep
+    api.faults["RemoveServicesFromReservation"] = [lost_reply] * 100
+    assert mutex.acquire() is True  # once the remove landed: the breaker alias was free again
+    # Sent once: a second remove while the first may land could delete a live breaker that took the alias.
+    assert len(removes) == 1
+    assert BREAKER not in api.services
+    mutex.release()
+
+
 def test_the_stale_holders_late_release_does_not_remove_its_successor(clock):
     """The expired holder resumes: its release reads first, sees the successor, and removes nothing."""
     api = leased_api()

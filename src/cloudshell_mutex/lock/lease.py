@@ -322,7 +322,7 @@ class Breaker:
             elif add.may_have_committed:
                 late_adds.watch(breaker, token, clock() + 2 * FRESH_READ_LAG, lifetime)
             if add.status is Status.BUSY:
-                return _other_breaker(breaker, breaker_watch, clock)
+                return _other_breaker(breaker, breaker_watch, self.runtime, lifetime)
             return BreakResult(False, f"could not take the breaker ({_why(add)})")
         try:
             result = self._break_under(lock, breaker, watch, token, add)
@@ -427,8 +427,12 @@ def _group_company(
     return None
 
 
-def _other_breaker(breaker: LockAlias, breaker_watch: StaleWatch, clock: Callable[[], float]) -> BreakResult:
-    """The breaker alias is taken: wait for that breaker, or remove it once it is judged crashed."""
+def _other_breaker(
+    breaker: LockAlias, breaker_watch: StaleWatch, runtime: Runtime, request_lifetime: float
+) -> BreakResult:
+    """The breaker alias is taken: wait for that breaker, or remove it once it is judged crashed (settled like
+    any remove: a failed or unanswered one is left to the late-add watcher, never sent twice)."""
+    clock = runtime.clock
     read = breaker.read()
     now = clock()
     if not read.ok:
@@ -439,8 +443,11 @@ def _other_breaker(breaker: LockAlias, breaker_watch: StaleWatch, clock: Callabl
     if not breaker_watch.stale(now):
         return BreakResult(False, "another breaker is at work")
     again = breaker.read()  # right before the remove: still the same crashed breaker?
-    if again.ok and breaker_watch.matches(again.holder):
-        breaker.remove_once()
+    if again.ok and again.holder is not None and breaker_watch.matches(again.holder):
+        crashed, late_adds = again.holder.token, runtime.late_adds
+        if any(e.alias is breaker and e.token == crashed for e in late_adds.pending()):
+            return BreakResult(False, "our remove of a crashed breaker may still land")  # the watcher's now
+        late_adds.remove_or_watch(breaker, crashed, request_lifetime, leftover="a crashed breaker")
         breaker_watch.observe(None, clock())
         return BreakResult(False, "removed a crashed breaker")
     return BreakResult(False, "another breaker is at work")
