@@ -27,6 +27,7 @@ from cloudshell_mutex import MutexError, ReservationMutex, ReservationRWLock
 from cloudshell_mutex.lock.alias import LockAlias
 from cloudshell_mutex.lock.holder import Holder
 from cloudshell_mutex.lock.nesting import CommandMutex
+from cloudshell_mutex.lock.protocol import check_lock_name
 from cloudshell_mutex.lock.text import MAX_OUTPUT_LENGTH, one_line
 
 __all__ = [
@@ -112,6 +113,8 @@ def with_sandbox_mutex(
     name. Steps of one stage run in parallel threads in orch-core; wrapped steps take turns, and so do
     drivers and other scripts that use the same alias.
     """
+
+    check_lock_name(name)  # when the script defines the step, not when the stage runs it
 
     def decorate(step: _F) -> _F:
         label = owner if owner is not None else step.__name__
