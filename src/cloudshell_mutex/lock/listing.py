@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import diagnosis, lease, protocol, waitfor
 from .alias import LockAlias
-from .holder import Holder, is_read_group
+from .holder import Holder, is_read_group, marker_holder
 from .protocol import KINDS
 
 __all__ = ["LockInfo", "LockListing", "LockObserver", "list_locks"]
@@ -219,6 +219,8 @@ class LockObserver:
         lock, kind = protocol.alias_kind(alias)
         if kind == "queue ticket":
             holder = lease.ticket_holder(holder)  # its token, lease and heartbeat travel in its one value
+        elif kind == "releasing":
+            holder = marker_holder(holder)  # the holder it names, not the secret it shows
         first = self._first_seen.get(alias)
         if first is None or first[0] != holder.token:
             first = self._first_seen[alias] = (holder.token, now)
