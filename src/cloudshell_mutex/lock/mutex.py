@@ -34,7 +34,7 @@ from .engine import Acquisition, Deadline, Runtime, acquire_loop
 from .errors import MutexDeadlock, MutexUsageError
 from .handle import HandleInfo, make_handle, parse_handle
 from .held import Held
-from .holder import Holder, make_secret, make_token
+from .holder import Holder, make_secret, make_token, releasing_value
 from .late_adds import LateAdds, late_adds_for
 from .operation import Operation
 from .options import UNSET, MutexOptions, check_duration, default_logger
@@ -444,7 +444,11 @@ class ReservationMutex:
         first = held.release_op is None
         op = held.release_op or self._parts.operation(held.token)
         held.release_op = op
-        loop = ReleaseLoop(self._parts, op, held.confirmed_at, held.confirm, self._marks_release, held.ticket)
+        # The ~releasing marker proves itself with the secret: a holder that does not know it (an adopter)
+        # never marks, since waiters would not believe it.
+        marks = self._marks_release and held.secret is not None
+        marker = releasing_value(held.token, held.secret) if marks else None
+        loop = ReleaseLoop(self._parts, op, held.confirmed_at, held.confirm, marker, held.ticket)
         try:
             end = loop.run()
         finally:
