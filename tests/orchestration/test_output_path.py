@@ -11,8 +11,6 @@ wrote).
 from __future__ import annotations
 
 import ast
-import io
-import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Iterator, List
@@ -81,20 +79,11 @@ def test_the_scan_finds_every_form_of_the_call():
     assert writes_around(ast.parse(source)) == [1, 2, 3, 4]
 
 
-def our_model_package() -> bytes:
-    """Our data model (with Mutex Label and Mutex Heartbeat), without the drivers."""
-    package = io.BytesIO()
-    with zipfile.ZipFile(package, "w") as archive:
-        archive.write(ROOT / "package" / "metadata.xml", "metadata.xml")
-        archive.write(ROOT / "DataModel" / "datamodel.xml", "DataModel/datamodel.xml")
-    return package.getvalue()
-
-
 @pytest.mark.integration
 def test_a_left_behind_lock_with_markup_in_its_owner_and_heartbeat_reaches_the_output_as_text(
-    cloudshell_emulator_factory,
+    cloudshell_emulator_factory, our_model_package
 ):
-    emu = cloudshell_emulator_factory(packages=[our_model_package()])
+    emu = cloudshell_emulator_factory(packages=[our_model_package])
     rid = emu.create_reservation("hostile holder")
     api = emu.session()
     attributes = [
