@@ -41,6 +41,18 @@ def original_package_zip(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
+def our_model_package() -> bytes:
+    """This tree's data model (Mutex Owner, Label, the lease attributes, Generation) as a package, without the
+    driver: what the lock's tests need of our package."""
+    root = Path(__file__).resolve().parents[1]
+    package = io.BytesIO()
+    with zipfile.ZipFile(package, "w") as archive:
+        archive.write(root / "package" / "metadata.xml", "metadata.xml")
+        archive.write(root / "DataModel" / "datamodel.xml", "DataModel/datamodel.xml")
+    return package.getvalue()
+
+
+@pytest.fixture
 def original_package_no_attributes_zip(tmp_path: Path) -> Path:
     """The original package as built from its current source: a Mutex Service model with no attributes."""
     path = tmp_path / "Mutex_Package_original_no_attributes.zip"

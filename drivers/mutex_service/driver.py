@@ -27,6 +27,7 @@ from cloudshell_mutex.lock.admin import (
 from cloudshell_mutex.lock.alias import LockAlias
 from cloudshell_mutex.lock.errors import MutexError, MutexUsageError
 from cloudshell_mutex.lock.listing import list_locks
+from cloudshell_mutex.lock.protocol import check_service_alias
 from cloudshell_mutex.lock.text import MAX_OUTPUT_LENGTH, html_text, one_line
 
 #: Outcomes a command reports as its answer; the others fail the command (CloudShell shows it as an error).
@@ -101,6 +102,12 @@ class MutexServiceDriver(ResourceDriverInterface, ReservationMutexMixin):
         alias = str(getattr(getattr(context, "resource", None), "name", "") or "").strip()
         if not alias:
             raise MutexUsageError("the command context names no service (context.resource.name is empty)")
+        try:
+            # Any alias a service can have: a Mutex Service whose alias only looks like MUTEX (made by other
+            # code) must still be shown and force-released; the report says that it is no lock name.
+            check_service_alias(alias)
+        except ValueError as error:
+            raise MutexUsageError(str(error)) from None
         api = self.cloudshell_api(context, timeout=API_TIMEOUT)
         return LockAlias(api, str(reservation.reservation_id).strip(), alias)
 

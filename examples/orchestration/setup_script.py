@@ -12,7 +12,7 @@ from __future__ import annotations
 from cloudshell.api.cloudshell_api import SetConnectorRequest
 from cloudshell.workflow.orchestration.sandbox import Sandbox
 
-from cloudshell_mutex.orchestration import with_sandbox_mutex
+from cloudshell_mutex.orchestration import with_sandbox_mutex, write_sandbox_output
 
 
 @with_sandbox_mutex(owner="Setup", timeout=600)
@@ -24,7 +24,7 @@ def connect_resources(sandbox, components):
     links = [SetConnectorRequest(a, b, "bi", "") for a, b in zip(names, names[1:])]
     if links:
         api.SetConnectorsInReservation(sandbox.id, links)
-    api.WriteMessageToReservationOutput(sandbox.id, f"Setup connected {len(links)} pair(s) of resources")
+    write_sandbox_output(sandbox, f"Setup connected {len(links)} pair(s) of resources")
 
 
 def main():

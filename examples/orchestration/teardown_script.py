@@ -10,7 +10,7 @@ from __future__ import annotations
 from cloudshell.workflow.orchestration.sandbox import Sandbox
 
 from cloudshell_mutex import MutexTimeout
-from cloudshell_mutex.orchestration import report_left_behind_lock, sandbox_mutex
+from cloudshell_mutex.orchestration import report_left_behind_lock, sandbox_mutex, write_sandbox_output
 
 #: How long teardown waits for the lock (seconds).
 LOCK_TIMEOUT = 120.0
@@ -27,7 +27,9 @@ def teardown(sandbox):
             if ends:
                 api.RemoveConnectorsFromReservation(sandbox.id, ends)
     except MutexTimeout as timeout:
-        api.WriteMessageToReservationOutput(sandbox.id, f"Teardown left the connectors alone: {timeout}")
+        # The message names the holder as other code wrote it: write_sandbox_output escapes it (the
+        # output pane renders HTML).
+        write_sandbox_output(sandbox, f"Teardown left the connectors alone: {timeout}")
 
 
 def main():

@@ -39,6 +39,7 @@ from typing import Any, Callable, Dict, Optional, Tuple, TypeVar, Union, cast
 from cloudshell_mutex import MutexUsageError, ReservationMutex, ReservationRWLock
 from cloudshell_mutex.lock.cohort import CohortMutex, cohort_available
 from cloudshell_mutex.lock.nesting import CommandCohortMutex, CommandMutex
+from cloudshell_mutex.lock.protocol import check_lock_name
 
 __all__ = ["ReservationMutexMixin", "context_reservation", "with_reservation_mutex"]
 
@@ -210,6 +211,7 @@ class ReservationMutexMixin:
         is safe there (a local folder; ``export()`` is refused with a clear error, so a command that
         exports its lock passes ``cohort=False``). It stays off where the platform has no OS file lock.
         """
+        check_lock_name(name)  # before the session is opened
         api, reservation_id = self._lock_arguments(context, command, cancellation_context, options)
         if "options" not in options:  # a whole MutexOptions given says what it wants itself
             options.setdefault("progress", self.reservation_mutex_progress)
@@ -231,6 +233,7 @@ class ReservationMutexMixin:
         """A :class:`ReservationRWLock` on the sandbox of this command's ``context``: ``with
         self.reservation_rwlock(context).read(): ...`` for commands that only look, ``.write()`` for those
         that change the sandbox. Arguments as :meth:`reservation_mutex` (plus ``max_readers``)."""
+        check_lock_name(name)  # before the session is opened
         api, reservation_id = self._lock_arguments(context, command, cancellation_context, options)
         return ReservationRWLock(api, reservation_id, name=name, **options)
 
@@ -309,6 +312,8 @@ def with_reservation_mutex(function: Optional[_F] = None, *, name: str = "MUTEX"
     (or that takes ``context=``); the owner label names the command. A command that declares
     ``cancellation_context`` can be stopped while it waits for the lock (:meth:`reservation_mutex`).
     """
+
+    check_lock_name(name)  # when the driver's module is imported, not at the first command
 
     def decorate(command: _F) -> _F:
         signature = inspect.signature(command)

@@ -4,7 +4,9 @@ Works with a cloudshell-orch-core ``Sandbox`` or any object with ``.automation_a
 ``CloudShellAPISession``) and ``.id`` (the reservation id); it does not import orch-core::
 
     from cloudshell.workflow.orchestration.sandbox import Sandbox
-    from cloudshell_mutex.orchestration import sandbox_mutex, with_sandbox_mutex, report_left_behind_lock
+    from cloudshell_mutex.orchestration import (
+        report_left_behind_lock, sandbox_mutex, with_sandbox_mutex, write_sandbox_output,
+    )
 
     sandbox = Sandbox()
     with sandbox_mutex(sandbox, owner="Setup"):
@@ -12,6 +14,7 @@ Works with a cloudshell-orch-core ``Sandbox`` or any object with ``.automation_a
 
     sandbox.workflow.add_to_configuration(with_sandbox_mutex(configure_routers), None)  # a whole step
     sandbox.workflow.add_to_teardown(report_left_behind_lock, None)                     # teardown report
+    write_sandbox_output(sandbox, f"Teardown left the connectors alone: {timeout}")    # a safe output line
 """
 
 from __future__ import annotations
@@ -21,10 +24,20 @@ import functools
 from typing import Any, Callable, Iterator, Optional, Tuple, TypeVar, cast
 
 from cloudshell_mutex import MutexError, ReservationMutex, ReservationRWLock
+from cloudshell_mutex.lock.alias import LockAlias
 from cloudshell_mutex.lock.holder import Holder
 from cloudshell_mutex.lock.nesting import CommandMutex
+from cloudshell_mutex.lock.protocol import check_lock_name
+from cloudshell_mutex.lock.text import MAX_OUTPUT_LENGTH, one_line
 
-__all__ = ["report_left_behind_lock", "sandbox_lock", "sandbox_mutex", "sandbox_rwlock", "with_sandbox_mutex"]
+__all__ = [
+    "report_left_behind_lock",
+    "sandbox_lock",
+    "sandbox_mutex",
+    "sandbox_rwlock",
+    "with_sandbox_mutex",
+    "write_sandbox_output",
+]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -101,6 +114,8 @@ def with_sandbox_mutex(
     drivers and other scripts that use the same alias.
     """
 
+    check_lock_name(name)  # when the script defines the step, not when the stage runs it
+
     def decorate(step: _F) -> _F:
         label = owner if owner is not None else step.__name__
 
@@ -136,9 +151,7 @@ def report_left_behind_lock(sandbox: Any, components: Any = None, name: str = "M
     try:
         holder = lock.holder()
     except MutexError as error:
-        _report(
-            api, reservation_id, logger, f"Could not check whether the {name} lock was left behind: {error}"
-        )
+        _report(sandbox, logger, f"Could not check whether the {name} lock was left behind: {error}")
         return None
     if holder is None:
         return None
@@ -149,8 +162,22 @@ def report_left_behind_lock(sandbox: Any, components: Any = None, name: str = "M
         parts.append(f"(last heartbeat {heartbeat})")
     parts.append(f"as seen at {seen_at} (server time)." if seen_at else "as seen now.")
     parts.append("Teardown only reports it and does not remove it.")
-    _report(api, reservation_id, logger, " ".join(parts))
+    _report(sandbox, logger, " ".join(parts))
     return holder
+
+
+def write_sandbox_output(sandbox: Any, message: str, *, warning: bool = False) -> bool:
+    """Write ``message`` (plain text) as one line to the sandbox's output pane; True when it was written.
+
+    The pane renders HTML, and a message about a lock often quotes what other code wrote (a holder's label in
+    a :class:`MutexTimeout`), so the line goes the lock's own way (:meth:`LockAlias.write_output
+    <cloudshell_mutex.lock.alias.LockAlias.write_output>`): invisible characters removed, cut to a sane
+    length, escaped; a ``warning`` is styled to stand out. A failed write is not raised (the output is a
+    courtesy): it returns False.
+    """
+    api, reservation_id = _sandbox_parts(sandbox)
+    output = LockAlias(api, reservation_id, logger=getattr(sandbox, "logger", None))
+    return output.write_output(message, warning=warning).ok
 
 
 def _server_time(api: Any) -> str:
@@ -160,11 +187,9 @@ def _server_time(api: Any) -> str:
         return ""
 
 
-def _report(api: Any, reservation_id: str, logger: Any, message: str) -> None:
+def _report(sandbox: Any, logger: Any, message: str) -> None:
+    """``message`` to the logger (one line) and to the output pane."""
     if logger is not None:
-        logger.warning(message)
-    try:
-        api.WriteMessageToReservationOutput(reservation_id, message)
-    except Exception as error:
-        if logger is not None:
-            logger.warning("could not write to the reservation output: %s", type(error).__name__)
+        logger.warning("%s", one_line(message, MAX_OUTPUT_LENGTH))
+    if not write_sandbox_output(sandbox, message) and logger is not None:
+        logger.warning("could not write to the reservation output")

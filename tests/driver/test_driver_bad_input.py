@@ -93,7 +93,7 @@ def test_odd_resource_names_work_through_the_mixin_and_the_decorator(emu_driver,
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("name", ["MUTEX<&>'\"", "Sperre é", "a" * 200])
+@pytest.mark.parametrize("name", ["MUTEX<&>'\"", "A lock: #1 \\ 100%", "a" * 200])
 def test_odd_one_line_aliases_work_through_the_mixin(emu_driver, name):
     emu, rid = emu_driver
     driver = Driver()
@@ -113,18 +113,16 @@ def test_aliases_that_cannot_be_one_are_refused_before_any_call(name):
 
     api = FakeApi()
     driver = Driver(api)
-
-    class Decorated(Driver):
-        @with_reservation_mutex(name=name)
-        def command(self, context):
-            self.ran += 1
-
     with pytest.raises(ValueError, match="alias"):
         driver.reservation_mutex(context(rid=RES), name)
-    decorated = Decorated(api)
-    with pytest.raises(ValueError, match="alias"):
-        decorated.command(context(rid=RES))
-    assert decorated.ran == 0 and api.calls == []
+    with pytest.raises(ValueError, match="alias"):  # as the driver's module is imported, not at a command
+
+        class Decorated(Driver):
+            @with_reservation_mutex(name=name)
+            def command(self, context):
+                self.ran += 1
+
+    assert driver.ran == 0 and api.calls == []
 
 
 @pytest.mark.parametrize("rid", ["", "   "])
@@ -268,7 +266,7 @@ def test_force_release_without_a_real_reason_is_refused_and_removes_nothing(emu_
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("alias", ["MUTEX<&>'\"", "Sperre é", "a" * 200])
+@pytest.mark.parametrize("alias", ["MUTEX<&>'\"", "A lock: #1 \\ 100%", "a" * 200])
 def test_the_commands_on_a_service_with_an_odd_alias_act_on_that_alias(emu_driver, alias):
     emu, rid = emu_driver
     holder = Driver()
@@ -282,6 +280,30 @@ def test_the_commands_on_a_service_with_an_odd_alias_act_on_that_alias(emu_drive
     assert emu.control.reservation(rid)["services"] == []
     service.cleanup()
     holder.close_reservation_mutex_sessions()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("alias", ["MUTEX\u200b", "\u041cUTEX"])
+def test_the_commands_on_a_look_alike_service_show_it_escaped_and_remove_only_it(emu_driver, alias):
+    """A Mutex Service whose alias only looks like MUTEX (made by other code: no lock of ours takes such a
+    name) is still the service the commands run on: shown escaped and flagged, removed by its own alias."""
+    from cloudshell.api.cloudshell_api import AttributeNameValue
+
+    emu, rid = emu_driver
+    api = emu.session()
+    for service, owner in ((protocol.DEFAULT_ALIAS, "holder@h:1:0123456789abcdef"), (alias, "other code")):
+        attributes = [AttributeNameValue(protocol.ATTR_OWNER, owner)]
+        api.AddServiceToReservation(rid, protocol.SERVICE_MODEL, service, attributes)
+    service = mutex_service_driver()
+    command = context(emu.host, emu.port, emu.issue_token(), rid, resource=alias)
+    status = service.LockStatus(command)
+    shown = protocol.shown_name(alias)
+    assert f"{shown} (not a lock name: " in status and "'other code'" in status
+    assert alias not in status and status.isascii()  # never the look-alike itself
+    answer = service.ForceRelease(command, "a look-alike of MUTEX")
+    assert "force-released" in answer and shown in answer
+    assert [s["alias"] for s in emu.control.reservation(rid)["services"]] == [protocol.DEFAULT_ALIAS]
+    service.cleanup()
 
 
 @pytest.mark.integration

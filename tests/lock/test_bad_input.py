@@ -63,7 +63,7 @@ def test_odd_owner_labels_work_and_leave_nothing(cloudshell_emulator_factory, or
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("alias", ["MUTEX<&>'\"", "Sperre é", "a" * 200])
+@pytest.mark.parametrize("alias", ["MUTEX<&>'\"", "A lock: #1 \\ 100%", "a" * 200])
 def test_odd_aliases_that_are_one_line_work_and_leave_nothing(
     cloudshell_emulator_factory, original_package_zip, alias
 ):

@@ -331,3 +331,69 @@ def test_a_pass_hands_on_the_heartbeats_write_time_not_a_later_read(clock):
     assert lease_seconds == 60.0
     assert confirmed - start < 1.0, "the pass must carry the add's send time, not the settling read's"
     assert confirmed + trust_window(60.0) < start + 60.0  # trusted only while no waiter can break it
+
+
+def _marker_of_a_release_whose_remove_lands_late(api, clock, lock) -> str:
+    """Release ``lock`` while its remove lands 2 s late (the holder marks the lock meanwhile): the marker's
+    ``Mutex Owner`` as the server had it."""
+    from urllib3.exceptions import ProtocolError
+
+    marker, seen = protocol.releasing_alias(protocol.DEFAULT_ALIAS), {}
+
+    def late_and_reset(reservation_id, aliases):
+        api.late_remove(clock.now + 2.0)
+        clock.now += 0.05
+        raise ProtocolError("Connection aborted.", ConnectionResetError())
+
+    def look(method):
+        if marker in api.services:
+            seen["value"] = api.services[marker][protocol.ATTR_OWNER]
+
+    api.faults["RemoveServicesFromReservation"] = [late_and_reset]
+    api.on_call = look
+    lock.release()
+    api.on_call = None
+    assert marker not in api.services and protocol.DEFAULT_ALIAS not in api.services
+    return seen.get("value", "")
+
+
+@pytest.mark.parametrize("how", ["passed", "after a holder that died"])
+def test_a_cohort_successor_can_mark_the_lock_releasing_with_the_acquirers_secret(clock, tmp_path, how):
+    """The cohort's state file (this machine's disk) carries the secret the token commits to, so whoever holds
+    the cohort's server lock next may mark it releasing, and waiters believe it. It is never shown."""
+    from cloudshell_mutex.lock.cohort_files import describe_local
+    from cloudshell_mutex.lock.holder import proves_release
+
+    api = FakeApi(clock=clock)
+    a, b = cohort(api, clock, tmp_path, "A", request_lifetime=30), cohort(api, clock, tmp_path, "B")
+    a.acquire()
+    token = a.token
+    if how == "passed":
+        with local_waiter(a):
+            a.release()
+    else:
+        a._local.release()  # A's process died holding it
+    state = a.local_state()
+    assert state.token_secret() is not None and state.secret not in repr(state)
+    assert state.secret not in describe_local(state, token)
+    b.acquire()
+    assert b.passed and b.token == token
+    value = _marker_of_a_release_whose_remove_lands_late(api, clock, b)
+    assert proves_release(value, token), value
+    assert b.local_state().secret is None  # gone with the token
+
+
+def test_a_cohort_state_whose_secret_does_not_fit_its_token_marks_nothing(clock, tmp_path):
+    """A secret that the recorded token does not commit to (a damaged file, another token's) is not used:
+    the successor then never marks the lock, rather than marking it with a marker nobody believes."""
+    api = FakeApi(clock=clock)
+    a, b = cohort(api, clock, tmp_path, "A"), cohort(api, clock, tmp_path, "B", request_lifetime=30)
+    a.acquire()
+    with local_waiter(a):
+        a.release()
+    with a._files.state() as state:
+        state.secret = "00" * 16
+    assert a.local_state().token_secret() is None
+    b.acquire()
+    assert b.passed
+    assert _marker_of_a_release_whose_remove_lands_late(api, clock, b) == ""  # no marker added

@@ -121,3 +121,36 @@ def test_adopt_of_a_lock_without_a_lease_joins_without_heartbeat(clock):
     assert driver.locked() and not driver.leased
     driver.release()
     assert not api.services
+
+
+@pytest.mark.parametrize("who", ["adopter", "exporter"])
+def test_an_adopter_never_marks_the_lock_releasing_and_the_exporter_does(clock, who):
+    """The handle holds no secret (it is safe as a command input): an adopter cannot prove a marker, so its
+    release never adds one. The exporter, which keeps the secret, marks as any acquirer does."""
+    from urllib3.exceptions import ProtocolError
+
+    from cloudshell_mutex.lock.holder import proves_release
+
+    marker = protocol.releasing_alias(protocol.DEFAULT_ALIAS)
+    api = FakeApi(clock=clock)
+    orchestrator = make(api, clock, request_lifetime=30)
+    orchestrator.acquire()
+    token, handle = orchestrator.token, orchestrator.export()
+    assert orchestrator.acquisition.secret.hex() not in handle
+    driver = adopt(api, clock, handle, request_lifetime=30)
+    seen = []
+
+    def late_and_reset(reservation_id, aliases):
+        api.late_remove(clock.now + 2.0)
+        clock.now += 0.05
+        raise ProtocolError("Connection aborted.", ConnectionResetError())
+
+    api.faults["RemoveServicesFromReservation"] = [late_and_reset]
+    api.on_call = lambda method: seen.extend(api.services.get(marker, {}).values())
+    (driver if who == "adopter" else orchestrator).release()
+    api.on_call = None
+    assert protocol.DEFAULT_ALIAS not in api.services and marker not in api.services
+    if who == "adopter":
+        assert seen == [] and api.calls.count("AddServiceToReservation") == 1  # the acquire's add only
+    else:
+        assert seen and proves_release(seen[0], token)

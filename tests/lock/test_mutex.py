@@ -68,6 +68,7 @@ def test_token_is_unique_per_acquisition_and_readable(clock):
         tokens.add(mutex.token)
         info = parse_token(mutex.token)
         assert info is not None and info.label == "Router A driver"
+        assert len(info.nonce) == 16  # a commitment to the acquisition's secret (holder.commitment)
         mutex.release()
     assert len(tokens) == 5
 

@@ -14,8 +14,16 @@ import pytest
 from fakes import RES, FakeApi, http_500, make, other_holds
 from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
-from cloudshell_mutex import MutexLostError, MutexReleaseError, MutexTimeout, protocol
+from cloudshell_mutex import MutexLostError, MutexReleaseError, MutexTimeout, ReservationMutex, protocol
 from cloudshell_mutex.lock.alias import LockAlias
+from cloudshell_mutex.lock.holder import (
+    make_secret,
+    make_token,
+    named_token,
+    parse_token,
+    proves_release,
+    releasing_value,
+)
 from cloudshell_mutex.lock.late_adds import LateAdds
 from cloudshell_mutex.lock.options import MutexOptions
 
@@ -32,6 +40,17 @@ def show_the_past(api: FakeApi, clock, past: dict) -> None:
 
 def reset() -> ProtocolError:
     return ProtocolError("Connection aborted.", ConnectionResetError())
+
+
+def remove_landing_late(api: FakeApi, clock, delay: float, alias: str = MUTEX):
+    """A remove fault: the request removes ``alias`` ``delay`` s later; the client sees a reset at once."""
+
+    def fault(reservation_id, aliases):
+        api.later(clock.now + delay, lambda: api.services.pop(alias, None))
+        clock.now += 0.05
+        raise reset()
+
+    return fault
 
 
 def owner(api: FakeApi):
@@ -375,20 +394,136 @@ def test_a_holder_resolved_by_a_read_after_a_long_wait_starts_its_lease_at_the_u
     assert MUTEX not in api.services
 
 
-def test_a_waiter_that_times_out_while_the_holder_releases_says_so(clock):
+def test_a_waiter_that_times_out_while_the_holder_releases_says_so_only_for_a_marker_that_proves_it(clock):
     """The holder's remove got no answer and may still land: it keeps the lock until then, and marks it
-    MUTEX~releasing with its token. A waiter that times out says why it waited; a marker of another token
-    (left over, or not this holder's) says nothing."""
-    for marker_token, releasing in ((OTHER, True), ("someone else@vm:1:ab", False)):
+    MUTEX~releasing with its token and the secret the token commits to. A waiter that times out says why it
+    waited. Anyone can read the holder's token, so a marker with the token alone (a forgery, or an older
+    release's marker) says nothing, nor does one with another secret, another token, or one for a token of an
+    older release (an 8-digit nonce: short enough to search for a secret that fits)."""
+    secret = make_secret()
+    holder = make_token("Other", secret)
+    older = "Other@host:1:deadbeef"
+    cases = [
+        (holder, releasing_value(holder, secret), True),
+        (holder, holder, False),  # the visible token alone: a forgery
+        (holder, releasing_value(holder, make_secret()), False),
+        (holder, releasing_value("someone else@vm:1:ab", secret), False),
+        (holder, holder + "#" + "0" * 31, False),
+        (older, older, False),  # an older release's marker
+        (older, releasing_value(older, secret), False),
+    ]
+    for holder_token, marker_value, releasing in cases:
         api = FakeApi(clock=clock)
-        api.services[MUTEX] = {protocol.ATTR_OWNER: OTHER}
-        api.services[protocol.releasing_alias(MUTEX)] = {protocol.ATTR_OWNER: marker_token}
+        api.services[MUTEX] = {protocol.ATTR_OWNER: holder_token}
+        api.services[protocol.releasing_alias(MUTEX)] = {protocol.ATTR_OWNER: marker_value}
         waiter = make(api, clock, timeout=5, holder_check_interval=1)
         with pytest.raises(MutexTimeout) as raised:
             waiter.acquire()
         assert ("the holder is releasing it" in str(raised.value)) is releasing, str(raised.value)
         assert ("may still land until about" in str(raised.value)) is releasing
+        assert secret.hex() not in str(raised.value)
         assert api.removed == []  # nothing of anyone's removed
+
+
+def test_the_holders_own_marker_proves_itself_and_its_secret_is_nowhere_else(clock, caplog):
+    """The marker a holder adds is believed by waiters (the token's nonce commits to the secret it shows),
+    and that secret appears in the marker only: not in the token, the log or an error."""
+    caplog.set_level(logging.DEBUG)
+    api = FakeApi(clock=clock)
+    mutex = make(api, clock, request_lifetime=30)
+    mutex.acquire()
+    token = mutex.token
+    seen = {}
+
+    def look(method):
+        marker = api.services.get(protocol.releasing_alias(MUTEX))
+        if marker is not None:
+            seen["marker"] = marker[protocol.ATTR_OWNER]
+
+    api.faults["RemoveServicesFromReservation"] = [remove_landing_late(api, clock, 2.0)]
+    api.on_call = look
+    mutex.release()
+    value = seen["marker"]
+    assert proves_release(value, token) and named_token(value) == token
+    secret = value.rsplit("#", 1)[1]
+    assert len(secret) == 32 and secret not in token and secret not in caplog.text
+    assert len(parse_token(token).nonce) == 16
+
+
+@pytest.mark.parametrize("forged_value", ["token", "token#secret of another"])
+@pytest.mark.parametrize("marker_remove", ["answers", "lands late", "no answer"])
+def test_a_forged_marker_naming_the_holders_token_goes_at_its_release(clock, forged_value, marker_remove):
+    """A marker someone else added with the holder's visible token is believed by no waiter, and goes with
+    the holder's release: it names our token, so it is ours to remove. Its remove is settled like any other:
+    one remove, and when that gets no answer, nothing more while it may land (the watcher then removes the
+    marker while it still names our token). The next holder's MUTEX is never touched."""
+    api = FakeApi(clock=clock)
+    late = LateAdds(clock)
+    mutex = make(api, clock, late_adds=late, request_lifetime=30)
+    mutex.acquire()
+    token = mutex.token
+    marker = protocol.releasing_alias(MUTEX)
+    forged = token if forged_value == "token" else releasing_value(token, make_secret())
+    api.services[marker] = {protocol.ATTR_OWNER: forged}
+
+    def no_answer(reservation_id, aliases):
+        raise reset()
+
+    fault = {
+        "answers": [],
+        "lands late": [remove_landing_late(api, clock, 2.0, marker)],
+        "no answer": [no_answer],
+    }[marker_remove]
+    api.faults["RemoveServicesFromReservation"] = [lambda *args: False, *fault]  # MUTEX's remove answers
+    mutex.release()
+    assert not mutex.locked() and MUTEX not in api.services
+    assert api.removed == [MUTEX, marker]
+    other_holds(api)  # the next holder
+    if marker_remove != "answers":
+        late.sweep()
+        assert api.removed.count(marker) == 1  # no second remove while the first may land
+        clock.now += 31
+        late.sweep()
+    assert marker not in api.services and owner(api) == OTHER
+    assert api.removed.count(marker) == (2 if marker_remove == "no answer" else 1)
+    assert api.removed.count(MUTEX) == 1
+    clock.now += 60
+    late.sweep()
+    assert late.pending() == [] and owner(api) == OTHER
+
+
+def test_a_forged_marker_in_place_while_the_remove_may_land_is_not_believed_and_goes_after(clock):
+    """The holder's remove got no answer, and a forged marker holds the alias of its own: the holder's add
+    of its marker is refused (busy), waiters meanwhile say nothing of a release, and the forgery goes once
+    the release is settled."""
+    api = FakeApi(clock=clock)
+    late = LateAdds(clock)
+    mutex = make(api, clock, late_adds=late, request_lifetime=30)
+    mutex.acquire()
+    marker = protocol.releasing_alias(MUTEX)
+    api.services[marker] = {protocol.ATTR_OWNER: mutex.token}
+    told = []
+
+    def waiter_times_out(method):
+        # After the holder's own add of its marker (refused: the forgery holds the alias), while its remove
+        # may still land.
+        if method == "GetReservationDetails" and api.count("AddServiceToReservation") >= 2:
+            api.on_call = None
+            waiter = ReservationMutex(
+                api, RES, owner="waiter", fair=False, timeout=0.5, clock=clock, sleep=clock.sleep,
+                late_adds=late, holder_check_interval=0.1,
+            )  # fmt: skip
+            with pytest.raises(MutexTimeout) as raised:
+                waiter.acquire()
+            told.append(str(raised.value))
+
+    api.faults["RemoveServicesFromReservation"] = [remove_landing_late(api, clock, 3.0)]
+    api.on_call = waiter_times_out
+    mutex.release()
+    assert told and "releasing" not in told[0], told
+    assert api.calls.count("AddServiceToReservation") >= 3  # the acquire, the holder's marker, the waiter
+    assert MUTEX not in api.services and marker not in api.services
+    assert api.removed.count(MUTEX) == 1 and api.removed.count(marker) == 1
 
 
 @pytest.mark.parametrize("remove_answers", [True, False])
@@ -403,15 +538,10 @@ def test_a_releasing_marker_whose_add_lands_late_is_removed_and_never_touches_th
     token = mutex.token
     marker = protocol.releasing_alias(MUTEX)
 
-    def delayed_and_reset(reservation_id, aliases):
-        api.late_remove(clock.now + 2.0)
-        clock.now += 0.05
-        raise reset()
-
     def no_answer(reservation_id, aliases):
         raise reset()
 
-    api.faults["RemoveServicesFromReservation"] = [delayed_and_reset] + (
+    api.faults["RemoveServicesFromReservation"] = [remove_landing_late(api, clock, 2.0)] + (
         [] if remove_answers else [no_answer]
     )
     api.faults["AddServiceToReservation"] = [delayed_add(api, clock, 10.0)]  # the marker lands after it all
@@ -422,7 +552,8 @@ def test_a_releasing_marker_whose_add_lands_late_is_removed_and_never_touches_th
     clock.now += 11
     late.sweep()  # the marker's add has landed with our token
     if not remove_answers:  # ... but our remove of it may still land: no second one before then
-        assert api.services[marker][protocol.ATTR_OWNER] == token and api.removed.count(marker) == 1
+        assert named_token(api.services[marker][protocol.ATTR_OWNER]) == token
+        assert api.removed.count(marker) == 1
         clock.now += 30
         late.sweep()
     assert marker not in api.services

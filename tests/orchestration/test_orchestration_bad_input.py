@@ -150,7 +150,7 @@ def test_odd_owners_work_through_the_helper_and_the_wrapper(emu, owner):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("name", ["MUTEX<&>'\"", "Sperre é", "a" * 200])
+@pytest.mark.parametrize("name", ["MUTEX<&>'\"", "A lock: #1 \\ 100%", "a" * 200])
 def test_odd_one_line_aliases_work_through_the_helper_and_the_report(emu, name):
     rid = emu.create_reservation()
     sandbox = real_sandbox(emu, rid)

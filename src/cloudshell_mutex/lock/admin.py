@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional
 
+from . import protocol
 from .alias import CallResult, LockAlias, Status
 from .classify import classify
 from .diagnosis import fatal_error, needs_state
@@ -171,6 +172,16 @@ def refusal(alias: LockAlias, permission: Permission, actor: str, reason: Option
     )
 
 
+def shown_alias(alias: str) -> str:
+    """``alias`` as an administrator's report names it: quoted, anything outside printable ASCII escaped
+    (:func:`~.protocol.shown_name`), and, when it is (or belongs to) a name no lock may have, why: a service
+    that only looks like ``MUTEX`` must not be taken for it."""
+    lock, _ = protocol.alias_kind(alias)
+    problem = protocol.lock_name_problem(lock) if lock else None
+    note = f" (not a lock name: {problem})" if problem is not None else ""
+    return protocol.shown_name(alias) + note
+
+
 def describe_holder(holder: Holder) -> str:
     """``<label> (Mutex Owner '<token>')``: who holds a lock, for people (an owner value written by other
     code is cut to one short, visible line)."""
@@ -250,14 +261,14 @@ def lock_status(
             alias.reservation_id,
             alias.alias,
             report.message
-            + (f"; {alias.alias!r} is still held by {describe_holder(holder)}" if holder else ""),
+            + (f"; {shown_alias(alias.alias)} is still held by {describe_holder(holder)}" if holder else ""),
             holder=holder,
             seen_held_for=held_for,
             watched_for=watched,
             holder_changes=changes,
             calls=alias.calls,
         )
-    where = f"{alias.alias!r} in reservation {alias.reservation_id}"
+    where = f"{shown_alias(alias.alias)} in reservation {alias.reservation_id}"
     if holder is None:
         message = f"{where} is free (nobody holds the lock)"
         if changes:
@@ -314,7 +325,7 @@ def force_release(
     if not read.ok:
         return _failure_report(alias, read, "reading the lock before a force release", state, **extra)
     holder = read.holder
-    where = f"{alias.alias!r} in reservation {alias.reservation_id}"
+    where = f"{shown_alias(alias.alias)} in reservation {alias.reservation_id}"
     if holder is None:
         record = f"{actor} asked to force-release {where}; nobody held it, nothing was removed. Reason: {why}"
         return _recorded(alias, Outcome.NO_LOCK, record, None, extra)

@@ -34,7 +34,7 @@ from .holder import Holder, holders_in, sanitize_label
 from .pacing import CallBudget, budget_for, clip
 from .text import output_line
 
-#: Longest reservation id or alias taken (ids are GUIDs; aliases are short names on the sandbox diagram).
+#: Longest reservation id taken (ids are GUIDs); aliases: :data:`.protocol.MAX_ALIAS_LENGTH`.
 MAX_NAME_LENGTH = 256
 #: Control characters cannot travel in the API's XML (XML 1.0) and have no place in an id or an alias.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -138,13 +138,9 @@ class LockAlias:
                 "reservation_id must be the reservation's id, e.g. 'a1b2c3d4-...' (one line of at most "
                 f"{MAX_NAME_LENGTH} characters); got {len(reservation_id)} characters"
             )
-        if not isinstance(alias, str) or not alias.strip():
-            raise ValueError("name (the lock's service alias) must be a non-empty string, e.g. 'MUTEX'")
-        if len(alias) > MAX_NAME_LENGTH or _CONTROL.search(alias):
-            raise ValueError(
-                f"name (the lock's service alias) must be one line of at most {MAX_NAME_LENGTH} characters, "
-                "e.g. 'MUTEX'"
-            )
+        # Any alias a service can have: a lock checks its own name (protocol.check_lock_name) before this, and
+        # an administrator's command must reach a service whatever its alias (one that only looks like MUTEX).
+        protocol.check_service_alias(alias)
         self.api = api
         self.reservation_id = reservation_id
         self.alias = alias

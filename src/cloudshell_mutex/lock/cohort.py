@@ -389,7 +389,7 @@ class CohortMutex:
             state.server, state.reservation_id, state.alias = self._where
             dead = state.holder  # a live holder clears it before it lets go of the local lock
             token, lease_seconds, confirmed_at = state.token, state.lease, state.confirmed_at
-            yielded_at = state.yielded_at
+            yielded_at, secret = state.yielded_at, state.token_secret()
             state.holder = {
                 "pid": os.getpid(),
                 "host": socket.gethostname(),
@@ -406,7 +406,9 @@ class CohortMutex:
         if dead is not None:
             note = diagnosis.dead_local_holder(self.name, self.reservation_id, dead, bool(token), releasing)
             self.logger.warning("cloudshell-mutex: %s", note)
-        if token is not None and self._join(token, lease_seconds, confirmed_at, dead is not None, deadline):
+        if token is not None and self._join(
+            token, lease_seconds, confirmed_at, dead is not None, deadline, secret
+        ):
             return True
         if yielded_at is not None and blocking:
             self._yield_turn(yielded_at, deadline)
@@ -416,8 +418,7 @@ class CohortMutex:
             held = self._mutex.acquisition
             try:
                 with self._files.state(state_wait(deadline)) as state:
-                    state.token = held.token
-                    state.lease = held.lease
+                    state.keep(held)
                     state.confirmed_at = held.confirmed_at
                     state.since = self._clock()
                     state.passes = 0
@@ -452,6 +453,7 @@ class CohortMutex:
         confirmed_at: Optional[float],
         verify: bool,
         deadline: Deadline,
+        secret: Optional[bytes],
     ) -> bool:
         """Take the cohort's server lock: without a call when its last confirmation is recent, else after
         one read (and, with a lease, a heartbeat). False when it turns out not to be the cohort's any more.
@@ -460,15 +462,15 @@ class CohortMutex:
         fresh = confirmed_at is not None and self._clock() - confirmed_at < trust_window(lease_seconds)
         try:
             if fresh and not verify:
-                self._mutex.take_over(Acquisition(token, confirmed_at, lease_seconds))
+                self._mutex.take_over(Acquisition(token, confirmed_at, lease_seconds, secret))
             else:
                 # One read (transient failures waited out until the deadline, as the acquire's own reads
                 # are); raises MutexLostError when it is not ours.
-                self._mutex.join(token, deadline)
+                self._mutex.join(token, deadline, secret)
         except MutexLostError:
             wait = state_wait(deadline)
             with contextlib.suppress(CohortStateBusy), self._files.state(wait) as state:
-                state.token = state.confirmed_at = state.since = None
+                state.token = state.confirmed_at = state.since = state.secret = None
                 state.passes = 0
             self.logger.warning(
                 "cloudshell-mutex: the cohort's server lock %s in reservation %s was not held any more; "
@@ -572,7 +574,7 @@ class CohortMutex:
         if passed is not None:
             try:
                 with self._files.state(wait) as state:
-                    state.token, state.lease = passed.token, passed.lease
+                    state.keep(passed)
                     state.confirmed_at = passed.confirmed_at if math.isfinite(passed.confirmed_at) else None
                     state.passes += 1
                     state.holder = None
@@ -607,7 +609,7 @@ class CohortMutex:
                 if clear_holder:
                     state.holder = None
                 if clear_token:
-                    state.token = state.confirmed_at = state.since = None
+                    state.token = state.confirmed_at = state.since = state.secret = None
                     state.passes = 0
                     state.yielded_at = self._clock() if yielded else None
         except CohortStateBusy as busy:

@@ -38,7 +38,7 @@ import filelock
 from . import catalog, diagnosis
 from .engine import Deadline
 from .errors import MutexTimeout
-from .holder import sanitize_label
+from .holder import proves_release, sanitize_label
 from .pacing import CANCEL_SLICE, Protocol
 from .waitrecord import WaitRecord
 
@@ -100,6 +100,22 @@ class CohortState:
     waiters: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # waiter id -> pid, since
     yielded_at: Optional[float] = None  # when the cohort last gave the lock back because of a bound
     version: int = STATE_VERSION
+    #: The secret ``token`` commits to (hex; see Acquisition.secret), so that whoever holds it next may mark
+    #: it ``~releasing``. On this machine's disk only: never shown (not in ``status``), never logged.
+    secret: Optional[str] = field(default=None, repr=False)
+
+    def keep(self, acquisition: Any) -> None:
+        """Record the server lock the cohort holds now: ``acquisition``'s token, lease and secret."""
+        self.token, self.lease = acquisition.token, acquisition.lease
+        self.secret = acquisition.secret.hex() if acquisition.secret is not None else None
+
+    def token_secret(self) -> Optional[bytes]:
+        """The secret of the recorded token, when the state keeps the one the token commits to (else None: a
+        successor then never marks the lock ``~releasing``)."""
+        token, secret = self.token, self.secret
+        if token is None or not isinstance(secret, str) or not proves_release(f"{token}#{secret}", token):
+            return None
+        return bytes.fromhex(secret)
 
     @classmethod
     def from_text(cls, text: str) -> CohortState:

@@ -33,7 +33,7 @@ from .alias import LockAlias
 from .classify import ErrorKind, classify
 from .errors import MutexError
 from .listing import LockObserver
-from .protocol import DEFAULT_ALIAS
+from .protocol import DEFAULT_ALIAS, check_service_alias
 from .text import MAX_OUTPUT_LENGTH, one_line
 
 #: Exit codes (docs/admin.md). argparse itself exits with 2 on a malformed command line.
@@ -198,6 +198,12 @@ def _error(message: str, code: int, as_json: bool) -> int:
 def _lock_alias(args: argparse.Namespace) -> Tuple[LockAlias, ConnectionSettings]:
     if not args.reservation.strip() or not args.name.strip():
         raise SettingsError("RESERVATION and --name must not be blank (e.g. --name MUTEX)")
+    try:
+        # Any alias a service can have, not only a lock name of ours: an administrator must be able to see and
+        # remove a service whose alias only looks like MUTEX (made by other code). The report says so.
+        check_service_alias(args.name)
+    except ValueError as error:
+        raise SettingsError(f"--name: {error}") from None
     settings = resolve_connection(args)
     return LockAlias(open_session(settings), args.reservation.strip(), args.name), settings
 

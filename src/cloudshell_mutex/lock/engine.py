@@ -95,11 +95,15 @@ class Acquisition:
     machine) is the send time of the last write that confirmed it, the add or a heartbeat: a waiter
     elsewhere judges the lease from that write, so a successor trusts the lock only so long after it
     (``-inf``: unknown). ``lease`` is the service's lease in seconds (0: none, nobody breaks it).
+    ``secret`` is the acquisition's secret, which the token commits to (:mod:`.holder`): whoever has it may
+    mark the lock ``~releasing`` so that waiters believe it (None: unknown; such a holder never marks).
+    Never shown.
     """
 
     token: str
     confirmed_at: float = -math.inf
     lease: float = 0.0
+    secret: Optional[bytes] = field(default=None, repr=False, compare=False)
 
 
 class Attempt(Protocol):

@@ -29,12 +29,16 @@ class Held:
     ``confirmed_at`` is when a fresh answer from the server last showed the lock is ours (the add, or a
     read). ``depth`` counts nested acquires of a reentrant lock. ``late_add_by``: until then an earlier add
     of this acquisition, sent without an answer, may still land (``late_copies`` of it). ``release_op``: a
-    release that raised, which the next release() continues, knowing what it knew.
+    release that raised, which the next release() continues, knowing what it knew. ``secret``: the one the
+    token commits to, when this object knows it (the acquirer, a cohort successor; not an adopter).
     """
 
-    def __init__(self, parts: LockParts, token: str, confirmed_at: float, part: str) -> None:
+    def __init__(
+        self, parts: LockParts, token: str, confirmed_at: float, part: str, secret: Optional[bytes] = None
+    ) -> None:
         self.parts = parts
         self.token = token
+        self.secret = secret
         self.confirmed_at = confirmed_at
         self.part = part
         self.depth = 1
@@ -70,7 +74,9 @@ class Held:
     def acquisition(self) -> Acquisition:
         """This hold as a value another object can take over."""
         beat = self.heartbeat
-        return Acquisition(self.token, self.trusted_since, beat.lease if beat is not None else 0.0)
+        return Acquisition(
+            self.token, self.trusted_since, beat.lease if beat is not None else 0.0, self.secret
+        )
 
     def passable(self) -> bool:
         """True when the hold may pass to another object without a remove: held once, nothing of ours

@@ -2,12 +2,18 @@
 
 A token is the value one acquisition writes to ``Mutex Owner``. It is unique per acquisition (so a
 process can tell its own add from anyone else's, even its own earlier acquisitions) and readable by
-people who look at the sandbox: ``<label>@<host>:<pid>:<random>``, e.g.
-``Router A driver@exec-02:4711:9f3a1c2b``. A :class:`Holder` is the service that holds an alias.
+people who look at the sandbox: ``<label>@<host>:<pid>:<nonce>``, e.g.
+``Router A driver@exec-02:4711:9f3a1c2b04d7e615``. A :class:`Holder` is the service that holds an alias.
+
+The nonce is a commitment: the first 16 hex digits of ``sha256(secret)``, where ``secret`` is 16 random bytes
+the acquisition keeps to itself (never logged, never in an exception). Anyone can read a token; only its
+acquirer can show the secret behind it, which is how a waiter tells the holder's ``~releasing`` marker
+(:func:`releasing_value`, ``<token>#<secret hex>``) from a forgery (:func:`proves_release`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import secrets
@@ -33,10 +39,55 @@ def sanitize_label(label: str, limit: int = MAX_LABEL_LENGTH) -> str:
     return cleaned[:limit] or "owner"
 
 
-def make_token(label: str) -> str:
-    """Return a new owner token for one acquisition by ``label`` in this process."""
+#: Random bytes of an acquisition's secret, and hex digits of its commitment (the token's nonce).
+SECRET_BYTES = 16
+NONCE_DIGITS = 16
+#: A releasing marker's ``Mutex Owner``: the holder's token, ``#``, its secret (``#`` never ends a token).
+_MARKER = re.compile(rf"^(?P<token>.+)#(?P<secret>[0-9a-f]{{{2 * SECRET_BYTES}}})$")
+
+
+def make_secret() -> bytes:
+    """A new secret for one acquisition: :func:`make_token` commits to it."""
+    return secrets.token_bytes(SECRET_BYTES)
+
+
+def commitment(secret: bytes) -> str:
+    """The nonce that commits a token to ``secret``: the first 16 hex digits of its SHA-256."""
+    return hashlib.sha256(secret).hexdigest()[:NONCE_DIGITS]
+
+
+def make_token(label: str, secret: Optional[bytes] = None) -> str:
+    """Return a new owner token for one acquisition by ``label`` in this process, committed to ``secret``
+    (None: a secret nobody keeps, for a service that never needs to prove whose it is)."""
     host = sanitize_label(socket.gethostname().split(".")[0], MAX_HOST_LENGTH)
-    return f"{sanitize_label(label)}@{host}:{os.getpid()}:{secrets.token_hex(4)}"
+    nonce = commitment(make_secret() if secret is None else secret)
+    return f"{sanitize_label(label)}@{host}:{os.getpid()}:{nonce}"
+
+
+def releasing_value(token: str, secret: bytes) -> str:
+    """The ``Mutex Owner`` of the ``~releasing`` marker of the acquisition ``token``:
+    ``<token>#<secret hex>``. Written only once the holder's remove got no answer; from then on the secret is
+    in the sandbox, and proves nothing beyond "this holder began to release" (:func:`proves_release`)."""
+    return f"{token}#{secret.hex()}"
+
+
+def named_token(value: str) -> str:
+    """The token a service's ``Mutex Owner`` names: a releasing marker's without its secret, any other value
+    as it is. A marker that names our token is ours to remove, whoever added it."""
+    match = _MARKER.match(value or "")
+    return match["token"] if match is not None else value
+
+
+def proves_release(value: str, token: str) -> bool:
+    """True when ``value`` (a ``~releasing`` marker's ``Mutex Owner``) was written by the acquirer of
+    ``token``: it shows the secret whose SHA-256 starts with the token's nonce. A marker with the token
+    alone (a forgery, or an older release's) proves nothing, and nor does a token whose nonce is shorter
+    than 16 hex digits (an older release's: short enough to search for a secret that fits)."""
+    match = _MARKER.match(value or "")
+    info = parse_token(token)
+    if match is None or match["token"] != token or info is None or len(info.nonce) < NONCE_DIGITS:
+        return False
+    return hashlib.sha256(bytes.fromhex(match["secret"])).hexdigest().startswith(info.nonce)
 
 
 @dataclass(frozen=True)
@@ -99,6 +150,12 @@ class Holder:
         """The holder's process id, when the token was written by this library."""
         info = parse_token(self.token)
         return None if info is None else info.pid
+
+
+def marker_holder(marker: Holder) -> Holder:
+    """A ``~releasing`` marker as the holder it names: its token without the secret, described as a token."""
+    token = named_token(marker.token)
+    return Holder(marker.alias, token, describe_owner(token), marker.model, marker.attributes)
 
 
 def holder_in(details: Any, alias: str) -> Optional[Holder]:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 
 from .alias import LockAlias, Status
+from .holder import named_token
 from .options import FRESH_READ_LAG, default_logger
 
 #: Seconds between two reads of a watched alias.
@@ -173,7 +174,8 @@ class LateAdds:
                 self._warn_unsettled(entry, f"the server could not be read ({read.failure.message})")
                 return True
             return False
-        if read.holder is None or read.holder.token != entry.token:
+        # A releasing marker of ours shows the token with its secret after it: named_token sees the token.
+        if read.holder is None or named_token(read.holder.token) != entry.token:
             # A read shows the server as it was when the read was sent, less the lag of a fresh read: only
             # one sent that long after lands_by proves the add did not land (stopping on the answer's time
             # missed an add that landed while a slow read was on its way, and left it for good).

@@ -122,7 +122,7 @@ TICKET_PART = "q"
 #: Put before each held acquisition's nonce in a ticket's heartbeat part (``q.<nonce>.<nonce>``).
 HOLDS_MARK = "."
 #: A ticket names at most this many held acquisitions (the latest taken): ``Mutex Owner`` stays short
-#: (9 characters each). A cycle through a lock beyond them is not seen (docs/protocol.md, "Deadlocks").
+#: (17 characters each). A cycle through a lock beyond them is not seen (docs/protocol.md, "Deadlocks").
 MAX_TICKET_HOLDS = 8
 _NONCE = re.compile(r"[0-9a-f]{8,}")
 

@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import diagnosis, lease, protocol, waitfor
 from .alias import LockAlias
-from .holder import Holder, is_read_group
+from .holder import Holder, is_read_group, marker_holder
 from .protocol import KINDS
 
 __all__ = ["LockInfo", "LockListing", "LockObserver", "list_locks"]
@@ -67,14 +67,17 @@ class LockInfo:
         elif self.kind == "lock":
             who = f"exclusive, held by {self.owner}"
         else:
-            who = f"{self.kind} of {self.lock}, held by {self.owner}"
+            who = f"{self.kind} of {shown(self.lock)}, held by {self.owner}"
         if self.holds:
             who += f", which holds {', '.join(self.holds)}"
         lease_text = "no lease" if self.lease is None else f"lease {self.lease:g} s {self.lease_state}"
         if self.lease_state == "silent":
             lease_text += f" ({self.silent_for:.1f} s)"
         token = f"Mutex Owner {self.token!r}" if self.token else "no Mutex Owner (original protocol v1?)"
-        return f"{self.alias}: {who}; {token}; seen held {self.seen_for:.1f} s; {lease_text}"
+        alias = shown(self.alias)
+        if alias != self.alias and protocol.lock_name_problem(self.lock) is not None:
+            alias += " (not a lock name: it may look like another, and excludes nothing that uses that one)"
+        return f"{alias}: {who}; {token}; seen held {self.seen_for:.1f} s; {lease_text}"
 
     def as_dict(self) -> Dict[str, Any]:
         """A JSON-ready dict."""
@@ -119,7 +122,7 @@ class LockListing:
             lines.append("who waits for what (fair-mode waiters; original code and fair=False are not seen):")
         for waiter, lock, holder, holds in self.waits:
             held = f"; it holds {', '.join(holds)}" if holds else ""
-            lines.append(f"  {waiter} waits for {lock} (held by {holder}){held}")
+            lines.append(f"  {waiter} waits for {shown(lock)} (held by {holder}){held}")
         for cycle, victim in self.deadlocks:
             lines.append(f"  DEADLOCK: {cycle.describe()}. {victim} gives up")
         return lines
@@ -216,6 +219,8 @@ class LockObserver:
         lock, kind = protocol.alias_kind(alias)
         if kind in ("queue ticket", "wait record"):
             holder = lease.ticket_holder(holder)  # its token, lease and heartbeat travel in its one value
+        elif kind == "releasing":
+            holder = marker_holder(holder)  # the holder it names, not the secret it shows
         first = self._first_seen.get(alias)
         if first is None or first[0] != holder.token:
             first = self._first_seen[alias] = (holder.token, now)
@@ -263,6 +268,13 @@ class LockObserver:
             readers,
             holds,
         )
+
+
+def shown(alias: str) -> str:
+    """``alias`` as a listing shows it: as it is when printable ASCII (every lock name of ours is), else
+    quoted with the rest as ``\\uXXXX`` escapes (:func:`~.protocol.shown_name`): a service that only looks
+    like ``MUTEX`` (``MUTEX\\u200b``, made by other code) never shows as ``MUTEX``."""
+    return alias if protocol.printable_ascii(alias) else protocol.shown_name(alias)
 
 
 def _order(info: LockInfo) -> Tuple[str, int, int, str]:

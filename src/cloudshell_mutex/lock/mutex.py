@@ -34,7 +34,7 @@ from .engine import Acquisition, Deadline, Runtime, acquire_loop
 from .errors import MutexDeadlock, MutexUsageError
 from .handle import HandleInfo, make_handle, parse_handle
 from .held import Held
-from .holder import Holder, make_token
+from .holder import Holder, make_secret, make_token, releasing_value
 from .late_adds import LateAdds, late_adds_for
 from .operation import Operation
 from .options import UNSET, MutexOptions, check_duration, default_logger
@@ -264,10 +264,11 @@ class ReservationMutex:
         or None when not held. No call."""
         return self._held.acquisition() if self._held is not None else None
 
-    def join(self, token: str, deadline: Optional[Deadline] = None) -> None:
+    def join(self, token: str, deadline: Optional[Deadline] = None, secret: Optional[bytes] = None) -> None:
         """Hold the acquisition ``token`` after one fresh read shows it (:meth:`adopt`; a cohort member
         carrying on after a holder that died). With ``deadline``, transient read failures are backed off
-        and read again until it, as an acquire's reads are (None: one read). Raises
+        and read again until it, as an acquire's reads are (None: one read). ``secret``: the one the token
+        commits to, when known (a cohort's state keeps it; an export handle does not). Raises
         :class:`~.errors.MutexLostError` when the read shows another holder or none."""
         parts = self._parts
         op = parts.operation(token)
@@ -285,7 +286,7 @@ class ReservationMutex:
             op.see_holder(holder)
             error = diagnosis.adopt_lost_error(self.reservation_id, self.name, token, op.holder_label)
             raise parts.news.error(error, op, events.LOST, logging.WARNING, holder=op.holder_label)
-        self._held = Held(parts, token, read.sent_at, self._part)
+        self._held = Held(parts, token, read.sent_at, self._part, secret)
         self._held.adopt_lease(holder)
         self._register()
         parts.news.event(events.ACQUIRED, op, error="adopted")
@@ -297,7 +298,8 @@ class ReservationMutex:
         """Hold ``acquisition``, which another process on this machine handed over (:meth:`hand_over`),
         without a call: a trusted adopt. Its confirmation is recent enough that no waiter can have broken
         it; the heartbeat goes on from there, keeping the passer's schedule."""
-        held = self._held = Held(self._parts, acquisition.token, acquisition.confirmed_at, self._part)
+        held = Held(self._parts, acquisition.token, acquisition.confirmed_at, self._part, acquisition.secret)
+        self._held = held
         self._register()
         if acquisition.lease > 0:
             due = acquisition.confirmed_at + acquisition.lease / 3 - self.runtime.clock()
@@ -360,7 +362,8 @@ class ReservationMutex:
                 return True
             raise diagnosis.held_again_error("ReservationMutex", self.reservation_id, self.name)
         parts, clock = self._parts, self.runtime.clock
-        op = parts.operation(self._token_mark + make_token(self.owner))
+        secret = make_secret()  # kept by this acquisition alone: its token commits to it
+        op = parts.operation(self._token_mark + make_token(self.owner, secret))
         op.deadline = Deadline(
             op.start if not blocking else (None if timeout is None else op.start + timeout), clock
         )
@@ -374,7 +377,7 @@ class ReservationMutex:
         try:
             acquired = acquire_loop(attempt, op.deadline, lambda seconds: parts.pause(op, seconds))
             if acquired:
-                self._acquired(attempt)
+                self._acquired(attempt, secret)
                 granted = True
         except CancelledWait:
             # The caller stopped waiting. An add of ours may be in place: take back what a read shows, as
@@ -443,7 +446,11 @@ class ReservationMutex:
         first = held.release_op is None
         op = held.release_op or self._parts.operation(held.token)
         held.release_op = op
-        loop = ReleaseLoop(self._parts, op, held.confirmed_at, held.confirm, self._marks_release, held.ticket)
+        # The ~releasing marker proves itself with the secret: a holder that does not know it (an adopter)
+        # never marks, since waiters would not believe it.
+        marks = self._marks_release and held.secret is not None
+        marker = releasing_value(held.token, held.secret) if marks else None
+        loop = ReleaseLoop(self._parts, op, held.confirmed_at, held.confirm, marker, held.ticket)
         try:
             end = loop.run()
         finally:
@@ -486,9 +493,9 @@ class ReservationMutex:
 
     # ------------------------------------------------------------------ the ends of an acquire and a release
 
-    def _acquired(self, attempt: MutexAttempt) -> None:
+    def _acquired(self, attempt: MutexAttempt, secret: bytes) -> None:
         op, parts = attempt.op, self._parts
-        held = Held(parts, op.token, attempt.confirmed_at, self._part)
+        held = Held(parts, op.token, attempt.confirmed_at, self._part, secret)
         held.start_heartbeat(attempt.lease_from)
         held.late_add_by = op.add_lands_by if op.add_can_land(self.runtime.clock()) else None
         held.late_copies = op.add_unanswered

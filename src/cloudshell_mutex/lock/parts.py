@@ -18,7 +18,7 @@ from .classify import Classification, ErrorKind
 from .engine import Runtime
 from .errors import MutexError
 from .events import Reporter
-from .holder import Holder, sanitize_label
+from .holder import Holder, proves_release, sanitize_label
 from .lease import Breaker, StaleWatch, breaker_lease
 from .operation import Operation
 from .options import FRESH_READ_LAG, MutexOptions
@@ -102,13 +102,15 @@ class LockParts:
 
     def _took(self, op: Operation, result: CallResult) -> None:
         """What every fresh read of the lock tells ``op``: that it was tried, and whether the holder it shows
-        is releasing (its ``~releasing`` marker bears the holder's token)."""
+        is releasing: its ``~releasing`` marker shows the secret the holder's token commits to. Anyone can
+        read the token, so a marker with the token alone (a forgery, an older release's) says nothing."""
         self.last_services = result.services or {}
         op.read_tried(result.sent_at)
         if result.ok:
             marker = self.last_services.get(protocol.releasing_alias(self.name))
             holder = result.holder
-            releasing = holder is not None and marker is not None and marker.token == holder.token
+            releasing = holder is not None and marker is not None
+            releasing = releasing and proves_release(marker.token, holder.token)
             op.see_releasing(releasing, result.sent_at)
 
     def poll_read(self, op: Operation, doing: str) -> Any:

@@ -8,6 +8,7 @@ Changing any of them breaks exclusion with code that already runs the original p
 from __future__ import annotations
 
 import re
+import unicodedata
 from typing import Iterable, List, Optional, Tuple
 
 #: Service family and model defined by Mutex_Package (the original and ours).
@@ -148,34 +149,129 @@ def reader_slots(aliases: Iterable[str], name: str) -> List[str]:
     return sorted(alias for alias in aliases if reader_slot_number(alias, name) is not None)
 
 
+#: What a lock name may be made of: printable ASCII (U+0020..U+007E), less the ``~`` of derived aliases.
+LOCK_NAME_CHARACTERS = "printable ASCII (U+0020..U+007E)"
+#: The longest service alias taken (aliases are short names on the sandbox diagram) ...
+MAX_ALIAS_LENGTH = 256
+#: ... and the longest lock name: the aliases it derives (``MUTEX~generation``, tickets) must fit too.
+MAX_LOCK_NAME_LENGTH = 200
+#: Characters no service alias can carry to the server and show as one line: controls, line and paragraph
+#: separators, lone surrogates (XML 1.0 cannot carry most of them).
+_UNSENDABLE = frozenset({"Cc", "Zl", "Zp", "Cs"})
+
+
+def printable_ascii(text: str) -> bool:
+    """True when every character of ``text`` is printable ASCII (U+0020..U+007E): read as it is."""
+    return all(" " <= ch <= "~" for ch in text)
+
+
+def escaped(ch: str) -> str:
+    """One character as a ``\\uXXXX`` escape (``\\UXXXXXXXX`` beyond the BMP): how a message names a character
+    that people could not see or could take for another."""
+    return f"\\u{ord(ch):04x}" if ord(ch) <= 0xFFFF else f"\\U{ord(ch):08x}"
+
+
+def shown_name(name: str) -> str:
+    """``name`` quoted for a message, with every character outside printable ASCII as a ``\\uXXXX`` escape
+    (and ``\\`` and ``'`` escaped): ``'MUTEX\\u200b'`` never shows as ``'MUTEX'``. An ASCII name shows as
+    ``repr`` shows it."""
+    body = "".join("\\" + ch if ch in "\\'" else ch if " " <= ch <= "~" else escaped(ch) for ch in name)
+    return f"'{body}'"
+
+
+def lock_name_problem(name: str) -> Optional[str]:
+    """Why ``name`` may not name a lock, as :func:`check_lock_name` says it (None: it may)."""
+    shown = shown_name(name)
+    if not name.strip():
+        return "name (the lock's service alias) must be a non-empty string, e.g. 'MUTEX'"
+    if name != name.strip():
+        return (
+            f"name {shown} has blanks around it: use {shown_name(name.strip())} (the server would take the "
+            "blanks as part of a different alias)"
+        )
+    odd = next(((i, ch) for i, ch in enumerate(name) if not " " <= ch <= "~"), None)
+    if odd is not None:
+        position, ch = odd
+        category = unicodedata.category(ch)
+        what = unicodedata.name(ch, "a control character" if category == "Cc" else f"category {category}")
+        looks = _looks_like(name)
+        reads = f" (this one reads as {shown_name(looks)})" if looks else ""
+        use = shown_name(looks) if looks else f"a name of {LOCK_NAME_CHARACTERS} only, e.g. {DEFAULT_ALIAS!r}"
+        return (
+            f"name {shown} contains {escaped(ch)} ({what}) at position {position}, and a lock name must be "
+            f"{LOCK_NAME_CHARACTERS}: CloudShell shows aliases to people, and a name that looks like another"
+            f"{reads} excludes nothing that uses the other; use {use}"
+        )
+    if len(name) > MAX_LOCK_NAME_LENGTH:
+        return (
+            f"name (the lock's service alias) must be at most {MAX_LOCK_NAME_LENGTH} characters, e.g. 'MUTEX'"
+        )
+    if DERIVED_MARK in name:
+        return (
+            f"name {shown} contains {DERIVED_MARK!r}, which marks the services a lock derives from its name "
+            f"(reader slots {DEFAULT_ALIAS}~r1, the closer {DEFAULT_ALIAS}~c, queue tickets, breakers): "
+            f"use a name without it, e.g. {shown_name(name.split(DERIVED_MARK)[0].strip() or DEFAULT_ALIAS)}"
+        )
+    if name != DEFAULT_ALIAS and name.casefold() == DEFAULT_ALIAS.casefold():
+        return (
+            f"name {shown} differs from {DEFAULT_ALIAS!r} only in letter case: use {DEFAULT_ALIAS!r}, the "
+            "alias every other user of the lock (and the original snippet) adds"
+        )
+    return None
+
+
 def check_lock_name(name: object) -> str:
     """Return ``name`` if it may name a lock, else raise ``ValueError`` saying why and what to use.
 
-    Refused: a name with blanks around it (``" MUTEX"`` would be a different alias from ``MUTEX`` to the
-    server, and invisible to people), a name with ``~`` (the mark of the aliases a lock derives from its name:
-    a lock named ``MUTEX~r3`` or ``MUTEX~c`` would be taken for a part of ``MUTEX``'s read-write lock), and a
-    spelling of ``MUTEX`` in other letter cases (whether a CloudShell server tells aliases apart by case is
-    not known; either way ``mutex`` would not exclude the code that uses ``MUTEX``).
+    A lock's name is the alias people see on the sandbox diagram and in its output, so it must not look like
+    another: only :data:`LOCK_NAME_CHARACTERS` (``MUTEX\\u200b``, a Cyrillic ``\\u041c`` or fullwidth
+    letters would show as ``MUTEX`` and exclude nothing that uses ``MUTEX``), no blanks around it
+    (``" MUTEX"`` is a different alias to the server), no ``~`` (the mark of the aliases a lock derives from
+    its name: a lock named ``MUTEX~r3`` would be taken for a part of ``MUTEX``'s read-write lock), and
+    ``MUTEX`` only in that spelling (whether a server tells aliases apart by case is not known; either way
+    ``mutex`` would not exclude the code that uses ``MUTEX``). The error names an offending character as a
+    ``\\uXXXX`` escape, never raw.
+
+    Every lock, and every helper that makes one, checks its name here. Administrators' commands on a service
+    that exists (status, Force Release) take any alias :func:`check_service_alias` takes instead.
     """
-    if not isinstance(name, str) or not name.strip():
+    if not isinstance(name, str):
         raise ValueError("name (the lock's service alias) must be a non-empty string, e.g. 'MUTEX'")
-    if name != name.strip():
-        raise ValueError(
-            f"name {name!r} has blanks around it: use {name.strip()!r} (the server would take the blanks as "
-            "part of a different alias)"
-        )
-    if DERIVED_MARK in name:
-        raise ValueError(
-            f"name {name!r} contains {DERIVED_MARK!r}, which marks the services a lock derives from its name "
-            f"(reader slots {DEFAULT_ALIAS}~r1, the closer {DEFAULT_ALIAS}~c, queue tickets, breakers): "
-            f"use a name without it, e.g. {name.split(DERIVED_MARK)[0].strip() or DEFAULT_ALIAS!r}"
-        )
-    if name != DEFAULT_ALIAS and name.casefold() == DEFAULT_ALIAS.casefold():
-        raise ValueError(
-            f"name {name!r} differs from {DEFAULT_ALIAS!r} only in letter case: use {DEFAULT_ALIAS!r}, the "
-            "alias every other user of the lock (and the original snippet) adds"
-        )
+    problem = lock_name_problem(name)
+    if problem is not None:
+        raise ValueError(problem)
     return name
+
+
+def check_service_alias(alias: object) -> str:
+    """Return ``alias`` if it can name a service that exists, for an administrator's command on it
+    (``status``, ``release``, the Mutex Service driver's commands), else raise ``ValueError``.
+
+    Looser than :func:`check_lock_name` on purpose: a service whose alias no lock of ours may have (one that
+    only looks like ``MUTEX``, made by other code) must still be seen and removed by name. Refused: a blank
+    alias, one longer than :data:`MAX_ALIAS_LENGTH`, and characters no alias can carry as one line (controls,
+    line separators, lone surrogates).
+    """
+    if not isinstance(alias, str) or not alias.strip():
+        raise ValueError("name (the lock's service alias) must be a non-empty string, e.g. 'MUTEX'")
+    if len(alias) > MAX_ALIAS_LENGTH:
+        raise ValueError(f"name (the lock's service alias) must be at most {MAX_ALIAS_LENGTH} characters")
+    odd = next((ch for ch in alias if unicodedata.category(ch) in _UNSENDABLE), None)
+    if odd is not None:
+        raise ValueError(
+            f"name {shown_name(alias)} contains {escaped(odd)}, a control character or line break, which no "
+            "service alias can carry: give the alias as the sandbox shows it, e.g. 'MUTEX'"
+        )
+    return alias
+
+
+def _looks_like(name: str) -> str:
+    """What people may read ``name`` as, when that is printable ASCII ("" otherwise): compatibility forms
+    folded (fullwidth letters, ligatures), accents and invisible characters (zero-width spaces, soft hyphens,
+    joiners, bidi marks) dropped."""
+    folded = unicodedata.normalize("NFKD", name)
+    seen = "".join(ch for ch in folded if unicodedata.category(ch) not in ("Cf", "Mn", "Me")).strip()
+    return seen if seen and printable_ascii(seen) else ""
 
 
 def alias_kind(alias: str) -> Tuple[str, str]:

@@ -17,6 +17,7 @@ from cloudshell.api.cloudshell_api import AttributeNameValue
 from . import diagnosis, events, protocol
 from .alias import CallResult, LockAlias, Status
 from .classify import Classification, ErrorKind
+from .holder import named_token
 from .lease import parse_ticket
 from .operation import Operation
 from .options import FRESH_READ_LAG
@@ -43,14 +44,19 @@ class ReleaseLoop:
         op: Operation,
         confirmed_at: float,
         confirm: Callable[[CallResult], None],
-        mark: bool = True,
+        marker: Optional[str] = None,
         ticket: Optional[LockAlias] = None,
     ) -> None:
         self.parts = parts
         self.op = op
         self.confirmed_at = confirmed_at  # when the lock was last confirmed ours, before this release
         self.confirm = confirm  # told of every read: one that shows our token confirms the hold
-        self.mark = mark  # add MUTEX~releasing while the lock waits for a remove of ours
+        #: The ``Mutex Owner`` of the MUTEX~releasing this adds while the lock waits for a remove of ours (the
+        #: token and the secret it commits to, which waiters check); None: never mark.
+        self.marker = marker
+        #: A MUTEX~releasing that a read showed naming our token, which we did not add (a forgery, or an older
+        #: release's marker): ours by the token, so it goes at the end, as ours does (no waiter believes it).
+        self.stray_mark: Optional[LockAlias] = None
         #: The queue ticket the acquisition waited with: removed with the lock in its first remove, when the
         #: read before it shows the ticket ours. None once that remove was sent (or when there is none).
         self.ticket = ticket
@@ -75,13 +81,14 @@ class ReleaseLoop:
         return end
 
     def _mark_releasing(self) -> None:
-        """Add ``MUTEX~releasing`` with our token, once per release: only waiters' messages depend on it, so a
-        refusal or a failure changes nothing else (an add without an answer is watched, and removed)."""
+        """Add ``MUTEX~releasing`` with our token and secret, once per release: only waiters' messages depend
+        on it, so a refusal or a failure changes nothing else (an add without an answer is watched, and
+        removed)."""
         parts, op = self.parts, self.op
-        if op.releasing_mark is not None:
+        if op.releasing_mark is not None or self.marker is None:
             return
         mark = parts.alias.sibling(protocol.releasing_alias(parts.name))
-        added = mark.try_add([AttributeNameValue(protocol.ATTR_OWNER, op.token)])
+        added = mark.try_add([AttributeNameValue(protocol.ATTR_OWNER, self.marker)])
         if added.ok or added.may_have_committed or added.may_land_later:
             op.releasing_mark = mark
             if not added.ok:
@@ -91,9 +98,11 @@ class ReleaseLoop:
 
     def _unmark(self, remove: bool = True) -> None:
         """Take the marker away (``remove``), or leave it to the late-add watcher, which removes it while it
-        shows our token; an add of it that got no answer is watched too."""
+        shows our token; an add of it that got no answer is watched too. A marker of our token that we did not
+        add goes the same way (one remove: only one service can have the alias)."""
         parts, op = self.parts, self.op
-        mark, lands_by = op.releasing_mark, op.releasing_mark_lands_by
+        mark, lands_by = op.releasing_mark or self.stray_mark, op.releasing_mark_lands_by
+        self.stray_mark = None
         if mark is None:
             return
         op.releasing_mark = op.releasing_mark_lands_by = None
@@ -119,6 +128,7 @@ class ReleaseLoop:
                     if end is not None:
                         return end
                     continue
+                self._see_stray_mark(read)
                 op.see_holder(read.holder)
                 missing, self.both_missing = self.both_missing, None
                 if missing is not None:
@@ -149,8 +159,7 @@ class ReleaseLoop:
                 if op.remove_can_land(now):
                     # Still ours, but our earlier remove may still land: a second remove now could land
                     # after a waiter took the lock, and delete the waiter's. Read again later, and say why.
-                    if self.mark:
-                        self._mark_releasing()
+                    self._mark_releasing()
                     sleep(op.next_poll(parts.pacing, parts.runtime.rng))
                     continue
                 op.still_ours_at(now)
@@ -199,6 +208,14 @@ class ReleaseLoop:
             end = self._failed(result.failure, "removing the lock service")
             if end is not None:
                 return end
+
+    def _see_stray_mark(self, read: CallResult) -> None:
+        """Remember a ``MUTEX~releasing`` that ``read`` shows naming our token when we added none."""
+        parts, op = self.parts, self.op
+        alias = protocol.releasing_alias(parts.name)
+        shown = (read.services or {}).get(alias)
+        if op.releasing_mark is None and shown is not None and named_token(shown.token) == op.token:
+            self.stray_mark = self.stray_mark or parts.alias.sibling(alias)
 
     def _ticket_unsettled(self, ticket: LockAlias, lands_by: Optional[float]) -> None:
         """A remove of the lock with our ticket failed or got no answer: the ticket goes to the late-add

@@ -15,6 +15,7 @@ from . import catalog
 from .engine import Deadline
 from .errors import MutexUsageError
 from .options import LOGGER_NAME, UNSET, check_duration
+from .protocol import check_lock_name
 
 __all__ = ["acquire_all"]
 
@@ -39,7 +40,7 @@ def acquire_all(*locks: Any, timeout: Optional[float] = UNSET) -> Iterator[Tuple
     places = {(catalog.server_key(lock.api), lock.reservation_id) for lock in locks}
     if len(places) > 1:
         raise MutexUsageError("acquire_all() takes locks of one reservation on one server")
-    names = [str(lock.name) for lock in locks]
+    names = [check_lock_name(lock.name) for lock in locks]  # the one rule, whatever object holds the name
     twice = sorted({name for name in names if [n.casefold() for n in names].count(name.casefold()) > 1})
     if twice:
         raise MutexUsageError(
