@@ -22,7 +22,6 @@ import multiprocessing
 import os
 import random
 import time
-from types import SimpleNamespace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import pytest
@@ -233,7 +232,7 @@ def _nonces_counting_from(first: int) -> None:
     """This process's tokens get nonces counting up from ``first``: a test decides which party is a cycle's
     victim (the greatest nonce) instead of leaving it to chance."""
     counter = itertools.count(first)
-    tokens.secrets = SimpleNamespace(token_hex=lambda size: f"{next(counter):0{2 * size}x}")
+    tokens.commitment = lambda secret: f"{next(counter):0{tokens.NONCE_DIGITS}x}"
 
 
 def other_party(address, rid: str, give_up_after: Optional[float], hold_after: float, events, go) -> None:
@@ -274,8 +273,8 @@ def test_a_party_killed_while_it_waits_makes_no_deadlock_and_its_lock_is_broken(
     emu = _leased_emulator(cloudshell_emulator_factory)
     rid = emu.create_reservation("a dead party")
     emu.control.configure(latency=LATENCY)
-    monkeypatch.setattr(tokens, "secrets", tokens.secrets)  # restored after the test
-    _nonces_counting_from(0xF0000000)
+    monkeypatch.setattr(tokens, "commitment", tokens.commitment)  # restored after the test
+    _nonces_counting_from(0xF000000000000000)
     api = emu.session()
     ctx = multiprocessing.get_context("spawn")
     events, go = ctx.Queue(), ctx.Event()
@@ -306,8 +305,8 @@ def test_a_party_that_gave_up_but_whose_ticket_remove_lands_late_makes_no_deadlo
     emu = _leased_emulator(cloudshell_emulator_factory)
     rid = emu.create_reservation("a party that gave up")
     emu.control.configure(latency=LATENCY)
-    monkeypatch.setattr(tokens, "secrets", tokens.secrets)
-    _nonces_counting_from(0xF0000000)
+    monkeypatch.setattr(tokens, "commitment", tokens.commitment)
+    _nonces_counting_from(0xF000000000000000)
     api = emu.session()
     ctx = multiprocessing.get_context("spawn")
     events, go = ctx.Queue(), ctx.Event()

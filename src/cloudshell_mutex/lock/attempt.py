@@ -16,7 +16,7 @@ At the deadline, :meth:`MutexAttempt.give_up` settles with a last read and raise
 from __future__ import annotations
 
 import logging
-from typing import Callable, Optional, Tuple
+from typing import Callable, Optional
 
 from . import diagnosis, events, lease
 from .alias import CallResult, Status
@@ -55,16 +55,14 @@ class MutexAttempt:
         blocking: bool,
         queue: Optional[Line],
         first_beat: str,
-        holding: Callable[[], Tuple[str, ...]] = tuple,
     ) -> None:
         self.parts = parts
         self.op = op
         self.blocking = blocking
         self.queue = queue if blocking else None
         self.first_beat = first_beat
-        #: The tokens of the other locks this thread holds in the reservation (asked once, at the first
-        #: contention outside the queue: such a wait needs a wait record of its own to be seen in a deadlock).
-        self.holding = holding
+        # Outside the queue, a wait needs a record of its own to be seen in a deadlock: made at the first
+        # contention when the thread holds other locks of the reservation.
         self._record: Optional[WaitRecord] = None
         self._asked_holding = False
         self.confirmed_at = float("-inf")
@@ -326,13 +324,11 @@ class MutexAttempt:
         next add, cut to the next look."""
         if not self._asked_holding:
             self._asked_holding = True
-            held = self.holding()
-            if held:
-                parts = self.parts
-                lifetime, logger = parts.options.request_lifetime, parts.logger
-                self._record = WaitRecord(
-                    parts.alias, self.op.token, held, parts.runtime, lifetime, self.op.start, logger
-                )
+            parts = self.parts
+            lifetime = parts.options.request_lifetime
+            self._record = WaitRecord.for_wait(
+                parts.alias, self.op.token, parts.runtime, lifetime, parts.logger
+            )
         if self._record is None:
             return delay
         self._record.step(self.op.deadline.at)

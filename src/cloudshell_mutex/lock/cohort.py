@@ -23,11 +23,11 @@ import secrets
 import socket
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Union
 
 import filelock
 
-from . import catalog, diagnosis, holdings
+from . import catalog, diagnosis
 from .alias import LockAlias
 from .cohort_files import (
     STATE_GRACE,
@@ -143,9 +143,7 @@ class CohortMutex:
         self._alias = LockAlias.for_lock(
             api, self._mutex.reservation_id, name, self._mutex.options, self.logger, clock, sleep
         )
-        #: The deadlock cycle through this member's last local wait, when its last look showed one, and the
-        #: token of that wait: (None, "") otherwise.
-        self._local_cycle: Tuple[Any, str] = (None, "")
+        self._local_record: Optional[WaitRecord] = None  # the last local wait's (a timeout's words)
         self._nested = 0  # acquires counted on top of the one that holds (reentrant)
         server = catalog.server_key(api)
         self.cohort_dir = Path(cohort_dir) if cohort_dir is not None else default_cohort_dir()
@@ -153,9 +151,7 @@ class CohortMutex:
         sweep_now_and_then(self.cohort_dir, self.logger)  # idle cohorts' files go (at most once an hour)
         self._where = (server, self._mutex.reservation_id, name)
         self._local = self._files.local_lock()
-        self._held = False
-        self._holder_written = False
-        self.passed = False
+        self._held = self._holder_written = self.passed = False
         self.predecessor: Optional[Dict[str, Any]] = None
 
     # ------------------------------------------------------------------ what ReservationMutex has
@@ -276,7 +272,7 @@ class CohortMutex:
         except CohortStateBusy as busy:
             raise self._state_timeout(start, busy) from None
         except CancelledWait:
-            holder = self._local_holder() + " on this machine, in cohort mode"
+            holder = self._files.local_holder() + " on this machine, in cohort mode"
             self._tidy_orphan()  # as after a timeout: a lock passed to this waiter meanwhile is not orphaned
             raise self._cancelled(start, holder) from None
         except MutexDeadlock as deadlock:
@@ -331,43 +327,21 @@ class CohortMutex:
 
     def _wait_local(self, deadline: Deadline, holder: Optional[Dict[str, Any]]) -> bool:
         """Wait for the local lock (False at the deadline) as a waiter for the server lock does, on the
-        engine's loop: a log line when the wait begins, and the progress line scripts write, at most every
-        ``progress_interval`` seconds when ``progress`` is on; the caller's cancellation is asked every half
-        second (``CancelledWait``). The local wait runs on real time."""
-        record = self._wait_record()
+        engine's loop, on real time: a log line when it begins, progress lines (``progress``), the caller's
+        cancellation every half second (``CancelledWait``), and for a thread that holds other locks of the
+        reservation a wait record, so that the wait is seen in the wait-for graph (MutexDeadlock)."""
+        runtime, lifetime = self._mutex.runtime, self._mutex.options.request_lifetime
+        record = WaitRecord.for_wait(self._alias, make_token(self.owner), runtime, lifetime, self.logger)
+        self._local_record = record
         wait = LocalWait(self, deadline.left(), deadline.at, holder, self._cancellation is not None, record)
-        self.logger.info(
-            "cloudshell-mutex: %s in reservation %s is held by %s in cohort mode; waiting for it",
-            self.name,
-            self.reservation_id,
-            wait.who,
-        )
-        self._local_cycle = (None, "")
+        what = "cloudshell-mutex: %s in reservation %s is held by %s in cohort mode; waiting for it"
+        self.logger.info(what, self.name, self.reservation_id, wait.who)
+        cancellation = self._cancellation
         try:
-            return acquire_loop(
-                wait, wait.end, lambda seconds: pause(seconds, time.sleep, self._cancellation)
-            )
+            return acquire_loop(wait, wait.end, lambda seconds: pause(seconds, time.sleep, cancellation))
         finally:
             if record is not None:
-                self._local_cycle = (record.cycle, record.token)
                 record.close()
-
-    def _wait_record(self) -> Optional[WaitRecord]:
-        """The wait record of a local wait by a thread that holds other locks of the reservation (its local
-        waits must be seen in the wait-for graph, as the queue's waits are), else None."""
-        held = holdings.held_tokens(self.api, self.reservation_id, but=self.name)
-        if not held:
-            return None
-        runtime, options = self._mutex.runtime, self._mutex.options
-        return WaitRecord(
-            self._alias,
-            make_token(self.owner),
-            held,
-            runtime,
-            options.request_lifetime,
-            runtime.clock(),
-            self.logger,
-        )
 
     def try_local(self, seconds: float) -> bool:
         """Try the local lock for up to ``seconds`` (-1: until it is free); True when this object has it."""
@@ -513,17 +487,6 @@ class CohortMutex:
             if self._held:
                 self._leave(clear_holder=True, timeout=STATE_GRACE)
 
-    def _local_holder(self) -> str:
-        """Who holds the local lock, as the cohort's state says (for an error message)."""
-        try:
-            with self._files.state(STATE_GRACE) as state:
-                holder = state.holder
-        except CohortStateBusy:
-            holder = None
-        if holder and holder.get("pid") == os.getpid():
-            return f"another command of this process (pid {holder.get('pid')}, {holder.get('owner')})"
-        return f"pid {holder.get('pid')} ({holder.get('owner')})" if holder else "another process"
-
     def _cancelled(self, start: float, holder: Optional[str]) -> MutexCancelled:
         """The caller cancelled the wait for the local lock, or the yield to other execution servers."""
         error = diagnosis.cancelled_wait(self.name, self.reservation_id, self._clock() - start, holder)
@@ -532,8 +495,9 @@ class CohortMutex:
 
     def _local_timeout(self, start: float) -> MutexTimeout:
         waited = self._clock() - start
-        who, path = self._local_holder(), str(self._files.lock_path)
-        cycle, token = self._local_cycle
+        who, path = self._files.local_holder(), str(self._files.lock_path)
+        record = self._local_record
+        cycle, token = (None, "") if record is None else (record.cycle, record.token)
         return diagnosis.local_timeout_error(waited, who, path, self.reservation_id, self.name, cycle, token)
 
     def _state_timeout(self, start: float, busy: CohortStateBusy) -> MutexTimeout:

@@ -200,6 +200,17 @@ class CohortFiles:
         token = record.get("token") if isinstance(record, dict) else None
         return token if isinstance(token, str) else None
 
+    def local_holder(self) -> str:
+        """Who holds the local lock, as the state says (for an error message)."""
+        try:
+            with self.state(STATE_GRACE) as state:
+                holder = state.holder
+        except CohortStateBusy:
+            holder = None
+        if holder and holder.get("pid") == os.getpid():
+            return f"another command of this process (pid {holder.get('pid')}, {holder.get('owner')})"
+        return f"pid {holder.get('pid')} ({holder.get('owner')})" if holder else "another process"
+
     def live_waiters(self, state: CohortState) -> int:
         """How many registered waiters are alive (their lock is held); drops dead ones from ``state``."""
         alive = 0

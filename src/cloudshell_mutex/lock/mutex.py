@@ -372,7 +372,7 @@ class ReservationMutex:
         op.waited_before = 0.0 if since is None else max(0.0, op.start - since)
         beat = lease.heartbeat_value(lease.nonce_of(op.token) or op.token, self._part, 0)
         first_beat = beat if self.options.lease > 0 else ""
-        attempt = MutexAttempt(parts, op, blocking, self._queue, first_beat, self._holding)
+        attempt = MutexAttempt(parts, op, blocking, self._queue, first_beat)
         granted = False  # the hold is in place (Ctrl-C while it was being set up takes the lock back)
         try:
             acquired = acquire_loop(attempt, op.deadline, lambda seconds: parts.pause(op, seconds))

@@ -20,7 +20,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from cloudshell.api.cloudshell_api import AttributeNameValue
 
-from . import protocol, waitfor
+from . import holdings, protocol, waitfor
 from .alias import LockAlias, Status
 from .engine import Runtime
 from .lease import nonce_of, ticket_value
@@ -64,6 +64,19 @@ class WaitRecord:
         self._added = False  # the add succeeded (or said "already exists": our own, re-sent by the client)
         self._unsettled: List[Tuple[float, int]] = []  # adds without an answer: (lands by, copies)
         self._told = False  # a deadlock another waiter gives up for was logged
+
+    @classmethod
+    def for_wait(
+        cls, lock: LockAlias, token: str, runtime: Runtime, request_lifetime: float, logger: logging.Logger
+    ) -> Optional[WaitRecord]:
+        """The record of a wait for ``lock`` beginning now in this thread, as ``token``, when the thread
+        holds other locks of the reservation (:mod:`.holdings`); None when it holds none (no cycle then)."""
+        if protocol.DERIVED_MARK in lock.alias:
+            return None  # a part of a read-write lock: no lock of the graph
+        held = holdings.held_tokens(lock.api, lock.reservation_id, but=lock.alias)
+        if not held:
+            return None
+        return cls(lock, token, held, runtime, request_lifetime, runtime.clock(), logger)
 
     @property
     def cycle(self) -> Optional[waitfor.Cycle]:
