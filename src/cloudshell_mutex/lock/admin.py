@@ -235,7 +235,7 @@ def lock_status(
     state = alias.reservation_state()
     if state == "missing":
         return _reservation_report(alias, state)
-    start = clock()
+    start: Optional[float] = None
     first_seen: Optional[float] = None
     holder: Optional[Holder] = None
     changes = 0
@@ -244,6 +244,8 @@ def lock_status(
         now = clock()
         if not result.ok:
             return _failure_report(alias, result, "reading the lock", state)
+        if start is None:
+            start = now  # the watch counts from the first answer: a holder seen all along is seen that long
         token = None if result.holder is None else result.holder.token
         if first_seen is None or token != (None if holder is None else holder.token):
             changes += first_seen is not None

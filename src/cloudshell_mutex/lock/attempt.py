@@ -24,14 +24,11 @@ from .holder import namesake, sanitize_label
 from .operation import Operation
 from .pacing import Protocol
 from .parts import UNREAD, LockParts
-from .waitrecord import WaitRecord
 
 
 class Line(Protocol):
-    """What an acquire asks of a fair queue (:class:`~.queue.FairQueue`) while it waits."""
-
-    #: True once the model refused a ticket: the acquire waits outside the queue.
-    off: bool
+    """What an acquire asks of the way it waits after a busy add: a fair queue (:class:`~.queue.FairQueue`),
+    or outside the queue, for a thread that holds other locks, its wait record (:mod:`.waitrecord`)."""
 
     def before_first_add(self, op: Operation, waiting: Callable[[], None]) -> None:
         """Line up behind the waiters this process saw at its last read, before the first add."""
@@ -61,10 +58,6 @@ class MutexAttempt:
         self.blocking = blocking
         self.queue = queue if blocking else None
         self.first_beat = first_beat
-        # Outside the queue, a wait needs a record of its own to be seen in a deadlock: made at the first
-        # contention when the thread holds other locks of the reservation.
-        self._record: Optional[WaitRecord] = None
-        self._asked_holding = False
         self.confirmed_at = float("-inf")
         self.lease_from = op.start
         self.resolved = False
@@ -106,10 +99,8 @@ class MutexAttempt:
             # Freed since the add failed (the read found nobody), or a stale holder broken: retry at once.
             freed = (op.read_since_add and op.holder is None) or self._break_if_stale()
             delay = 0.0 if freed else op.next_pause(parts.pacing, parts.runtime.rng)
-            if self.queue is not None and not self.queue.off and not freed:
+            if self.queue is not None and not freed:
                 delay = self.queue.pause(op, delay, self.waiting)  # wait in line (fair=False: plain polling)
-            elif self.blocking and not freed:
-                delay = self._look_for_deadlock(delay)
             # The next add no later than the moment the holder turns stale: judged then, not a poll later.
             stale_at, now = parts.watch.stale_at(), parts.runtime.clock()
             if stale_at is not None and stale_at > now:
@@ -175,11 +166,6 @@ class MutexAttempt:
             op, now, parts.reservation_id, parts.name, unleased_holder=unleased, releasing_until=releasing
         )
         raise parts.news.error(error, op, events.TIMEOUT, logging.WARNING, holder=error.holder)
-
-    def finish(self) -> None:
-        """The acquire ended, however it ended: a wait record of ours goes (settled). Never raises."""
-        if self._record is not None:
-            self._record.close()
 
     # ------------------------------------------------------------------ after an interrupt
 
@@ -317,23 +303,6 @@ class MutexAttempt:
         op.saw_contention(parts.runtime.clock())
         parts.note_holder(op, holder)
         return False
-
-    def _look_for_deadlock(self, delay: float) -> float:
-        """Outside the queue, a waiter that holds other locks keeps a wait record (:mod:`.waitrecord`): one
-        look when due (raises MutexDeadlock for the victim of a confirmed cycle). Returns the pause before the
-        next add, cut to the next look."""
-        if not self._asked_holding:
-            self._asked_holding = True
-            parts = self.parts
-            lifetime = parts.options.request_lifetime
-            self._record = WaitRecord.for_wait(
-                parts.alias, self.op.token, parts.runtime, lifetime, parts.logger
-            )
-        if self._record is None:
-            return delay
-        self._record.step(self.op.deadline.at)
-        self.op.cycle = self._record.cycle
-        return min(delay, self._record.due_in())
 
     def _turned_stale(self, now: float) -> bool:
         """True when the holder seen turned stale since this waiter last judged it: read it at once (its

@@ -42,6 +42,7 @@ from .pacing import CancelledWait, DefaultPacing, ExponentialBackoff, PacingPoli
 from .parts import LockParts
 from .queue import FairQueue
 from .release import ReleaseEnd, ReleaseLoop
+from .waitrecord import WaitRecord
 
 
 class ReservationMutex:
@@ -372,7 +373,10 @@ class ReservationMutex:
         op.waited_before = 0.0 if since is None else max(0.0, op.start - since)
         beat = lease.heartbeat_value(lease.nonce_of(op.token) or op.token, self._part, 0)
         first_beat = beat if self.options.lease > 0 else ""
-        attempt = MutexAttempt(parts, op, blocking, self._queue, first_beat)
+        # Plain polling: a thread that holds other locks of the reservation keeps a wait record, so that its
+        # wait is seen in the wait-for graph (in the queue, its ticket is that record).
+        record = None if self._queue is not None or not blocking else self._wait_record(op.token)
+        attempt = MutexAttempt(parts, op, blocking, self._queue or record, first_beat)
         granted = False  # the hold is in place (Ctrl-C while it was being set up takes the lock back)
         try:
             acquired = acquire_loop(attempt, op.deadline, lambda seconds: parts.pause(op, seconds))
@@ -402,7 +406,8 @@ class ReservationMutex:
             attempt.abandon(self._removes_abandoned_add)
             raise
         finally:
-            attempt.finish()
+            if record is not None:
+                record.close()
             if self._queue is not None:
                 # Our place in the queue is given up; a granted acquisition keeps the ticket for its release.
                 kept = self._queue.leave(granted=granted)
@@ -523,6 +528,11 @@ class ReservationMutex:
         waiter's ticket names as held by its thread (:mod:`.holdings`, :mod:`.waitfor`)."""
         if not self._derived_name and not self._token_mark and self._held is not None:
             holdings.register(self, self._held.token)
+
+    def _wait_record(self, token: str) -> Optional[WaitRecord]:
+        parts = self._parts
+        lifetime = self.options.request_lifetime
+        return WaitRecord.for_wait(parts.alias, token, self.runtime, lifetime, self.logger)
 
     def _holding(self) -> Tuple[str, ...]:
         """The tokens of the other locks this thread holds in this lock's reservation, for the queue's ticket

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from cloudshell.api.cloudshell_api import AttributeNameValue
 
@@ -120,6 +120,18 @@ class WaitRecord:
                 self.lock.alias,
                 confirmed.describe(self.token),
             )
+
+    # ------------------------------------------------------------------ as an acquire's way of waiting
+
+    def before_first_add(self, op: Any, waiting: Callable[[], None]) -> None:
+        """Nothing: a wait outside the queue adds at once."""
+
+    def pause(self, op: Any, default: float, waiting: Callable[[], None]) -> float:
+        """After a busy add: one look when due (raises MutexDeadlock for the victim); ``default`` (the
+        pacing's pause), cut to the next look."""
+        self.step(op.deadline.at)
+        op.cycle = self.cycle
+        return min(default, self.due_in())
 
     def close(self) -> None:
         """The wait ended (however it ended): the record goes, settled by the late-add watcher when its remove
