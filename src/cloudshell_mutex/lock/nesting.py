@@ -5,8 +5,11 @@ A driver command decorated with ``@with_reservation_mutex`` that calls a helper 
 new acquisition, its add finds the command's own ``MUTEX`` (or, in cohort mode, its own local lock), and it
 waits out its whole timeout. The locks that the driver mixin and the orchestration helpers make
 (:class:`CommandMutex`, :class:`CommandCohortMutex`) remember, in a context variable, which locks the running
-command holds: (server, reservation, alias). A nested acquire of one of them in the same thread is served at
-once by the held acquisition (counted, no call); in another thread that shares the command's context (a
+command holds: (server, reservation, alias). A nested acquire of one of them in the same thread is served by
+the held acquisition (counted, no add) once one fresh read shows that acquisition still holds the lock
+(``ensure_held(read=True)``: a second read a moment later when the first does not show it); when the hold
+turns out lost, the nested acquire raises :class:`~.errors.MutexLostError`, and the hold is known lost: its
+release removes nothing and raises too. In another thread that shares the command's context (a
 worker the command started with its context) it is refused at once, because waiting there could wait for the
 command itself.
 
@@ -25,6 +28,7 @@ from typing import Any, Optional, Tuple
 
 from . import catalog, diagnosis
 from .cohort import CohortMutex
+from .errors import MutexLostError
 from .mutex import ReservationMutex
 from .options import UNSET
 
@@ -72,12 +76,17 @@ class _CommandScoped:
 
     def acquire(self, blocking: bool = True, timeout: Optional[float] = UNSET) -> bool:
         """As the lock class's ``acquire``; when this command already holds the lock through another object,
-        it is served at once by that acquisition (True, no call), or refused at once from another thread."""
+        it is served by that acquisition (True, no add) once one read shows it alive, or refused at once from
+        another thread."""
         if self._serving is None and not super().locked():
             entry = _find(self._command_key())
             if entry is not None and entry.lock is not self:
                 if entry.thread != threading.get_ident():
                     raise diagnosis.other_thread_error(self.reservation_id, self.name)
+                try:  # served only by a hold one fresh read shows alive
+                    entry.lock.ensure_held(read=True)
+                except MutexLostError as lost:
+                    raise diagnosis.nested_lost_error(lost, self.reservation_id, self.name) from lost
                 entry.nested += 1
                 self._serving = entry
                 return True
@@ -94,9 +103,11 @@ class _CommandScoped:
             serving.nested -= 1
             self._serving = None
             return
-        super().release()
-        if not super().locked():
-            _HELD.set(tuple(e for e in _HELD.get() if e.lock is not self))
+        try:
+            super().release()
+        finally:
+            if not super().locked():  # released, or lost (a failed release still holds: it stays recorded)
+                _HELD.set(tuple(e for e in _HELD.get() if e.lock is not self))
 
     # While nested, this object stands for the command's acquisition.
 
