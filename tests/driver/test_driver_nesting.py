@@ -1,6 +1,6 @@
-"""One command, one lock: a helper that takes the command's lock again is served at once; two commands
-still exclude each other; a command that waits says so (progress, logs), also while it waits on this
-machine."""
+"""One command, one lock: a helper that takes the command's lock again is served (one read); a helper in a
+thread of its own, or a second asyncio task inside at the same time, is refused at once; two commands still
+exclude each other; a command that waits says so (progress, logs), also while it waits on this machine."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ import contextvars
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from cloudshell.shell.core.resource_driver_interface import ResourceDriverInterface
 from driver_support import context_for
 
-from cloudshell_mutex import MutexUsageError
+from cloudshell_mutex import MutexTimeout, MutexUsageError
 from cloudshell_mutex.driver import ReservationMutexMixin, with_reservation_mutex
 from cloudshell_mutex.lock.pacing import DefaultPacing
 
@@ -167,3 +168,60 @@ def test_a_waiting_command_writes_the_scripts_progress_words_and_counts_its_whol
     assert acquired, handler.lines
     waited = float(acquired[-1].split(" after ")[1].split(" s")[0])
     assert waited >= 1.5, acquired  # the whole wait, the local one included (not "after 0.00 s")
+
+
+# ---------------------------------------------------------------- helper threads without its context
+
+
+class Threaded(Driver):
+    """A command that runs its locking helper in a thread of its own (no copy of its context variables)."""
+
+    @with_reservation_mutex(timeout=30)
+    def reconfigure_in_a_thread(self, context, runner):
+        if runner == "executor":
+            with ThreadPoolExecutor(1) as pool:
+                return pool.submit(self.apply_settings, context).exception(60)
+        errors = []
+
+        def helper():
+            try:
+                self.apply_settings(context)
+            except Exception as error:
+                errors.append(error)
+
+        thread = threading.Thread(target=helper)
+        thread.start()
+        thread.join(60)
+        return errors[0] if errors else None
+
+
+@pytest.mark.parametrize("runner", ["thread", "executor"])
+@pytest.mark.parametrize("cohort", [True, False], ids=["cohort", "no-cohort"])
+def test_a_helper_thread_given_the_commands_context_is_refused_at_once(emu, tmp_path, cohort, runner):
+    rid = emu.create_reservation("helper thread")
+    driver = Threaded(tmp_path / "cohort", cohort)
+    started = time.monotonic()
+    error = driver.reconfigure_in_a_thread(context_for(emu, rid), runner)
+    print(f"helper refused after {time.monotonic() - started:.2f} s (its timeout: 5 s)")
+    assert isinstance(error, MutexUsageError), error  # not a MutexTimeout after waiting for its own command
+    message = str(error)
+    assert "held by this same command in another thread" in message
+    assert "Run the helper in the command's own thread" in message and "another command" not in message
+    assert driver.seen == []
+    assert len(adds(emu, rid)) == 1  # the helper added nothing
+    assert emu.control.reservation(rid)["services"] == []  # the command released its lock as usual
+
+
+def test_a_command_with_its_own_context_still_waits_for_another_command_of_the_same_driver(emu, tmp_path):
+    """Two commands of one driver object in one process: each has its own context object, so the second
+    one's lock waits for the first (excluded), in a thread of its own and without the first's context."""
+    rid = emu.create_reservation("two commands")
+    driver = Driver(tmp_path / "cohort")
+    first, second = context_for(emu, rid), context_for(emu, rid, "Router B")
+    with driver.reservation_mutex(first, timeout=5, **driver.options) as held:
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(
+                lambda: driver.reservation_mutex(second, timeout=1, **driver.options).acquire()
+            ).exception(60)
+        assert held.locked()
+    assert isinstance(waiting, MutexTimeout), waiting  # it waited for the other command: excluded

@@ -482,9 +482,10 @@ def state_timeout_error(waited: float, busy: str, reservation_id: str, alias: st
 def other_thread_error(reservation_id: str, alias: str) -> MutexUsageError:
     """A nested acquire in another thread of the command that holds the lock (it would wait for itself)."""
     return MutexUsageError(
-        f"{alias!r} in reservation {reservation_id} is held by this same command in another thread; "
-        "waiting for it here could wait for the command itself. Do the locked work in the thread that holds "
-        "the lock, or pass that thread's lock object",
+        f"{alias!r} in reservation {reservation_id} is held by this same command in another thread, so "
+        "taking it here would wait for the command itself: refused. Run the helper in the command's own "
+        "thread, or do not take the lock again in a helper that the locked command calls: the command's lock "
+        "covers it",
         reservation_id=reservation_id,
         alias=alias,
     )
