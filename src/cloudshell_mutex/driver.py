@@ -197,9 +197,9 @@ class ReservationMutexMixin:
 
         A helper that takes the same lock while the command holds it (a decorated command calling a locking
         helper) is served by the command's acquisition once one read shows it still held, without waiting for
-        itself; in a thread of its own it is refused at once (:mod:`cloudshell_mutex.lock.nesting`). Progress
-        lines go to the sandbox output while it waits (``progress=True`` unless given; the class's
-        ``reservation_mutex_progress``).
+        itself; in a thread of its own, or in a second asyncio task inside at the same time, it is refused at
+        once (:mod:`cloudshell_mutex.lock.nesting`). Progress lines go to the sandbox output while it waits
+        (``progress=True`` unless given; the class's ``reservation_mutex_progress``).
 
         ``cancellation_context`` is the command's ``CancellationContext``; by default the calling command's
         own ``cancellation_context`` argument. While the lock waits, the portal's Stop ends the wait within a

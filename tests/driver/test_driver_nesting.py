@@ -4,6 +4,7 @@ exclude each other; a command that waits says so (progress, logs), also while it
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
 import threading
@@ -225,3 +226,87 @@ def test_a_command_with_its_own_context_still_waits_for_another_command_of_the_s
             ).exception(60)
         assert held.locked()
     assert isinstance(waiting, MutexTimeout), waiting  # it waited for the other command: excluded
+
+
+# ---------------------------------------------------------------- asyncio tasks of one command
+
+
+class Tasks(Driver):
+    """A command that fans out into asyncio tasks which each take the command's lock again."""
+
+    @with_reservation_mutex(timeout=30)
+    def fan_out(self, context, together):
+        return asyncio.run(self._steps(context, together))
+
+    async def _steps(self, context, together):
+        inside, most, outcomes = set(), [0], {}
+
+        async def step(number):
+            try:
+                with self.reservation_mutex(context, timeout=5, **self.options):
+                    inside.add(number)
+                    most[0] = max(most[0], len(inside))
+                    await asyncio.sleep(0.2)  # another task runs meanwhile
+                    inside.discard(number)
+                outcomes[number] = "served"
+            except MutexUsageError as error:
+                outcomes[number] = str(error)
+
+        if together:
+            await asyncio.gather(step(0), step(1))
+        else:
+            await step(0)
+            await asyncio.create_task(step(1))
+        return most[0], outcomes
+
+
+@pytest.mark.parametrize("cohort", [True, False], ids=["cohort", "no-cohort"])
+def test_two_tasks_of_one_command_are_never_inside_at_once(emu, tmp_path, cohort):
+    rid = emu.create_reservation("tasks")
+    most, outcomes = Tasks(tmp_path / "cohort", cohort).fan_out(context_for(emu, rid), together=True)
+    assert most == 1, outcomes  # never both inside through the command's hold
+    assert outcomes[0] == "served"
+    assert "another asyncio task of it is inside" in outcomes[1] and "await each in turn" in outcomes[1]
+    assert len(adds(emu, rid)) == 1 and emu.control.reservation(rid)["services"] == []
+
+
+def test_tasks_of_one_command_that_take_turns_are_each_served(emu, tmp_path):
+    rid = emu.create_reservation("tasks")
+    most, outcomes = Tasks(tmp_path / "cohort").fan_out(context_for(emu, rid), together=False)
+    assert most == 1 and outcomes == {0: "served", 1: "served"}
+    assert len(adds(emu, rid)) == 1 and emu.control.reservation(rid)["services"] == []
+
+
+def test_a_task_that_holds_the_lock_nests_and_another_task_is_refused(emu, tmp_path):
+    rid = emu.create_reservation("tasks")
+    driver = Driver(tmp_path / "cohort")
+    context = context_for(emu, rid)
+    outcomes = {}
+
+    async def nest(who):
+        try:
+            with driver.reservation_mutex(context, timeout=5, **driver.options):
+                outcomes[who] = "served"
+        except MutexUsageError as error:
+            outcomes[who] = str(error)
+
+    async def holder(entered, done):
+        with driver.reservation_mutex(context, timeout=5, **driver.options):
+            await nest("holder nested")  # its own flow: served
+            await asyncio.create_task(nest("subtask"))  # a task it starts holding the lock: its context too
+            entered.set()
+            await done.wait()
+
+    async def other(entered, done):  # started before the lock was taken: without its context variables
+        await entered.wait()
+        await nest("other task")
+        done.set()
+
+    async def main():
+        entered, done = asyncio.Event(), asyncio.Event()
+        await asyncio.gather(holder(entered, done), other(entered, done))
+
+    asyncio.run(main())
+    assert outcomes["holder nested"] == "served"
+    assert "(or holds it itself)" in outcomes["subtask"] and "(or holds it itself)" in outcomes["other task"]
+    assert len(adds(emu, rid)) == 1 and emu.control.reservation(rid)["services"] == []

@@ -491,6 +491,19 @@ def other_thread_error(reservation_id: str, alias: str) -> MutexUsageError:
     )
 
 
+def other_task_error(reservation_id: str, alias: str) -> MutexUsageError:
+    """A nested acquire from an asyncio task while another task of the command is inside through the same
+    hold, or holds the lock itself."""
+    return MutexUsageError(
+        f"{alias!r} in reservation {reservation_id} is held by this command, and another asyncio task of it "
+        "is inside through that hold (or holds it itself): two tasks inside at once would not exclude each "
+        "other, and waiting here would block the event loop: refused. Run the tasks' locked parts one after "
+        "another (await each in turn), or take the lock once around them all and not again in the tasks",
+        reservation_id=reservation_id,
+        alias=alias,
+    )
+
+
 def nested_lost_error(error: MutexLostError, reservation_id: str, alias: str) -> MutexLostError:
     """A nested acquire whose read found the command's own hold lost (or its lease lapsed or expired)."""
     return MutexLostError(

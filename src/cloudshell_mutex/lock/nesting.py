@@ -21,6 +21,8 @@ command itself:
   another thread, whatever that thread's context (a ``threading.Thread`` or a ``ThreadPoolExecutor`` worker).
   A process-wide record of the mixin locks held, each with its context object, tells; it holds the locks
   weakly, so a lock object that is gone holds nothing;
+* a nested acquire from an asyncio task while another task of the command is inside through the same hold,
+  or holds the lock itself: two tasks inside at once would not exclude each other.
 
 "One command" is one context: CloudShell runs each command in a thread of its own, with a context object of
 its own, so two commands of one driver running at the same time still exclude each other, as do the parallel
@@ -33,6 +35,7 @@ parties there, as they always were.
 from __future__ import annotations
 
 import contextvars
+import sys
 import threading
 import weakref
 from dataclasses import dataclass
@@ -51,13 +54,24 @@ _Key = Tuple[str, str, str]
 
 @dataclass
 class _Held:
-    """A lock the running command holds: its key, the object that holds it, the thread, and how many nested
-    acquires it is serving now."""
+    """A lock the running command holds: its key, the object that holds it, the thread and the asyncio task
+    (None: plain code) that took it, how many nested acquires it is serving now, and the one other task of the
+    same loop being served now (with its depth)."""
 
     key: _Key
     lock: Any
     thread: int
+    task: Any = None
     nested: int = 0
+    task_served: Any = None
+    task_depth: int = 0
+
+    def admits(self, task: Any) -> bool:
+        """May ``task`` (None: plain code) be served now? The holder's own flow may; another task only while
+        the holder is plain code and no other task is inside through this hold."""
+        if task is None or task is self.task:
+            return True
+        return self.task is None and self.task_served in (None, task)
 
 
 #: The locks held in this context, innermost last. A tuple, replaced on every change, so that a context copied
@@ -107,12 +121,26 @@ def _find(key: _Key) -> Optional[_Held]:
     return None
 
 
+def _running_task() -> Any:
+    """The asyncio task running in this thread, or None (no loop runs here, or plain code). asyncio is asked
+    only when something imported it: the plain path costs nothing."""
+    asyncio = sys.modules.get("asyncio")
+    if asyncio is None:
+        return None
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no running event loop in this thread
+        return None
+
+
 class _CommandScoped:
     """What :class:`CommandMutex` and :class:`CommandCohortMutex` add to their lock class: a nested acquire
     within one command is served by the acquisition the command holds (see the module's docstring).
     ``command_context``: the driver command's context object (the mixin's locks), or None (scripts)."""
 
     _serving: Optional[_Held] = None
+    _served_task: Any = None
+    _holding_thread: Optional[int] = None
 
     def __init__(self, *args: Any, command_context: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -140,45 +168,55 @@ class _CommandScoped:
         # The lock classes tell "no timeout given" by a sentinel of their own: pass only what was given.
         acquired = super().acquire(*((blocking,) if timeout is UNSET else (blocking, timeout)))
         if acquired:
+            self._holding_thread = threading.get_ident()
             if _find(key) is None:
-                _HELD.set((*_HELD.get(), _Held(key, self, threading.get_ident())))
+                _HELD.set((*_HELD.get(), _Held(key, self, self._holding_thread, _running_task())))
             if self._command_context is not None:
                 _COMMAND_HOLDS.hold(key, self)
         return acquired
 
     def _serve(self, entry: _Held) -> None:
-        """Be served by ``entry``'s acquisition, or raise: from another thread (usage), or when one read shows
-        the hold lost (:class:`~.errors.MutexLostError`, and the hold is known lost)."""
+        """Be served by ``entry``'s acquisition, or raise: from another thread or another task (usage), or
+        when one read shows the hold lost (:class:`~.errors.MutexLostError`, and the hold is known lost)."""
         if entry.thread != threading.get_ident():
             raise diagnosis.other_thread_error(self.reservation_id, self.name)
+        task = _running_task()
+        if not entry.admits(task):
+            raise diagnosis.other_task_error(self.reservation_id, self.name)
         try:
             entry.lock.ensure_held(read=True)
         except MutexLostError as lost:
             raise diagnosis.nested_lost_error(lost, self.reservation_id, self.name) from lost
         entry.nested += 1
+        if task is not None and task is not entry.task:
+            entry.task_served, entry.task_depth = task, entry.task_depth + 1
+            self._served_task = task
         self._serving = entry
 
     def _refuse_a_helper_of_the_holder(self, key: _Key) -> None:
         """A mixin lock made with the context object of the command that holds the lock, taken where that
-        command's context variables do not reach (a helper thread): it would wait for its own command."""
+        command's context variables do not reach (a helper thread, or an asyncio task started before the
+        lock was taken): it would wait for its own command."""
         context = self._command_context
         if context is None:
             return
         holder = _COMMAND_HOLDS.holder(key)
-        if (
-            holder is not None
-            and holder is not self
-            and holder.command_context is context
-            and holder.locked()
-        ):
-            raise diagnosis.other_thread_error(self.reservation_id, self.name)
+        if holder is None or holder is self or holder.command_context is not context or not holder.locked():
+            return
+        if holder._holding_thread == threading.get_ident():
+            raise diagnosis.other_task_error(self.reservation_id, self.name)
+        raise diagnosis.other_thread_error(self.reservation_id, self.name)
 
     def release(self) -> None:
         """As the lock class's ``release``; a nested acquire served by the command's lock only ends."""
         serving = self._serving
         if serving is not None:
             serving.nested -= 1
-            self._serving = None
+            if self._served_task is not None and serving.task_served is self._served_task:
+                serving.task_depth -= 1
+                if serving.task_depth == 0:
+                    serving.task_served = None
+            self._serving = self._served_task = None
             return
         try:
             super().release()
