@@ -24,6 +24,7 @@ from cloudshell.shell.core.resource_driver_interface import ResourceDriverInterf
 from cloudshell_mutex import MutexUsageError
 from cloudshell_mutex.demo.contexts import resource_command_context
 from cloudshell_mutex.driver import ReservationMutexMixin, with_reservation_mutex
+from cloudshell_mutex.lock.cohort import CohortMutex
 from cloudshell_mutex.lock.pacing import DefaultPacing
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -157,4 +158,76 @@ def test_helper_threads_are_refused_at_once_and_commands_still_take_turns_across
     assert len(journal) == 2 * 2 * 2 * ROUNDS  # processes x commands x (enter, exit) x rounds
     for (step, who), (next_step, next_who) in zip(journal[::2], journal[1::2]):
         assert (step, next_step, next_who) == ("enter", "exit", who), journal  # nobody else inside meanwhile
+    assert emu.control.reservation(rid)["services"] == []
+
+
+# ---------------------------------------------------------------- a lost hold is never passed on
+
+
+def lost_holder(site: Site, rid: str, cohort_dir: str, removed, results) -> None:
+    """Hold the lock as a command; once it was removed behind its back, nest (refused), then release."""
+    report: Dict[str, Any] = {"index": "holder", "error": None}
+    try:
+        host, port, token = site
+        driver = JournalDriver(True, cohort_dir)
+        context = resource_command_context(host, port, token, rid, "Router A")
+        lock = driver.reservation_mutex(context, command="reconfigure", timeout=TIMEOUT, **driver.options)
+        lock.acquire()
+        results.put({"index": "held", "error": None})
+        removed.wait(TIMEOUT)
+        for step, action in (("nested", lambda: driver.apply_settings(context)), ("release", lock.release)):
+            try:
+                action()
+                report[step] = "ok"
+            except Exception as error:
+                report[step] = type(error).__name__
+    except BaseException as error:
+        report["error"] = f"{type(error).__name__}: {error}\n{traceback.format_exc()}"
+    results.put(report)
+
+
+def local_waiter(site: Site, rid: str, cohort_dir: str, results) -> None:
+    """A command on the same execution server: it waits for the local lock, then says what it holds."""
+    report: Dict[str, Any] = {"index": "waiter", "error": None}
+    try:
+        host, port, token = site
+        driver = JournalDriver(True, cohort_dir)
+        context = resource_command_context(host, port, token, rid, "Router B")
+        with driver.reservation_mutex(context, command="rewire", timeout=TIMEOUT, **driver.options) as lock:
+            holder = lock.holder()
+            report.update(passed=lock.passed, ours=holder is not None and holder.token == lock.token)
+    except BaseException as error:
+        report["error"] = f"{type(error).__name__}: {error}\n{traceback.format_exc()}"
+    results.put(report)
+
+
+def test_a_hold_a_nested_acquire_found_lost_is_not_passed_to_the_next_local_command(emu, tmp_path):
+    """Without a lease (the original package): the holder's release must not hand a removed lock to a local
+    waiter, which would carry on with no MUTEX on the server; the waiter acquires from the server."""
+    rid = emu.create_reservation("lost hold, local waiter")
+    site = (emu.host, emu.port, emu.issue_token())
+    cohort_dir = str(tmp_path / "cohort")
+    ctx = multiprocessing.get_context("spawn")
+    results, removed = ctx.Queue(), ctx.Event()
+    holder = ctx.Process(target=lost_holder, args=(site, rid, cohort_dir, removed, results))
+    waiter = ctx.Process(target=local_waiter, args=(site, rid, cohort_dir, results))
+    holder.start()
+    try:
+        assert results.get(timeout=TIMEOUT) == {"index": "held", "error": None}
+        emu.session().RemoveServicesFromReservation(rid, ["MUTEX"])  # a Force Release
+        waiter.start()
+        local = CohortMutex(emu.session(), rid, cohort_dir=cohort_dir)
+        deadline = time.monotonic() + TIMEOUT
+        while not local.local_state().waiters and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the waiter waits for the local lock
+        removed.set()
+        reports = {r["index"]: r for r in (results.get(timeout=TIMEOUT), results.get(timeout=TIMEOUT))}
+    finally:
+        for process in (holder, waiter):
+            process.join(10)
+            if process.is_alive():
+                process.kill()
+    assert not [r["error"] for r in reports.values() if r["error"]], reports
+    assert reports["holder"]["nested"] == reports["holder"]["release"] == "MutexLostError"
+    assert reports["waiter"] == {"index": "waiter", "error": None, "passed": False, "ours": True}
     assert emu.control.reservation(rid)["services"] == []
