@@ -151,6 +151,11 @@ class _CommandScoped:
         """The driver command's context object this lock was made with (None: not a driver command's)."""
         return self._command_context
 
+    @property
+    def holding_thread(self) -> Optional[int]:
+        """The thread (its ident) that took the lock this object holds last (None: it never held it)."""
+        return self._holding_thread
+
     def _command_key(self) -> _Key:
         return catalog.server_key(self.api), self.reservation_id, self.name
 
@@ -203,7 +208,7 @@ class _CommandScoped:
         holder = _COMMAND_HOLDS.holder(key)
         if holder is None or holder is self or holder.command_context is not context or not holder.locked():
             return
-        if holder._holding_thread == threading.get_ident():
+        if holder.holding_thread == threading.get_ident():
             raise diagnosis.other_task_error(self.reservation_id, self.name)
         raise diagnosis.other_thread_error(self.reservation_id, self.name)
 
