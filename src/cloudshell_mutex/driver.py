@@ -197,8 +197,9 @@ class ReservationMutexMixin:
         mode to :class:`~cloudshell_mutex.lock.cohort.CohortMutex` (``cohort_dir``, ``max_passes``, ...).
 
         A helper that takes the same lock while the command holds it (a decorated command calling a locking
-        helper) is served by the command's acquisition at once, without waiting for itself
-        (:mod:`cloudshell_mutex.lock.nesting`). Progress lines go to the sandbox output while it waits
+        helper) is served by the command's acquisition once one read shows it still held, without waiting for
+        itself; in a thread of its own, or in a second asyncio task inside at the same time, it is refused at
+        once (:mod:`cloudshell_mutex.lock.nesting`). Progress lines go to the sandbox output while it waits
         (``progress=True`` unless given; the class's ``reservation_mutex_progress``).
 
         ``cancellation_context`` is the command's ``CancellationContext``; by default the calling command's
@@ -217,9 +218,10 @@ class ReservationMutexMixin:
             options.setdefault("progress", self.reservation_mutex_progress)
         if cohort is None:
             cohort = self.reservation_mutex_cohort and cohort_available()
+        # The context object is the command's identity: a helper thread of the command is passed the same one.
         if cohort:
-            return CommandCohortMutex(api, reservation_id, name=name, **options)
-        return CommandMutex(api, reservation_id, name=name, **options)
+            return CommandCohortMutex(api, reservation_id, name=name, command_context=context, **options)
+        return CommandMutex(api, reservation_id, name=name, command_context=context, **options)
 
     def reservation_rwlock(
         self,

@@ -63,8 +63,9 @@ def sandbox_lock(
 
     Uses the sandbox's session and its ``logger`` (when it has one); writes "waiting for ..." to the
     sandbox output while it waits (``progress=True`` unless given). Options go to :class:`ReservationMutex`.
-    A helper that takes the same lock while the step holds it is served by the step's acquisition at once
-    (:mod:`cloudshell_mutex.lock.nesting`).
+    A helper that takes the same lock while the step holds it is served by the step's acquisition once one
+    read shows it still held (:mod:`cloudshell_mutex.lock.nesting`). A helper thread that takes it must run
+    in ``contextvars.copy_context()``: it is then refused at once, instead of waiting for its own step.
     """
     api, reservation_id = _sandbox_parts(sandbox)
     for key, value in SCRIPT_DEFAULTS.items():

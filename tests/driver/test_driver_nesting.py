@@ -1,19 +1,21 @@
-"""One command, one lock: a helper that takes the command's lock again is served at once; two commands
-still exclude each other; a command that waits says so (progress, logs), also while it waits on this
-machine."""
+"""One command, one lock: a helper that takes the command's lock again is served (one read); a helper in a
+thread of its own, or a second asyncio task inside at the same time, is refused at once; two commands still
+exclude each other; a command that waits says so (progress, logs), also while it waits on this machine."""
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from cloudshell.shell.core.resource_driver_interface import ResourceDriverInterface
 from driver_support import context_for
 
-from cloudshell_mutex import MutexUsageError
+from cloudshell_mutex import MutexTimeout, MutexUsageError
 from cloudshell_mutex.driver import ReservationMutexMixin, with_reservation_mutex
 from cloudshell_mutex.lock.pacing import DefaultPacing
 
@@ -167,3 +169,144 @@ def test_a_waiting_command_writes_the_scripts_progress_words_and_counts_its_whol
     assert acquired, handler.lines
     waited = float(acquired[-1].split(" after ")[1].split(" s")[0])
     assert waited >= 1.5, acquired  # the whole wait, the local one included (not "after 0.00 s")
+
+
+# ---------------------------------------------------------------- helper threads without its context
+
+
+class Threaded(Driver):
+    """A command that runs its locking helper in a thread of its own (no copy of its context variables)."""
+
+    @with_reservation_mutex(timeout=30)
+    def reconfigure_in_a_thread(self, context, runner):
+        if runner == "executor":
+            with ThreadPoolExecutor(1) as pool:
+                return pool.submit(self.apply_settings, context).exception(60)
+        errors = []
+
+        def helper():
+            try:
+                self.apply_settings(context)
+            except Exception as error:
+                errors.append(error)
+
+        thread = threading.Thread(target=helper)
+        thread.start()
+        thread.join(60)
+        return errors[0] if errors else None
+
+
+@pytest.mark.parametrize("runner", ["thread", "executor"])
+@pytest.mark.parametrize("cohort", [True, False], ids=["cohort", "no-cohort"])
+def test_a_helper_thread_given_the_commands_context_is_refused_at_once(emu, tmp_path, cohort, runner):
+    rid = emu.create_reservation("helper thread")
+    driver = Threaded(tmp_path / "cohort", cohort)
+    started = time.monotonic()
+    error = driver.reconfigure_in_a_thread(context_for(emu, rid), runner)
+    print(f"helper refused after {time.monotonic() - started:.2f} s (its timeout: 5 s)")
+    assert isinstance(error, MutexUsageError), error  # not a MutexTimeout after waiting for its own command
+    message = str(error)
+    assert "held by this same command in another thread" in message
+    assert "Run the helper in the command's own thread" in message and "another command" not in message
+    assert driver.seen == []
+    assert len(adds(emu, rid)) == 1  # the helper added nothing
+    assert emu.control.reservation(rid)["services"] == []  # the command released its lock as usual
+
+
+def test_a_command_with_its_own_context_still_waits_for_another_command_of_the_same_driver(emu, tmp_path):
+    """Two commands of one driver object in one process: each has its own context object, so the second
+    one's lock waits for the first (excluded), in a thread of its own and without the first's context."""
+    rid = emu.create_reservation("two commands")
+    driver = Driver(tmp_path / "cohort")
+    first, second = context_for(emu, rid), context_for(emu, rid, "Router B")
+    with driver.reservation_mutex(first, timeout=5, **driver.options) as held:
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(
+                lambda: driver.reservation_mutex(second, timeout=1, **driver.options).acquire()
+            ).exception(60)
+        assert held.locked()
+    assert isinstance(waiting, MutexTimeout), waiting  # it waited for the other command: excluded
+
+
+# ---------------------------------------------------------------- asyncio tasks of one command
+
+
+class Tasks(Driver):
+    """A command that fans out into asyncio tasks which each take the command's lock again."""
+
+    @with_reservation_mutex(timeout=30)
+    def fan_out(self, context, together):
+        return asyncio.run(self._steps(context, together))
+
+    async def _steps(self, context, together):
+        inside, most, outcomes = set(), [0], {}
+
+        async def step(number):
+            try:
+                with self.reservation_mutex(context, timeout=5, **self.options):
+                    inside.add(number)
+                    most[0] = max(most[0], len(inside))
+                    await asyncio.sleep(0.2)  # another task runs meanwhile
+                    inside.discard(number)
+                outcomes[number] = "served"
+            except MutexUsageError as error:
+                outcomes[number] = str(error)
+
+        if together:
+            await asyncio.gather(step(0), step(1))
+        else:
+            await step(0)
+            await asyncio.create_task(step(1))
+        return most[0], outcomes
+
+
+@pytest.mark.parametrize("cohort", [True, False], ids=["cohort", "no-cohort"])
+def test_two_tasks_of_one_command_are_never_inside_at_once(emu, tmp_path, cohort):
+    rid = emu.create_reservation("tasks")
+    most, outcomes = Tasks(tmp_path / "cohort", cohort).fan_out(context_for(emu, rid), together=True)
+    assert most == 1, outcomes  # never both inside through the command's hold
+    assert outcomes[0] == "served"
+    assert "another asyncio task of it is inside" in outcomes[1] and "await each in turn" in outcomes[1]
+    assert len(adds(emu, rid)) == 1 and emu.control.reservation(rid)["services"] == []
+
+
+def test_tasks_of_one_command_that_take_turns_are_each_served(emu, tmp_path):
+    rid = emu.create_reservation("tasks")
+    most, outcomes = Tasks(tmp_path / "cohort").fan_out(context_for(emu, rid), together=False)
+    assert most == 1 and outcomes == {0: "served", 1: "served"}
+    assert len(adds(emu, rid)) == 1 and emu.control.reservation(rid)["services"] == []
+
+
+def test_a_task_that_holds_the_lock_nests_and_another_task_is_refused(emu, tmp_path):
+    rid = emu.create_reservation("tasks")
+    driver = Driver(tmp_path / "cohort")
+    context = context_for(emu, rid)
+    outcomes = {}
+
+    async def nest(who):
+        try:
+            with driver.reservation_mutex(context, timeout=5, **driver.options):
+                outcomes[who] = "served"
+        except MutexUsageError as error:
+            outcomes[who] = str(error)
+
+    async def holder(entered, done):
+        with driver.reservation_mutex(context, timeout=5, **driver.options):
+            await nest("holder nested")  # its own flow: served
+            await asyncio.create_task(nest("subtask"))  # a task it starts holding the lock: its context too
+            entered.set()
+            await done.wait()
+
+    async def other(entered, done):  # started before the lock was taken: without its context variables
+        await entered.wait()
+        await nest("other task")
+        done.set()
+
+    async def main():
+        entered, done = asyncio.Event(), asyncio.Event()
+        await asyncio.gather(holder(entered, done), other(entered, done))
+
+    asyncio.run(main())
+    assert outcomes["holder nested"] == "served"
+    assert "(or holds it itself)" in outcomes["subtask"] and "(or holds it itself)" in outcomes["other task"]
+    assert len(adds(emu, rid)) == 1 and emu.control.reservation(rid)["services"] == []

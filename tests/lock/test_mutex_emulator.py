@@ -288,6 +288,27 @@ def test_release_never_removes_another_owners_mutex(emu, rid):
     assert removed == [our_token, successor_token]  # the first removal was the original snippet's
 
 
+def test_a_hold_that_a_check_finds_lost_is_told_once_and_its_release_removes_nothing(emu, rid):
+    """Without a lease (the original package) too: ensure_held(read=True) that sees another holder makes the
+    hold lost: one line in the sandbox output, and a release that raises and removes nothing, not even
+    when release_check_after would let it remove without reading."""
+    ours = mutex(emu.session(), rid, owner="Router A driver", release_check_after=60)
+    ours.acquire()
+    emu.session().RemoveServicesFromReservation(rid, [protocol.DEFAULT_ALIAS])  # a Force Release
+    successor = mutex(emu.session(), rid, owner="Router B driver")
+    successor.acquire()
+    with pytest.raises(MutexLostError, match="Router B driver"):
+        ours.ensure_held(read=True)
+    with pytest.raises(MutexLostError):
+        ours.ensure_held()  # known lost: no call needed
+    with pytest.raises(MutexLostError, match="Nothing was removed"):
+        ours.release()
+    assert current_owner(emu, rid) == successor.token
+    lost_lines = [line for line in emu.control.output(rid) if "Router A driver lost the MUTEX lock" in line]
+    assert len(lost_lines) == 1 and "Router B driver" in lost_lines[0]
+    successor.release()
+
+
 def test_release_after_the_check_window_reads_the_owner_first(emu, rid):
     api = emu.session()
     lock = mutex(api, rid, release_check_after=0.2)

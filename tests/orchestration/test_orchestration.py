@@ -3,6 +3,7 @@ the emulator (the Sandbox reads the environment variables CloudShell sets for a 
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 from types import SimpleNamespace
@@ -165,3 +166,32 @@ def test_sandbox_rwlock_reads_together_and_writes_alone(emu, rid, sandbox):
         assert side.token.startswith("Setup@")
         assert not second.read().acquire(blocking=False)
     assert aliases(emu, rid) == []
+
+
+def test_a_steps_helper_is_served_in_its_thread_and_refused_at_once_in_a_thread_with_its_context(
+    emu, rid, sandbox
+):
+    """A step's nested sandbox_mutex is served after one read; a helper thread run in a copy of the step's
+    context variables is refused at once; one without that copy is a party of its own and waits (docs)."""
+    outcomes = {}
+
+    def helper(name):
+        try:
+            with sandbox_mutex(sandbox, owner=name, timeout=1, pacing=FAST):
+                outcomes[name] = "served"
+        except Exception as error:
+            outcomes[name] = type(error).__name__
+
+    with sandbox_mutex(sandbox, owner="Configure"):
+        helper("nested")
+        copied = threading.Thread(target=contextvars.copy_context().run, args=(helper, "copied context"))
+        bare = threading.Thread(target=helper, args=("bare thread",))
+        for thread in (copied, bare):
+            thread.start()
+            thread.join(30)
+    assert outcomes == {
+        "nested": "served",
+        "copied context": "MutexUsageError",
+        "bare thread": "MutexTimeout",
+    }
+    assert [op for op, _ in lock_ops(emu, rid)] == ["service_added", "service_removed"]

@@ -260,10 +260,13 @@ def expired_error(max_hold: float, lease: float, reservation_id: str, alias: str
     )
 
 
-def lost_error(op: Operation, reservation_id: str, alias: str, by_heartbeat: bool = False) -> MutexLostError:
-    """The lock was no longer this acquisition's (``op.holder`` is who has it now): found at release, or
-    (``by_heartbeat``) by the heartbeat while held."""
-    when = "when its heartbeat read it" if by_heartbeat else "at release"
+def lost_error(op: Operation, reservation_id: str, alias: str, found_by: str = "release") -> MutexLostError:
+    """The lock was no longer this acquisition's (``op.holder`` is who has it now): found by ``found_by``, the
+    release, the ``"heartbeat"`` while held, or a ``"read"`` while held (``ensure_held(read=True)``, a nested
+    acquire's)."""
+    when = {"heartbeat": "when its heartbeat read it", "read": "when a read while it was held showed it"}.get(
+        found_by, "at release"
+    )
     message = (
         f"{alias!r} in reservation {reservation_id} was no longer held by this acquisition "
         f"({op.token}) {when}; it is held by {op.holder_label or 'nobody'}. Nothing was removed. "
@@ -508,9 +511,35 @@ def state_timeout_error(waited: float, busy: str, reservation_id: str, alias: st
 def other_thread_error(reservation_id: str, alias: str) -> MutexUsageError:
     """A nested acquire in another thread of the command that holds the lock (it would wait for itself)."""
     return MutexUsageError(
-        f"{alias!r} in reservation {reservation_id} is held by this same command in another thread; "
-        "waiting for it here could wait for the command itself. Do the locked work in the thread that holds "
-        "the lock, or pass that thread's lock object",
+        f"{alias!r} in reservation {reservation_id} is held by this same command in another thread, so "
+        "taking it here would wait for the command itself: refused. Run the helper in the command's own "
+        "thread, or do not take the lock again in a helper that the locked command calls: the command's lock "
+        "covers it",
+        reservation_id=reservation_id,
+        alias=alias,
+    )
+
+
+def other_task_error(reservation_id: str, alias: str) -> MutexUsageError:
+    """A nested acquire from an asyncio task while another task of the command is inside through the same
+    hold, or holds the lock itself."""
+    return MutexUsageError(
+        f"{alias!r} in reservation {reservation_id} is held by this command, and another asyncio task of it "
+        "is inside through that hold (or holds it itself): two tasks inside at once would not exclude each "
+        "other, and waiting here would block the event loop: refused. Run the tasks' locked parts one after "
+        "another (await each in turn), or take the lock once around them all and not again in the tasks",
+        reservation_id=reservation_id,
+        alias=alias,
+    )
+
+
+def nested_lost_error(error: MutexLostError, reservation_id: str, alias: str) -> MutexLostError:
+    """A nested acquire whose read found the command's own hold lost (or its lease lapsed or expired)."""
+    return MutexLostError(
+        f"a nested acquire of {alias!r} in reservation {reservation_id} is not served: the command's own "
+        f"hold is not known to be alive. {error}. Stop the command's work under the lock: the rest of it "
+        "would not be exclusive either. This acquire added nothing; the command's release says what became "
+        "of its hold",
         reservation_id=reservation_id,
         alias=alias,
     )

@@ -7,6 +7,7 @@ the release is settled. It is state, not policy: the release loop (:mod:`.releas
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Optional
 
 from . import diagnosis, events, lease, protocol
@@ -52,8 +53,35 @@ class Held:
         #: The queue ticket this acquisition waited with (``ticket_value`` with our token), kept until the
         #: release removes it with the lock; removed by :meth:`drop_ticket` when the hold ends otherwise.
         self.ticket: Optional[LockAlias] = None
+        # A loss found by a check (held or unleased alike) or by the heartbeat thread: told once, by whichever
+        # finds it first.
+        self._lost = False
+        self._lost_to: Optional[Holder] = None
+        self._lost_by_read = False
+        self._loss_guard = threading.Lock()
 
     # ------------------------------------------------------------------ what is held
+
+    @property
+    def lost(self) -> bool:
+        """True once a fresh read (a check's, or the heartbeat's) showed the lock is not ours any more."""
+        beat = self.heartbeat
+        return self._lost or (beat is not None and beat.lost)
+
+    @property
+    def lost_to(self) -> Optional[Holder]:
+        """Who held the lock when it was found lost (None: nobody, or not lost)."""
+        beat = self.heartbeat
+        return self._lost_to if self._lost or beat is None else beat.lost_to
+
+    def _first_news_of_loss(self, holder: Optional[Holder], by_read: bool) -> bool:
+        """Record the loss (found by a check's read, or by the heartbeat); True for the first finder only, who
+        tells the log, the events and the output."""
+        with self._loss_guard:
+            if self._lost:
+                return False
+            self._lost, self._lost_to, self._lost_by_read = True, holder, by_read
+            return True
 
     def confirm(self, result: CallResult) -> None:
         """A fresh read that shows our token confirms the lock is still ours."""
@@ -81,16 +109,18 @@ class Held:
     def passable(self) -> bool:
         """True when the hold may pass to another object without a remove: held once, nothing of ours
         unsettled on the wire, and the lease (if any) surely alive."""
-        if self.depth != 1 or self.late_add_by is not None or self.release_op is not None:
+        if self.depth != 1 or self.late_add_by is not None or self.release_op is not None or self.lost:
             return False
         beat = self.heartbeat
-        return beat is None or not (beat.lost or beat.expired or beat.lapsed(self.parts.runtime.clock()))
+        return beat is None or not (beat.expired or beat.lapsed(self.parts.runtime.clock()))
 
     def check(self, read: bool) -> None:
-        """:meth:`~.mutex.ReservationMutex.ensure_held` for a held lock."""
+        """:meth:`~.mutex.ReservationMutex.ensure_held` for a held lock. A read that shows the lock taken
+        makes the hold lost, leased or not: the release then removes nothing, and the sandbox output is told
+        once."""
         parts, beat = self.parts, self.heartbeat
-        if beat is not None and beat.lost:
-            raise self.lost_notice(beat.lost_to)
+        if self.lost:
+            raise self.lost_notice(self.lost_to)
         if beat is not None and beat.expired:
             raise self.expired_notice()
         if beat is not None and beat.lapsed(parts.runtime.clock()):
@@ -107,11 +137,21 @@ class Held:
         if not result.ok:
             raise parts.diagnose(result.failure, "checking the lock owner")
         if result.holder is None or result.holder.token != self.token:
-            notice = self.lost_notice(result.holder)
-            if beat is not None:  # release() then reports nothing more: tell the output now
-                beat.lost, beat.lost_to = True, result.holder
-                self.parts.tell_lost(result.holder.label if result.holder else None)
-            raise notice
+            self.found_lost(result.holder)
+            raise self.lost_notice(result.holder)
+        self.confirm(result)
+
+    def found_lost(self, holder: Optional[Holder]) -> None:
+        """A read while held showed ``holder`` (None: nobody) in place of our token: the hold is lost. The
+        heartbeat writes no more, release() removes nothing and reports nothing more, so the log, the events
+        and the sandbox output are told now (once, whoever finds it first)."""
+        if not self._first_news_of_loss(holder, by_read=True):
+            return
+        beat = self.heartbeat
+        if beat is not None:
+            beat.lost, beat.lost_to = True, holder
+        self.lost_notice(holder, report=True)
+        self.parts.tell_lost(holder.label if holder is not None else None)
 
     # ------------------------------------------------------------------ the lease
 
@@ -216,11 +256,13 @@ class Held:
     # ------------------------------------------------------------------ what it tells
 
     def lost_notice(self, holder: Optional[Holder], report: bool = False) -> MutexLostError:
-        """The error that says the heartbeat found the lock taken by ``holder`` (reported if ``report``)."""
+        """The error that says a read while held (the heartbeat's, or a check's) found the lock taken by
+        ``holder`` (reported if ``report``)."""
         parts = self.parts
         op = parts.operation(self.token)
         op.see_holder(holder)
-        error = diagnosis.lost_error(op, parts.reservation_id, parts.name, by_heartbeat=True)
+        found_by = "read" if self._lost_by_read else "heartbeat"
+        error = diagnosis.lost_error(op, parts.reservation_id, parts.name, found_by)
         if report:
             parts.news.error(error, op, events.LOST, logging.WARNING, holder=op.holder_label)
         return error
@@ -233,8 +275,12 @@ class Held:
         return diagnosis.expired_error(max_hold, lease_seconds, parts.reservation_id, parts.name)
 
     def _on_heartbeat_lost(self, holder: Optional[Holder]) -> None:
-        error = self.lost_notice(holder, report=True)
-        self.parts.tell_lost(holder.label if holder is not None else None)
+        first = self._first_news_of_loss(
+            holder, by_read=False
+        )  # a check may have found it first, and told already
+        error = self.lost_notice(holder, report=first)
+        if first:
+            self.parts.tell_lost(holder.label if holder is not None else None)
         if self.parts.options.on_lost is not None:
             self.parts.options.on_lost(error)
 

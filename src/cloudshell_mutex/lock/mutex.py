@@ -435,13 +435,13 @@ class ReservationMutex:
             return
         beat = held.heartbeat
         earlier_remove = held.release_op is not None and held.release_op.remove_may_have_landed
+        if held.lost and not earlier_remove:
+            # A read while held (the heartbeat's, or a check's) saw the lock taken: nothing of ours is there
+            # to remove, and the loss was told when it was found.
+            error = held.lost_notice(held.lost_to)
+            self.detach()
+            raise error
         if beat is not None:
-            if beat.lost and not earlier_remove:
-                # The heartbeat saw the lock taken: nothing of ours is there to remove.
-                beat.stop()
-                error = held.lost_notice(beat.lost_to)
-                self.detach()
-                raise error
             # The heartbeat goes on until the release is settled: a remove of ours whose outcome is unknown
             # may land up to request_lifetime later, and a lease left silent meanwhile would let a waiter
             # break the lock and take it, only for our remove to delete the waiter's.
