@@ -218,8 +218,10 @@ def test_a_cycle_of_plain_polling_waiters_is_seen(cloudshell_emulator_factory, o
     emu = cloudshell_emulator_factory(packages=[original_package_zip])
     plain: How = ("plain", None)
     reports, rid = _run_cycle(emu, ("A", "B"), [plain, plain])
-    _one_victim(reports, ("A", "B"))
+    victim = _one_victim(reports, ("A", "B"))
     assert _services(emu.session(), rid) == []
+    waited = victim["done_at"] - victim["waiting_at"]
+    print(f"\nfair=False: the victim gave up {waited:.2f} s after it began waiting")
 
 
 # ---------------------------------------------------------------- waits that are not live make no cycle
