@@ -200,7 +200,7 @@ def deadlock_note(cycle: Any, token: str) -> str:
     return (
         f"it waited in a deadlock ({cycle.describe(token)}), which waiting longer would not end: leave the "
         "with blocks of the locks this thread holds (or release them) and retry; take several locks in one "
-        "order (cloudshell_mutex.lock.acquire_all) to avoid it"
+        "order (cloudshell_mutex.acquire_all) to avoid it"
     )
 
 
