@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Tuple
 
+from . import connect
 from .admin import (
     WATCH_INTERVAL,
     AdminReport,
@@ -30,7 +31,7 @@ from .admin import (
     lock_status,
 )
 from .alias import LockAlias
-from .classify import ErrorKind, classify
+from .connect import SettingNames
 from .errors import MutexError
 from .listing import LockObserver
 from .protocol import DEFAULT_ALIAS, check_service_alias
@@ -137,12 +138,11 @@ class ConnectError(Exception):
 
 
 def open_session(settings: ConnectionSettings) -> Any:
-    """A logged-on ``CloudShellAPISession`` (it logs on in its constructor)."""
+    """A logged-on ``CloudShellAPISession`` (it logs on in its constructor); :class:`ConnectError` with one
+    line that names the setting to fix (the driver mixin words a context's failures alike)."""
     from cloudshell.api.cloudshell_api import CloudShellAPISession
 
-    from cloudshell_mutex.settings import scrub
-
-    try:
+    def logon() -> Any:
         return CloudShellAPISession(
             host=settings.host,
             username=settings.username,
@@ -151,20 +151,20 @@ def open_session(settings: ConnectionSettings) -> Any:
             port=settings.api_port,
             timeout=settings.timeout,
         )
-    except Exception as error:
-        failure = classify(error)
-        text = scrub(failure.message, settings.password)[:300]
-        if failure.kind is ErrorKind.TRANSIENT or (failure.code is None and failure.kind is ErrorKind.FATAL):
-            raise ConnectError(
-                f"cannot connect to {settings.where}: check the host and --api-port (the Automation "
-                f"API, {DEFAULT_API_PORT} by default; not the Quali API's 9000), and that it runs ({text})",
-                EXIT_CONNECTION,
-            ) from None
-        raise ConnectError(
-            f"logon to {settings.where} failed for user {settings.username!r} in domain "
-            f"{settings.domain!r}: {text}",
-            EXIT_LOGIN,
-        ) from None
+
+    names = SettingNames(
+        host="--host (CLOUDSHELL_HOST)",
+        port="--api-port (CLOUDSHELL_API_PORT)",
+        credentials="--username and --password (CLOUDSHELL_USERNAME, CLOUDSHELL_PASSWORD)",
+        domain="--domain (CLOUDSHELL_DOMAIN)",
+        who=f"for user {settings.username!r}",
+    )
+    try:
+        return connect.open_session(
+            logon, settings.host, settings.api_port, settings.domain, names, secrets=(settings.password,)
+        )
+    except connect.SessionFailure as failure:
+        raise ConnectError(str(failure), EXIT_LOGIN if failure.logon else EXIT_CONNECTION) from None
 
 
 def _actor(settings: ConnectionSettings) -> str:
