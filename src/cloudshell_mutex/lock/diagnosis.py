@@ -572,17 +572,20 @@ def served_export_error(reservation_id: str, alias: str) -> MutexUsageError:
 
 
 def dead_local_holder(
-    alias: str, reservation_id: str, dead: Dict[str, Any], carry_on: bool, releasing: bool
+    successor: str, alias: str, reservation_id: str, dead: Dict[str, Any], carry_on: bool, releasing: bool
 ) -> str:
-    """The warning when a cohort's local holder died holding the lock, and what its successor does now."""
+    """The warning (log and sandbox output) when a cohort's local holder died holding the lock, and what its
+    ``successor`` (its owner label) does now."""
     then = (
-        "Carrying on under the cohort's server lock after checking it"
+        "Carrying on under the cohort's server lock after checking it; what it changed may be half done"
         if carry_on
         else "It was releasing the server lock, whose remove may still land: acquiring it from the server"
         if releasing
         else "The cohort held no server lock"
     )
+    host = f" on {dead.get('host')}" if dead.get("host") else ""
     return (
-        f"the local holder of {alias} in reservation {reservation_id} (pid {dead.get('pid')}, "
+        f"{sanitize_label(successor)}: the local holder of {alias} in reservation {reservation_id} "
+        f"(pid {dead.get('pid')}{host}, "
         f"{dead.get('owner')}) died holding it; the OS freed its local lock. {then}"
     )
