@@ -22,12 +22,14 @@ from __future__ import annotations
 import contextlib
 import html
 import io
+import logging
 import os
 import re
+import sys
 import types
 import zipfile
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, TextIO, Tuple, Union
 from xml.etree import ElementTree
 
 from .demo.contexts import (
@@ -39,7 +41,14 @@ from .demo.contexts import (
     scripts_honour_api_port,
 )
 
-__all__ = ["DEFAULT_HOST", "DEFAULT_PASSWORD", "DEFAULT_PORT", "EmulatedSite", "autoload_context"]
+__all__ = [
+    "DEFAULT_HOST",
+    "DEFAULT_PASSWORD",
+    "DEFAULT_PORT",
+    "EmulatedSite",
+    "autoload_context",
+    "print_lock_log",
+]
 
 #: Where ``make emulator`` listens, and its admin (``cloudshell-mutex emulator``'s defaults).
 DEFAULT_HOST = "127.0.0.1"
@@ -52,6 +61,22 @@ DEFAULT_PACKAGE = Path("dist") / "Mutex_Package.zip"
 #: The Mutex Service driver in the package, and its model.
 MUTEX_SERVICE_DRIVER = "Mutex Service Driver"
 MUTEX_SERVICE_MODEL = "Mutex Service"
+
+
+def print_lock_log(level: int = logging.INFO, stream: Optional[TextIO] = None) -> logging.Handler:
+    """For a local run: print the lock's own log lines (``cloudshell-mutex: acquired ...``, waits, breaks) to
+    ``stream`` (stderr), and nothing else. A driver command logs through shell-core's per-command logger,
+    whose first lines list every installed package; those stay in its files under ``LOG_PATH``. Returns the
+    handler (``logging.getLogger().removeHandler(handler)`` stops it)."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setLevel(level)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    handler.addFilter(lambda record: record.getMessage().startswith("cloudshell-mutex"))
+    logging.getLogger().addHandler(handler)
+    lock_logger = logging.getLogger("cloudshell_mutex")  # a lock given no logger logs here
+    if lock_logger.getEffectiveLevel() > level:
+        lock_logger.setLevel(level)
+    return handler
 
 
 class EmulatedSite:

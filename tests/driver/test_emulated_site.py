@@ -62,3 +62,35 @@ def test_the_output_is_read_as_people_read_it(site):
     api.WriteMessageToReservationOutput(sandbox_id, "a &lt;b&gt; c")
     api.WriteMessageToReservationOutput(sandbox_id, '<span style="color: red">warned</span>')
     assert site.output(sandbox_id) == ["a <b> c", "warned"]
+
+
+def test_print_lock_log_shows_the_locks_lines_and_not_shell_cores_banner(site):
+    """A driver command logs through shell-core's per-command logger, which begins with the list of every
+    installed package: a local run that turns logging on saw that before each of the lock's lines."""
+    import io
+    import logging
+
+    from cloudshell_mutex.driver import ReservationMutexMixin, with_reservation_mutex
+    from cloudshell_mutex.emulated import print_lock_log
+
+    class Driver(ReservationMutexMixin):
+        @with_reservation_mutex(lease=30)
+        def rewire(self, context):
+            return "done"
+
+    sandbox_id = site.create_sandbox()
+    shown = io.StringIO()
+    banner = io.StringIO()  # what a plain logging setup shows of the same command
+    plain = logging.StreamHandler(banner)
+    logging.getLogger().addHandler(plain)
+    handler = print_lock_log(stream=shown)
+    try:
+        assert Driver().rewire(site.driver_context(sandbox_id)) == "done"
+    finally:
+        logging.getLogger().removeHandler(handler)
+        logging.getLogger().removeHandler(plain)
+    lines = shown.getvalue().splitlines()
+    assert any("cloudshell-mutex: acquired MUTEX" in line for line in lines)
+    assert any("cloudshell-mutex: released MUTEX" in line for line in lines)
+    assert all("cloudshell-mutex" in line for line in lines)
+    assert "Installed Packages" in banner.getvalue()  # the banner is there, and stays out of the lock's lines
