@@ -100,3 +100,31 @@ def test_the_demo_table_in_the_readme_is_the_demos():
     assert rounds and locked
     assert rounds.group(1) == rounds.group(3) == locked.group(1) == locked.group(4)
     assert locked.group(2) == locked.group(3) == "0"
+
+
+def test_the_measured_crash_recoveries_stated_keep_within_their_bounds():
+    """docs/protocol.md, "Leases", states crash recoveries measured with lease 30 and 60: each bound is the
+    one the defaults give, and each measurement stays within it, give or take the rounding of "about N s"."""
+    protocol = one_line(PROTOCOL)
+    dash = "\u2013"
+    last_beat = re.search(
+        rf"`lease=30`, ([\d.]+){dash}([\d.]+) s after the last heartbeat landed \(3 runs; bound (\d+) s\)",
+        protocol,
+    )
+    started = re.search(
+        r"([\d.]+) s after the kill for a waiter that started then \(3 runs; bound (\d+) s\)", protocol
+    )
+    default = re.search(
+        r"the default `lease=60`, ([\d.]+) s after the last heartbeat \(bound (\d+) s\)", protocol
+    )
+    assert last_beat and started and default
+    after_start = (
+        30 + stale_margin(30) + BREAK_SECONDS
+    )  # lease x 1.25 + 1.5 s: a waiter that starts after the crash
+    for (measured, bound), exact in (
+        ((last_beat.group(2), last_beat.group(3)), recovery_bound(30)),
+        (started.groups(), after_start),
+        (default.groups(), recovery_bound(DEFAULT_LEASE)),
+    ):
+        assert int(bound) == round(exact), (bound, exact)
+        assert float(measured) <= int(bound) + 0.5, (measured, bound)
