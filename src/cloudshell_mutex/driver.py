@@ -36,8 +36,15 @@ import threading
 from collections import OrderedDict
 from typing import Any, Callable, Dict, Optional, Tuple, TypeVar, Union, cast
 
-from cloudshell_mutex import MutexUsageError, ReservationMutex, ReservationRWLock
+from cloudshell_mutex import (
+    MutexError,
+    MutexPermissionError,
+    MutexUsageError,
+    ReservationMutex,
+    ReservationRWLock,
+)
 from cloudshell_mutex.lock.cohort import CohortMutex, cohort_available
+from cloudshell_mutex.lock.connect import SessionFailure, SettingNames, open_session
 from cloudshell_mutex.lock.nesting import CommandCohortMutex, CommandMutex
 from cloudshell_mutex.lock.protocol import check_lock_name
 
@@ -54,6 +61,18 @@ CANCELLATION_ARGUMENT = "cancellation_context"
 
 #: (scheme, host, port, domain, token, socket timeout)
 _SessionKey = Tuple[str, str, int, str, str, Optional[float]]
+
+#: A command context's connection settings, as messages name them (the CLI names its flags in the same words).
+CONTEXT_SETTINGS = SettingNames(
+    host="the context's connectivity.server_address",
+    port="connectivity.cloudshell_api_port",
+    credentials=(
+        "the context's connectivity.admin_auth_token (pass the context CloudShell gave this command: its "
+        "token is for that server)"
+    ),
+    domain="reservation.domain",
+    who="with the context's admin token",
+)
 
 
 def context_reservation(context: Any) -> Any:
@@ -104,20 +123,30 @@ def _session_key(context: Any, domain: str, timeout: Optional[float]) -> _Sessio
 
 
 def _open_session(key: _SessionKey) -> Any:
+    """A session logged on with the context's token; a context that cannot log on (a wrong server, port,
+    token or domain) gets one line that names the context's field to check, not the client's exception."""
     from cloudshell.api.cloudshell_api import CloudShellAPISession
 
     scheme, host, port, domain, token, timeout = key
     extra = {} if timeout is None else {"timeout": timeout}  # urllib3's socket timeout; the client sets none
-    return CloudShellAPISession(
-        host=host,
-        username=None,
-        password=None,
-        domain=domain,
-        token_id=token,
-        port=port,
-        cloudshell_api_scheme=scheme,
-        **extra,
-    )
+
+    def logon() -> Any:
+        return CloudShellAPISession(
+            host=host,
+            username=None,
+            password=None,
+            domain=domain,
+            token_id=token,
+            port=port,
+            cloudshell_api_scheme=scheme,
+            **extra,
+        )
+
+    try:
+        return open_session(logon, host, port, domain, CONTEXT_SETTINGS, secrets=(token,))
+    except SessionFailure as failure:
+        kind = MutexPermissionError if failure.logon else MutexError
+        raise kind(str(failure)) from None
 
 
 def _close_session(api: Any) -> None:

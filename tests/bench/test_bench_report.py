@@ -256,3 +256,12 @@ def test_the_whole_report_speaks_of_the_product_alone(tmp_path: Path) -> None:
         and "| readers stream: " in text
     )
     assert _user_docs_check().offences(doc) == []
+
+
+def test_a_rewrite_of_the_report_keeps_the_sections_other_benches_and_the_demo_wrote() -> None:
+    from cloudshell_mutex.bench.report import kept_sections
+    from cloudshell_mutex.demo.__main__ import SECTION_END, SECTION_START
+
+    demo = f"{SECTION_START}\n## `make demo`\n\n... **8.9 s** ...\n{SECTION_END}"
+    document = f"# Benchmarks\n\nold tables\n\n{demo}\n"
+    assert kept_sections(document) == demo + "\n"

@@ -61,3 +61,23 @@ def test_the_command_refuses_to_run_outside_a_source_tree(tmp_path, capsys):
         main(["--root", str(tmp_path)])
     assert caught.value.code == 2
     assert "no drivers.toml" in capsys.readouterr().err
+
+
+def test_the_demo_writes_its_time_into_the_benchmarks_document(tmp_path):
+    """`make bench` runs the demo with --doc: its section (between markers) says how long it took, and a
+    later run replaces it, leaving the rest of the document alone."""
+    from cloudshell_mutex.demo.__main__ import SECTION_END, SECTION_START, doc_section, write_doc_section
+
+    broken = RoundResult(1, False, 1, ("123: gone",), Topology(("A2", "B", "B2"), ("A2--B",)))
+    good = RoundResult(1, True, 0, (), GOAL)
+    result = DemoResult(ModeResult(False, [broken]), ModeResult(True, [good]), 0.5, 8.94, "", "", ())
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("# Benchmarks\n\nthe rest\n", encoding="utf-8")
+    write_doc_section(doc, doc_section(result, 1))
+    first = doc.read_text(encoding="utf-8")
+    assert first.startswith("# Benchmarks\n\nthe rest\n") and "**8.9 s**" in first
+    assert "Without the lock 1 of 1 rounds broke the sandbox" in first and "with it 0 of 1" in first
+    result = DemoResult(ModeResult(False, [broken]), ModeResult(True, [good]), 0.5, 12.0, "", "", ())
+    write_doc_section(doc, doc_section(result, 1))
+    second = doc.read_text(encoding="utf-8")
+    assert second.count(SECTION_START) == second.count(SECTION_END) == 1 and "**12.0 s**" in second

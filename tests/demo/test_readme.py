@@ -4,6 +4,7 @@ CloudShell sets for an orchestration script."""
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
@@ -21,15 +22,18 @@ pytestmark = pytest.mark.integration
 README = Path(__file__).resolve().parents[2] / "README.md"
 BLOCKS = re.findall(r"^```python\n(.*?)^```$", README.read_text(encoding="utf-8"), re.MULTILINE | re.DOTALL)
 
-#: For each block, in order: the lock owners it must have taken (the labels in the Mutex Owner tokens).
+#: For each block, in order: the lock owners it must have taken (the labels in the Mutex Owner tokens of the
+#: locks' own services: MUTEX and named locks, not queue tickets or wait records).
 EXPECTED_OWNERS = [
-    ["Router A rewire", "Router A reconfigure"],  # In a driver
-    ["Setup"],  # In a driver: the Stop button (the cancelled command added nothing)
-    ["Setup", "Configure routers"],  # In an orchestration script
-    ["Router A driver", "Nightly check", "Nightly check"],  # Anywhere else (with the try-once forms)
-    ["Router A rewire", "Setup"],  # Try it on the emulator (its own sandbox)
-    ["read-group#Inventory report", "Inventory report", "Batch job"],  # Readers and writers, fair turns
+    ["Router A rewire", "Router A reconfigure"],  # Lock a driver command
+    ["Setup", "Router A rewire"],  # Try it on the emulator (its own sandbox; the command waits for Setup)
+    ["Setup", "Configure routers"],  # Lock an orchestration script
+    ["Nightly check", "Nightly check", "Inventory", "Inventory", "Inventory", "Inventory"],  # any other code
 ]
+#: What a block prints that the text around it promises.
+EXPECTED_PRINTED = {
+    1: ["Router A rewire: waiting for MUTEX held by Setup"],  # the sandbox output, read back
+}
 
 
 def test_every_python_block_is_covered():
@@ -38,7 +42,7 @@ def test_every_python_block_is_covered():
 
 @pytest.mark.parametrize("index", range(len(EXPECTED_OWNERS)))
 def test_readme_block_runs_and_takes_the_lock(
-    index, cloudshell_emulator_factory, original_package_zip, tmp_path, monkeypatch
+    index, cloudshell_emulator_factory, original_package_zip, tmp_path, monkeypatch, capsys
 ):
     if "cloudshell.workflow" in BLOCKS[index]:
         pytest.importorskip("cloudshell.workflow.orchestration.sandbox")  # orch-core is in .venv only
@@ -57,9 +61,14 @@ def test_readme_block_runs_and_takes_the_lock(
     # `make emulator`'s address, for EmulatedSite (this emulator listens on free ports).
     monkeypatch.setattr(emulated, "DEFAULT_PORT", emu.port)
     monkeypatch.setattr(emulated, "DEFAULT_QUALI_PORT", emu.quali_port)
-    with scripts_honour_api_port():
-        exec(compile(BLOCKS[index], f"README.md python block {index + 1}", "exec"), harness)
-    events = [e for e in emu.control.events() if e["alias"] == "MUTEX"]  # every sandbox's
+    handlers = list(logging.getLogger().handlers)
+    try:
+        with scripts_honour_api_port():
+            exec(compile(BLOCKS[index], f"README.md python block {index + 1}", "exec"), harness)
+    finally:  # print_lock_log's handler goes with the block
+        for handler in set(logging.getLogger().handlers) - set(handlers):
+            logging.getLogger().removeHandler(handler)
+    events = [e for e in emu.control.events() if "~" not in e["alias"]]  # every sandbox's locks
     assert [e["op"] for e in events].count("service_removed") == [e["op"] for e in events].count(
         "service_added"
     )
@@ -68,3 +77,6 @@ def test_readme_block_runs_and_takes_the_lock(
     ]
     assert owners == EXPECTED_OWNERS[index]
     assert emu.control.reservation(reservation_id)["services"] == []  # every lock was released
+    printed = capsys.readouterr().out
+    for text in EXPECTED_PRINTED.get(index, []):
+        assert text in printed, printed

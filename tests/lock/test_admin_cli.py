@@ -221,6 +221,7 @@ def test_release_checks_the_user_it_logs_on_as(emu, capsys):
 def test_a_sandbox_of_another_domain_is_not_found_from_global_and_the_error_says_where_to_look(emu, capsys):
     reservation_id = emu.create_reservation(domain="Sales")
     code, _, err = run(capsys, ["status", reservation_id])
-    assert code == command.EXIT_RESERVATION and "log on to the sandbox's domain (--domain)" in err
+    assert code == command.EXIT_RESERVATION and "was not found in domain 'Global'" in err
+    assert "log on to the sandbox's own domain" in err and "the CLI's --domain" in err
     code, out, _ = run(capsys, ["status", reservation_id, "--domain", "Sales"])
     assert code == command.EXIT_NO_LOCK and "is free" in out

@@ -161,7 +161,11 @@ def test_a_local_holder_that_died_is_detected_and_the_next_carries_on_after_one_
     b.acquire()
     assert b.predecessor is not None and b.predecessor["owner"] == "A"
     assert b.passed and b.token == token
-    assert api.calls == ["GetReservationDetails"]  # verified, never trusted after a death
+    # Told to the people watching the sandbox (as a break is), then verified, never trusted after a death.
+    assert api.calls == ["WriteMessageToReservationOutput", "GetReservationDetails"]
+    [line] = api.output
+    assert "WARNING: B: the local holder of MUTEX in reservation" in line  # styled as a warning
+    assert "(pid " in line and ", A) died holding it" in line and "may be half done" in line
     b.release()
     assert not api.services
 

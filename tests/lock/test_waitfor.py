@@ -492,3 +492,23 @@ def test_acquire_all_refuses_two_locks_of_one_name_or_of_two_reservations() -> N
     with pytest.raises(MutexUsageError), acquire_all():
         pass
     assert log == []
+
+
+def test_acquire_all_as_a_plain_call_holds_the_locks_until_release() -> None:
+    """Called without ``with`` it takes the locks at once (it used to be a context manager that did nothing
+    until entered), and ``release()`` gives them back in reverse order, once."""
+    log: List[str] = []
+    a, b = _Lock("A", log), _Lock("B", log)
+    held = acquire_all(b, a)
+    assert log == ["+A", "+B"] and held.locks == (b, a)
+    held.release()
+    held.release()  # a second release does nothing
+    assert log == ["+A", "+B", "-B", "-A"]
+    assert "released" in repr(held)
+
+
+def test_acquire_all_and_every_error_are_importable_from_the_package() -> None:
+    import cloudshell_mutex
+
+    assert cloudshell_mutex.acquire_all is acquire_all
+    assert cloudshell_mutex.MutexDeadlock is MutexDeadlock

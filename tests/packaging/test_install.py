@@ -177,3 +177,13 @@ def test_a_password_written_into_the_user_or_domain_is_masked(
     # The emulator refuses that user (an error line) and accepts any domain (the success line): both echo it.
     assert f"'admin:********@{emulator.host}'" in captured.out + captured.err
     assert WRONG not in captured.out + captured.err and SECRET not in captured.out + captured.err
+
+
+def test_a_password_that_is_the_user_name_does_not_hide_the_user(
+    cloudshell_emulator_factory, built_package, capsys
+):
+    """admin/admin (the emulator's default, and a new server's): the summary named the user '********'."""
+    emu = cloudshell_emulator_factory()
+    code, output = install(emu, built_package, capsys, password="admin")
+    assert code == 0, output
+    assert "as 'admin' in domain 'Global'" in output

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ..demo.__main__ import SECTION_END as DEMO_END
+from ..demo.__main__ import SECTION_START as DEMO_START
 from ..lock import tickets
 from .cohort import existing_section
 from .contenders import BASELINE, CONTENDERS
@@ -492,11 +494,13 @@ def _latency_text() -> str:
 
 
 def kept_sections(document: str) -> str:
-    """The sections of ``document`` that other benches wrote (cohort.py, rwmix.py), markers included."""
+    """The sections of ``document`` that other benches wrote (cohort.py, rwmix.py, the demo), markers
+    included."""
     kept = existing_section(document)
-    if RWMIX_START in document and RWMIX_END in document:
-        body = document.split(RWMIX_START, 1)[1].split(RWMIX_END, 1)[0]
-        kept += ("\n" if kept else "") + RWMIX_START + body + RWMIX_END + "\n"
+    for start, end in ((RWMIX_START, RWMIX_END), (DEMO_START, DEMO_END)):
+        if start in document and end in document:
+            body = document.split(start, 1)[1].split(end, 1)[0]
+            kept += ("\n" if kept else "") + start + body + end + "\n"
     return kept
 
 
@@ -510,7 +514,7 @@ def write_report(
     """Write the markdown document (and the plots, unless ``plots_folder`` is None); return the files."""
     plots = plot(summarise(results), plots_folder) if plots_folder is not None else []
     doc.parent.mkdir(parents=True, exist_ok=True)
-    # The cohort and readers-and-writers benches write their own sections: keep them.
+    # The cohort and readers-and-writers benches and the demo write their own sections: keep them.
     kept = kept_sections(doc.read_text(encoding="utf-8")) if doc.exists() else ""
     text = render(results, plans, seconds, plots, doc)
     doc.write_text(text + ("\n" + kept if kept else ""), encoding="utf-8")

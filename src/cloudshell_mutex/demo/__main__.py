@@ -7,6 +7,9 @@ it), 1 otherwise, 2 for bad arguments.
 from __future__ import annotations
 
 import argparse
+import os
+import platform
+import re
 import sys
 from pathlib import Path
 from typing import List, Optional, TextIO
@@ -72,6 +75,39 @@ def format_report(result: DemoResult, rounds: int) -> str:
     return "\n".join(lines)
 
 
+#: The markers of the demo's section in docs/benchmarks.md (the bench report keeps what is between them).
+SECTION_START, SECTION_END = "<!-- demo:start -->", "<!-- demo:end -->"
+
+
+def doc_section(result: DemoResult, rounds: int) -> str:
+    """The demo's section of docs/benchmarks.md: how long ``make demo`` took here, and what it showed."""
+    unlocked, locked = result.without_lock, result.with_lock
+    return "\n".join(
+        [
+            SECTION_START,
+            "## `make demo`",
+            "",
+            f"The demo as `make bench` ran it ({rounds} rounds without the lock, then {rounds} with it; at "
+            f"most {result.window:g} s of pause per round; {platform.python_implementation()} "
+            f"{platform.python_version()}, {os.cpu_count()} cores): **{result.seconds:.1f} s**. Without the "
+            f"lock {unlocked.broken_rounds} of {rounds} rounds broke the sandbox ({unlocked.failed_calls} "
+            f"failed API calls); with it {locked.broken_rounds} of {rounds}.",
+            SECTION_END,
+        ]
+    )
+
+
+def write_doc_section(doc: Path, section: str) -> None:
+    """Replace the demo's section of ``doc`` (or append it)."""
+    text = doc.read_text(encoding="utf-8") if doc.exists() else ""
+    pattern = re.compile(re.escape(SECTION_START) + ".*?" + re.escape(SECTION_END), re.S)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: section, text)
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    doc.write_text(text.rstrip("\n") + "\n", encoding="utf-8")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Run the demo and print its report."""
     parser = argparse.ArgumentParser(prog="python -m cloudshell_mutex.demo", description=__doc__)
@@ -82,6 +118,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         "--window", type=float, default=0.5, help="longest pause after reading the topology, s (default 0.5)"
     )
     parser.add_argument("--root", default=".", help="source tree to build Mutex_Package.zip from (default .)")
+    parser.add_argument(
+        "--doc", type=Path, default=None, help="write how long it took into this markdown file (make bench)"
+    )
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.window < 0:
         parser.error("--rounds must be at least 1 and --window at least 0")
@@ -96,6 +135,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if sys.stdout.isatty():
         sys.stdout.write("\r" + " " * 60 + "\r")
     print(format_report(result, args.rounds))
+    if args.doc is not None and result.as_expected:
+        write_doc_section(args.doc, doc_section(result, args.rounds))
     return 0 if result.as_expected else 1
 
 

@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, Optional
 from . import protocol
 from .alias import CallResult, LockAlias, Status
 from .classify import classify
-from .diagnosis import fatal_error, needs_state
+from .diagnosis import fatal_error, needs_state, reservation_missing
 from .holder import Holder
 from .text import one_line
 
@@ -200,7 +200,9 @@ def _failure_report(
         state = alias.reservation_state()
     if state in ("missing", "ended"):
         return _reservation_report(alias, state, **extra)
-    error = fatal_error(failure, doing, alias.reservation_id, alias.alias, alias.model, None, state)
+    error = fatal_error(
+        failure, doing, alias.reservation_id, alias.alias, alias.model, None, state, alias.domain
+    )
     return AdminReport(
         Outcome.FAILED, alias.reservation_id, alias.alias, str(error), calls=alias.calls, **extra
     )
@@ -209,10 +211,7 @@ def _failure_report(
 def _reservation_report(alias: LockAlias, state: str, **extra: Any) -> AdminReport:
     if state == "missing":
         outcome = Outcome.RESERVATION_MISSING
-        message = (
-            f"reservation {alias.reservation_id} was not found: check the reservation (sandbox) id, and log "
-            "on to the sandbox's domain (--domain): a session may see only its own domain's sandboxes"
-        )
+        message = reservation_missing(alias.reservation_id, alias.domain)
     else:
         outcome = Outcome.RESERVATION_ENDED
         message = f"reservation {alias.reservation_id} has ended: its lock no longer matters"

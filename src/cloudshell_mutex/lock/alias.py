@@ -348,6 +348,11 @@ class LockAlias:
         line = output_line(message, warning)
         return self._send("WriteMessageToReservationOutput", (self.reservation_id, line), paced, deadline)
 
+    @property
+    def domain(self) -> str:
+        """The domain the session logged on to ("" when unknown): it sees only that domain's sandboxes."""
+        return str(getattr(self.api, "domain", "") or "")
+
     def reservation_state(self) -> Optional[str]:
         """'active', 'ended', 'missing', or None when the status cannot be read (one counted call).
 

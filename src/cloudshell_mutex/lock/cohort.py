@@ -283,12 +283,8 @@ class CohortMutex:
         try:
             acquired = self._take_server(blocking, deadline)
             if acquired and self.passed:
-                self.logger.info(
-                    "cloudshell-mutex: acquired %s in reservation %s after %.2f s, passed within the cohort",
-                    self.name,
-                    self.reservation_id,
-                    self._clock() - start,
-                )
+                what = "cloudshell-mutex: acquired %s in reservation %s after %.2f s, passed in the cohort"
+                self.logger.info(what, self.name, self.reservation_id, self._clock() - start)
         except CohortStateBusy as busy:
             self._leave(clear_holder=self._holder_written, timeout=STATE_GRACE)
             raise self._state_timeout(start, busy) from None
@@ -351,9 +347,9 @@ class CohortMutex:
         except filelock.Timeout:
             return False
 
-    def write_progress(self, message: str, deadline: Optional[float]) -> None:
-        """One progress line in the reservation output (a courtesy: a failure is logged)."""
-        if not self._alias.write_output(message, paced=True, deadline=deadline).ok:
+    def write_progress(self, message: str, deadline: Optional[float], warning: bool = False) -> None:
+        """One line in the reservation output, progress or a ``warning`` (a courtesy: a failure is logged)."""
+        if not self._alias.write_output(message, warning=warning, paced=True, deadline=deadline).ok:
             self.logger.debug("cloudshell-mutex: could not write progress to the reservation output")
 
     def _take_server(self, blocking: bool, deadline: Deadline) -> bool:
@@ -378,8 +374,13 @@ class CohortMutex:
             # remove may still land, so nobody here carries on under this token. Acquire from the server.
             token = None
         if dead is not None:
-            note = diagnosis.dead_local_holder(self.name, self.reservation_id, dead, bool(token), releasing)
+            note = diagnosis.dead_local_holder(
+                self.owner, self.name, self.reservation_id, dead, bool(token), releasing
+            )
             self.logger.warning("cloudshell-mutex: %s", note)
+            self.write_progress(
+                note, deadline.at, warning=True
+            )  # the people watching are told, as of a break
         if token is not None and self._join(
             token, lease_seconds, confirmed_at, dead is not None, deadline, secret
         ):

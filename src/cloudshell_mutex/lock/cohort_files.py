@@ -397,6 +397,36 @@ def cohort_available() -> bool:
     return not issubclass(filelock.FileLock, filelock.SoftFileLock)
 
 
+def process_alive(pid: int) -> Optional[bool]:
+    """Whether a process with this id runs on this machine now (None when it cannot be told). A dead one is
+    certain; a live one may be another process that got the id since."""
+    if pid <= 0:
+        return False
+    if os.name == "nt":  # os.kill(pid, 0) would end the process there: ask Windows instead
+        import ctypes
+
+        kernel32 = ctypes.WinDLL("kernel32", use_last_error=True)  # type: ignore[attr-defined]
+        handle = kernel32.OpenProcess(0x1000, False, pid)  # PROCESS_QUERY_LIMITED_INFORMATION
+        if not handle:
+            return ctypes.get_last_error() == 5  # type: ignore[attr-defined]  # access denied: it exists
+        try:
+            code = ctypes.c_ulong()
+            if not kernel32.GetExitCodeProcess(handle, ctypes.byref(code)):
+                return None
+            return code.value == 259  # STILL_ACTIVE
+        finally:
+            kernel32.CloseHandle(handle)
+    try:
+        os.kill(pid, 0)  # signal 0: no signal, only the check that the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    except OSError:
+        return None
+    return True
+
+
 def local_status(
     api: Any, reservation_id: str, alias: str, cohort_dir: Optional[Union[str, Path]] = None
 ) -> Optional[CohortState]:
@@ -450,8 +480,8 @@ class LocalWaiter(Protocol):
     def try_local(self, seconds: float) -> bool:
         """Try the local lock for up to ``seconds`` (-1: until free); True when taken."""
 
-    def write_progress(self, message: str, deadline: Optional[float]) -> None:
-        """One progress line in the reservation output."""
+    def write_progress(self, message: str, deadline: Optional[float], warning: bool = False) -> None:
+        """One line in the reservation output (progress, or a ``warning``)."""
 
 
 class LocalWait:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Tuple
 
+from . import connect
 from .admin import (
     WATCH_INTERVAL,
     AdminReport,
@@ -30,8 +31,10 @@ from .admin import (
     lock_status,
 )
 from .alias import LockAlias
-from .classify import ErrorKind, classify
+from .connect import SettingNames
 from .errors import MutexError
+from .holder import Holder, parse_token, this_host
+from .lease import lease_of, stale_margin
 from .listing import LockObserver
 from .protocol import DEFAULT_ALIAS, check_service_alias
 from .text import MAX_OUTPUT_LENGTH, one_line
@@ -137,12 +140,11 @@ class ConnectError(Exception):
 
 
 def open_session(settings: ConnectionSettings) -> Any:
-    """A logged-on ``CloudShellAPISession`` (it logs on in its constructor)."""
+    """A logged-on ``CloudShellAPISession`` (it logs on in its constructor); :class:`ConnectError` with one
+    line that names the setting to fix (the driver mixin words a context's failures alike)."""
     from cloudshell.api.cloudshell_api import CloudShellAPISession
 
-    from cloudshell_mutex.settings import scrub
-
-    try:
+    def logon() -> Any:
         return CloudShellAPISession(
             host=settings.host,
             username=settings.username,
@@ -151,20 +153,20 @@ def open_session(settings: ConnectionSettings) -> Any:
             port=settings.api_port,
             timeout=settings.timeout,
         )
-    except Exception as error:
-        failure = classify(error)
-        text = scrub(failure.message, settings.password)[:300]
-        if failure.kind is ErrorKind.TRANSIENT or (failure.code is None and failure.kind is ErrorKind.FATAL):
-            raise ConnectError(
-                f"cannot connect to {settings.where}: check the host and --api-port (the Automation "
-                f"API, {DEFAULT_API_PORT} by default; not the Quali API's 9000), and that it runs ({text})",
-                EXIT_CONNECTION,
-            ) from None
-        raise ConnectError(
-            f"logon to {settings.where} failed for user {settings.username!r} in domain "
-            f"{settings.domain!r}: {text}",
-            EXIT_LOGIN,
-        ) from None
+
+    names = SettingNames(
+        host="--host (CLOUDSHELL_HOST)",
+        port="--api-port (CLOUDSHELL_API_PORT)",
+        credentials="--username and --password (CLOUDSHELL_USERNAME, CLOUDSHELL_PASSWORD)",
+        domain="--domain (CLOUDSHELL_DOMAIN)",
+        who=f"for user {settings.username!r}",
+    )
+    try:
+        return connect.open_session(
+            logon, settings.host, settings.api_port, settings.domain, names, secrets=(settings.password,)
+        )
+    except connect.SessionFailure as failure:
+        raise ConnectError(str(failure), EXIT_LOGIN if failure.logon else EXIT_CONNECTION) from None
 
 
 def _actor(settings: ConnectionSettings) -> str:
@@ -223,21 +225,40 @@ def run_status(args: argparse.Namespace) -> int:
     report = lock_status(alias, args.watch)
     code = _show(report, args.json)
     if report.outcome is Outcome.HELD and report.holder is not None and not args.json:
-        _show_cohort(alias, report.holder.token, args.cohort_dir)
+        _show_local(alias, report.holder, args.cohort_dir)
     return code
 
 
-def _show_cohort(alias: LockAlias, token: str, cohort_dir: Optional[str]) -> None:
-    """A holder in cohort mode: what this machine's cohort files say (other machines' are not visible)."""
-    from .cohort_files import describe_local, local_status  # filelock is needed only here
+def _show_local(alias: LockAlias, holder: Holder, cohort_dir: Optional[str]) -> None:
+    """What this machine can tell of the holder: its cohort's files (other machines' are not visible), and
+    whether the holding process, when it ran on this host, still runs."""
+    from .cohort_files import describe_local, local_status, process_alive  # filelock is needed only here
 
     try:
         state = local_status(alias.api, alias.reservation_id, alias.alias, cohort_dir)
     except Exception as error:  # the lock's status was shown; the local extra is a courtesy
         print(f"  (cohort files unreadable: {type(error).__name__})")
-        return
+        state = None
     if state is not None:
-        print(f"  {describe_local(state, token)}")
+        print(f"  {describe_local(state, holder.token)}")
+    info = parse_token(holder.token)
+    if state is not None and state.token == holder.token:  # the cohort's: its local holder holds it now
+        local = state.holder or {}
+        pid, who = int(local.get("pid") or 0), "the cohort's local holder"
+        after = "the next command of this machine's cohort carries on under the lock; "
+    elif info is not None and info.host == this_host():
+        pid, who, after = info.pid, "the holder", ""
+    else:
+        return
+    if pid and process_alive(pid) is False:
+        seconds = lease_of(holder)
+        frees = (
+            f"waiters break it about {seconds + stale_margin(seconds):g} s after its last heartbeat"
+            if seconds
+            else "it has no lease: only a force release frees it "
+            f"(cloudshell-mutex release {alias.reservation_id} --force --reason ...)"
+        )
+        print(f"  {who} (pid {pid}) is not running on this host: it died holding the lock; {after}{frees}")
 
 
 def _show_all(alias: LockAlias, watch: float, as_json: bool) -> int:

@@ -48,6 +48,18 @@ def remove_hint(alias: str, token: str) -> str:
     )
 
 
+def reservation_missing(reservation_id: str, domain: Optional[str], detail: str = "") -> str:
+    """What to say when a reservation is not found: a session sees only the sandboxes of the domain it
+    logged on to, so the domain is named and the settings that choose it (the CLI's and a driver's)."""
+    where = f" in domain {domain!r}" if domain else ""
+    said = f" ({detail})" if detail else ""
+    return (
+        f"reservation {reservation_id} was not found{where}{said}: check the reservation (sandbox) id, and "
+        "log on to the sandbox's own domain (a session sees only its own domain's sandboxes; the CLI's "
+        "--domain, a driver context's reservation.domain)"
+    )
+
+
 def needs_state(failure: Classification) -> bool:
     """True when ``failure`` could mean that the reservation is gone: read its state before wording it."""
     return failure.kind in _MAY_BE_GONE
@@ -61,23 +73,28 @@ def fatal_error(
     model: str,
     probed: Optional[str],
     state: Optional[str],
+    domain: Optional[str] = None,
 ) -> MutexError:
     """Turn a failure that waiting cannot fix into an error that says what to do.
 
     ``state`` is the reservation's state ('active', 'ended', 'missing', or None when unknown or not
     read: read it when :func:`needs_state` says so). ``probed`` is what an add without attributes told
-    about the model: 'no_owner', 'missing', or None (not tried, or no answer).
+    about the model: 'no_owner', 'missing', or None (not tried, or no answer). ``domain`` is the domain the
+    session logged on to (a missing reservation may be another domain's).
     """
     where = dict(reservation_id=reservation_id, alias=alias, code=failure.code, api_message=failure.message)
     kind = failure.kind
     # Confirm with the reservation's status rather than trusting message text alone.
     gone = state in ("ended", "missing") or (kind is ErrorKind.NOT_ACTIVE and state is None)
     if kind in _MAY_BE_GONE and gone:
-        what = "has ended" if state == "ended" else "was not found"
+        if state == "ended":
+            return ReservationNotActive(
+                f"reservation {reservation_id} has ended ({failure.message}); there is nothing to lock. "
+                "Lock only while the sandbox is active",
+                **where,
+            )
         return ReservationNotActive(
-            f"reservation {reservation_id} {what} "
-            f"({failure.message}); there is nothing to lock. Check the reservation id, and lock only "
-            "while the sandbox is active",
+            f"{reservation_missing(reservation_id, domain, failure.message)}; there is nothing to lock",
             **where,
         )
     if probed == "no_owner":
@@ -200,7 +217,7 @@ def deadlock_note(cycle: Any, token: str) -> str:
     return (
         f"it waited in a deadlock ({cycle.describe(token)}), which waiting longer would not end: leave the "
         "with blocks of the locks this thread holds (or release them) and retry; take several locks in one "
-        "order (cloudshell_mutex.lock.acquire_all) to avoid it"
+        "order (cloudshell_mutex.acquire_all) to avoid it"
     )
 
 
@@ -555,17 +572,20 @@ def served_export_error(reservation_id: str, alias: str) -> MutexUsageError:
 
 
 def dead_local_holder(
-    alias: str, reservation_id: str, dead: Dict[str, Any], carry_on: bool, releasing: bool
+    successor: str, alias: str, reservation_id: str, dead: Dict[str, Any], carry_on: bool, releasing: bool
 ) -> str:
-    """The warning when a cohort's local holder died holding the lock, and what its successor does now."""
+    """The warning (log and sandbox output) when a cohort's local holder died holding the lock, and what its
+    ``successor`` (its owner label) does now."""
     then = (
-        "Carrying on under the cohort's server lock after checking it"
+        "Carrying on under the cohort's server lock after checking it; what it changed may be half done"
         if carry_on
         else "It was releasing the server lock, whose remove may still land: acquiring it from the server"
         if releasing
         else "The cohort held no server lock"
     )
+    host = f" on {dead.get('host')}" if dead.get("host") else ""
     return (
-        f"the local holder of {alias} in reservation {reservation_id} (pid {dead.get('pid')}, "
+        f"{sanitize_label(successor)}: the local holder of {alias} in reservation {reservation_id} "
+        f"(pid {dead.get('pid')}{host}, "
         f"{dead.get('owner')}) died holding it; the OS freed its local lock. {then}"
     )

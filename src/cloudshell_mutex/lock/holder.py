@@ -56,10 +56,15 @@ def commitment(secret: bytes) -> str:
     return hashlib.sha256(secret).hexdigest()[:NONCE_DIGITS]
 
 
+def this_host() -> str:
+    """This machine's name as tokens carry it (the first label of the host name, made safe and short)."""
+    return sanitize_label(socket.gethostname().split(".")[0], MAX_HOST_LENGTH)
+
+
 def make_token(label: str, secret: Optional[bytes] = None) -> str:
     """Return a new owner token for one acquisition by ``label`` in this process, committed to ``secret``
     (None: a secret nobody keeps, for a service that never needs to prove whose it is)."""
-    host = sanitize_label(socket.gethostname().split(".")[0], MAX_HOST_LENGTH)
+    host = this_host()
     nonce = commitment(make_secret() if secret is None else secret)
     return f"{sanitize_label(label)}@{host}:{os.getpid()}:{nonce}"
 

@@ -177,6 +177,7 @@ class LockObserver:
                 self.model,
                 None,
                 state,
+                self._alias.domain,
             )
         now = result.sent_at
         if self._started is None:

@@ -152,7 +152,9 @@ class LockParts:
         )
         probed = self.alias.probe_model() if probe and state in ("active", None) and about_model else None
         model = self.options.model
-        return diagnosis.fatal_error(failure, doing, self.reservation_id, self.name, model, probed, state)
+        return diagnosis.fatal_error(
+            failure, doing, self.reservation_id, self.name, model, probed, state, self.alias.domain
+        )
 
     def watch_late_add(self, op: Operation, removing_until: Optional[float] = None) -> None:
         """An acquire that ends without the lock: an add of it that may still land is watched, and so,

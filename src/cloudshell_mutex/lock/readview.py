@@ -185,5 +185,12 @@ class ReadView:
         state = self.lock_alias.reservation_state() if diagnosis.needs_state(failure) else None
         model = self.options.model
         return diagnosis.fatal_error(
-            failure, doing, self.lock_alias.reservation_id, self.name, model, None, state
+            failure,
+            doing,
+            self.lock_alias.reservation_id,
+            self.name,
+            model,
+            None,
+            state,
+            self.lock_alias.domain,
         )

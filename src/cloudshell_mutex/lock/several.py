@@ -8,8 +8,7 @@ that all take them through :func:`acquire_all` take them sorted by name, so no c
 from __future__ import annotations
 
 import logging
-from contextlib import contextmanager
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from . import catalog
 from .engine import Deadline
@@ -17,16 +16,16 @@ from .errors import MutexUsageError
 from .options import LOGGER_NAME, UNSET, check_duration
 from .protocol import check_lock_name
 
-__all__ = ["acquire_all"]
+__all__ = ["AcquiredLocks", "acquire_all"]
 
 _LOGGER = logging.getLogger(LOGGER_NAME)
 
 
-@contextmanager
-def acquire_all(*locks: Any, timeout: Optional[float] = UNSET) -> Iterator[Tuple[Any, ...]]:
-    """Hold every lock of ``locks`` (lock objects of one reservation, e.g.
-    :class:`~.mutex.ReservationMutex` with distinct ``name``) for the ``with`` block; yields them in the
-    order given.
+def acquire_all(*locks: Any, timeout: Optional[float] = UNSET) -> AcquiredLocks:
+    """Take every lock of ``locks`` (lock objects of one reservation, e.g.
+    :class:`~.mutex.ReservationMutex` with distinct ``name``) now, and return them as
+    :class:`AcquiredLocks`: ``with acquire_all(a, b):`` releases them at the end of the block (``as`` gives
+    them in the order given); a plain call holds them until :meth:`AcquiredLocks.release`.
 
     They are acquired sorted by name (the one canonical order) and released in the reverse order. When an
     acquire fails part way (a timeout, a deadlock, Ctrl-C), the locks already taken are released and the
@@ -60,10 +59,32 @@ def acquire_all(*locks: Any, timeout: Optional[float] = UNSET) -> Iterator[Tuple
     except BaseException:
         _release_all(taken, raising=False)
         raise
-    try:
-        yield tuple(locks)
-    finally:
+    return AcquiredLocks(tuple(locks), taken)
+
+
+class AcquiredLocks:
+    """The locks :func:`acquire_all` holds. As a context manager it gives them (in the order passed) and
+    releases them when the block ends; :meth:`release` does the same after a plain call."""
+
+    def __init__(self, locks: Tuple[Any, ...], taken: List[Any]) -> None:
+        self.locks = locks
+        self._taken = taken
+
+    def release(self) -> None:
+        """Release every lock, in the reverse of the order taken, each even when one fails (the first failure
+        is raised). A second call does nothing."""
+        taken, self._taken = self._taken, []
         _release_all(taken, raising=True)
+
+    def __enter__(self) -> Tuple[Any, ...]:
+        return self.locks
+
+    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        state = "held" if self._taken else "released"
+        return f"<AcquiredLocks {[str(lock.name) for lock in self.locks]} {state}>"
 
 
 def _release_all(taken: List[Any], raising: bool) -> None:

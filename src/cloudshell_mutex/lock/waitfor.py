@@ -126,7 +126,7 @@ def deadlock_error(cycle: Cycle, own: str, reservation_id: str, alias: str) -> M
         f"{cycle.describe(own)}. None of them would ever get its lock; one waiter of such a cycle gives up "
         "(chosen by a rule every party computes alike) and the others go on. The locks this thread holds are "
         "still held: leave their with blocks (or release them), then retry. To avoid this, take several "
-        "locks in one order (cloudshell_mutex.lock.acquire_all).",
+        "locks in one order (cloudshell_mutex.acquire_all).",
         cycle=cycle.as_tuples(),
         reservation_id=reservation_id,
         alias=alias,

@@ -37,22 +37,26 @@ def run_install(args: argparse.Namespace) -> int:
     """Import the package into CloudShell through the Quali API."""
     # Imported here: the REST client and its progress-bar dependencies are only needed by this command.
     from cloudshell_mutex.packaging.install import InstallError, install_package, resolve_settings
-    from cloudshell_mutex.settings import ENV_VARS, redact_userinfo, scrub
+    from cloudshell_mutex.settings import DEFAULTS, ENV_VARS, redact_userinfo, scrub
 
     # Every password this run may know of is masked in whatever is printed: a last line of defence, since
     # the messages are built not to hold one. Passwords shorter than 4 characters are left out: masking
     # them would garble every message, and such a password is a substring of any text anyway.
     secrets = [args.password, os.environ.get(ENV_VARS["password"])]
+    # A password that is the user name itself (admin/admin, the emulator's and a new server's) is shown as the
+    # user name: masking it only hid the user ('********') from whoever already knew it.
+    users = [args.username or os.environ.get(ENV_VARS["username"]) or DEFAULTS["username"]]
 
     def safe(message: str) -> str:
         for secret in secrets:
-            if secret and len(secret) >= 4:
+            if secret and len(secret) >= 4 and secret not in users:
                 message = scrub(message, secret)
         return redact_userinfo(message)
 
     try:
         settings = resolve_settings(args)
         secrets.append(settings.password)
+        users.append(settings.username)
         message = install_package(settings)
     except (InstallError, PackageError) as error:
         return _error(safe(str(error)))
