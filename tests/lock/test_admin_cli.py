@@ -225,3 +225,28 @@ def test_a_sandbox_of_another_domain_is_not_found_from_global_and_the_error_says
     assert "log on to the sandbox's own domain" in err and "the CLI's --domain" in err
     code, out, _ = run(capsys, ["status", reservation_id, "--domain", "Sales"])
     assert code == command.EXIT_NO_LOCK and "is free" in out
+
+
+def test_a_releasing_markers_secret_is_never_shown_by_status_or_release(emu, capsys):
+    from cloudshell.api.cloudshell_api import AttributeNameValue
+
+    from cloudshell_mutex import protocol
+    from cloudshell_mutex.lock.holder import make_secret, make_token, releasing_value
+
+    reservation_id = emu.create_reservation()
+    secret = make_secret()
+    token = make_token("holder", secret)
+    marker = protocol.releasing_alias("MUTEX")
+    value = [AttributeNameValue(protocol.ATTR_OWNER, releasing_value(token, secret))]
+    emu.session().AddServiceToReservation(reservation_id, protocol.SERVICE_MODEL, marker, value)
+    outputs = []
+    for argv in (
+        ["status", reservation_id, "--name", marker],
+        ["status", reservation_id, "--name", marker, "--json"],
+        ["release", reservation_id, "--name", marker, "--force", "--reason", "stuck"],
+    ):
+        _, out, err = run(capsys, argv)
+        outputs.append(out + err)
+    assert all(token in text for text in outputs[:2])  # the token it names is shown
+    assert not any(secret.hex() in text for text in outputs)
+    assert not any(secret.hex() in line for line in emu.control.output(reservation_id))

@@ -22,7 +22,7 @@ from . import protocol
 from .alias import CallResult, LockAlias, Status
 from .classify import classify
 from .diagnosis import fatal_error, needs_state, reservation_missing
-from .holder import Holder
+from .holder import Holder, shown_holder
 from .text import one_line
 
 #: A reason is one line in the sandbox output: longer text is cut.
@@ -245,11 +245,12 @@ def lock_status(
             return _failure_report(alias, result, "reading the lock", state)
         if start is None:
             start = now  # the watch counts from the first answer: a holder seen all along is seen that long
-        token = None if result.holder is None else result.holder.token
+        shown = shown_holder(result.holder)  # a releasing marker's secret is never reported
+        token = None if shown is None else shown.token
         if first_seen is None or token != (None if holder is None else holder.token):
             changes += first_seen is not None
             first_seen = now
-        holder = result.holder
+        holder = shown
         if now - start >= watch:
             break
         sleep(max(0.0, min(interval, start + watch - now)))
@@ -325,7 +326,7 @@ def force_release(
     read = alias.read()
     if not read.ok:
         return _failure_report(alias, read, "reading the lock before a force release", state, **extra)
-    holder = read.holder
+    holder = shown_holder(read.holder)
     where = f"{shown_alias(alias.alias)} in reservation {alias.reservation_id}"
     if holder is None:
         record = f"{actor} asked to force-release {where}; nobody held it, nothing was removed. Reason: {why}"

@@ -31,6 +31,7 @@ from .classify import (
     sent_once,
 )
 from .holder import Holder, holders_in, sanitize_label
+from .options import FRESH_READ_LAG
 from .pacing import CallBudget, budget_for, clip
 from .text import output_line
 
@@ -98,6 +99,17 @@ class CallResult:
     def lands_by(self, request_lifetime: float) -> float:
         """Until when (monotonic) the request, if it got no answer, may still be applied."""
         return self.sent_at + self.elapsed + request_lifetime
+
+    def unsettled(self, request_lifetime: float, now: float) -> Optional[Tuple[float, int]]:
+        """For an add that failed: until when (monotonic) the late-add watcher must watch it, and how many
+        copies of it may still land (None: it cannot be in place). A copy without an answer may land until
+        ``request_lifetime`` after the call; an answered failure that may have committed is settled by one
+        read that does not lag."""
+        if self.may_land_later:
+            return self.lands_by(request_lifetime), self.unanswered_copies
+        if self.may_have_committed:
+            return now + 2 * FRESH_READ_LAG, 1
+        return None
 
     @property
     def may_have_committed(self) -> bool:

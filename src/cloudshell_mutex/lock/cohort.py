@@ -214,9 +214,9 @@ class CohortMutex:
         """The same as :meth:`locked` (redis-py's name)."""
         return self.locked()
 
-    def ensure_held(self, read: bool = False) -> None:
+    def ensure_held(self, read: bool = False, timeout: Optional[float] = 0.0) -> None:
         """As :meth:`ReservationMutex.ensure_held`."""
-        self._mutex.ensure_held(read)
+        self._mutex.ensure_held(read, timeout)
 
     def holder(self) -> Any:
         """Who holds the server lock now, whoever it is (one fresh read), or None: as

@@ -12,7 +12,7 @@ from typing import Optional
 
 from . import diagnosis, events, lease, protocol
 from .alias import CallResult, LockAlias
-from .engine import Acquisition
+from .engine import Acquisition, Deadline
 from .errors import MutexLostError
 from .heartbeat import Heartbeat
 from .holder import Holder
@@ -114,10 +114,10 @@ class Held:
         beat = self.heartbeat
         return beat is None or not (beat.expired or beat.lapsed(self.parts.runtime.clock()))
 
-    def check(self, read: bool) -> None:
-        """:meth:`~.mutex.ReservationMutex.ensure_held` for a held lock. A read that shows the lock taken
-        makes the hold lost, leased or not: the release then removes nothing, and the sandbox output is told
-        once."""
+    def check(self, read: bool, deadline: Optional[Deadline] = None) -> None:
+        """:meth:`~.mutex.ReservationMutex.ensure_held` for a held lock (``deadline``: until when a read that
+        fails transiently is tried again; None: once). A read that shows the lock taken makes the hold lost,
+        leased or not: the release then removes nothing, and the sandbox output is told once."""
         parts, beat = self.parts, self.heartbeat
         if self.lost:
             raise self.lost_notice(self.lost_to)
@@ -128,12 +128,13 @@ class Held:
             raise diagnosis.lapsed_error(silent, beat.lease, parts.reservation_id, parts.name)
         if not read:
             return
-        result = parts.alias.read()
+        op = parts.operation(self.token)
+        result = parts.read_until(op, deadline)
         if result.ok and (result.holder is None or result.holder.token != self.token):
             # A fresh read may lag and show the lock as it was before it was ours: ask once more,
             # FRESH_READ_LAG later, before calling it lost (as release() does).
             parts.runtime.sleep(FRESH_READ_LAG)
-            result = parts.alias.read()
+            result = parts.read_until(op, deadline)
         if not result.ok:
             raise parts.diagnose(result.failure, "checking the lock owner")
         if result.holder is None or result.holder.token != self.token:

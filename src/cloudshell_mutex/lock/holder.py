@@ -158,9 +158,18 @@ class Holder:
 
 
 def marker_holder(marker: Holder) -> Holder:
-    """A ``~releasing`` marker as the holder it names: its token without the secret, described as a token."""
+    """A ``~releasing`` marker as the holder it names: its token without the secret, described as a token
+    (its attributes too: a report that shows them never shows the secret)."""
     token = named_token(marker.token)
-    return Holder(marker.alias, token, describe_owner(token), marker.model, marker.attributes)
+    attributes = {**marker.attributes, protocol.ATTR_OWNER: token} if marker.attributes else {}
+    return Holder(marker.alias, token, describe_owner(token), marker.model, attributes)
+
+
+def shown_holder(holder: Optional[Holder]) -> Optional[Holder]:
+    """``holder`` as a report for people may show it: a ``~releasing`` marker without its secret."""
+    if holder is not None and protocol.alias_kind(holder.alias)[1] == "releasing":
+        return marker_holder(holder)
+    return holder
 
 
 def holder_in(details: Any, alias: str) -> Optional[Holder]:

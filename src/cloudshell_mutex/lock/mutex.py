@@ -29,7 +29,6 @@ from typing import Any, Callable, Optional, Tuple
 from . import diagnosis, events, fencing, holdings, lease, protocol
 from .alias import LockAlias
 from .attempt import MutexAttempt
-from .classify import ErrorKind
 from .engine import Acquisition, Deadline, Runtime, acquire_loop
 from .errors import MutexDeadlock, MutexUsageError
 from .handle import HandleInfo, make_handle, parse_handle
@@ -184,17 +183,19 @@ class ReservationMutex:
         """True while this object holds the lock with a lease (it heartbeats; waiters may break it)."""
         return self._held is not None and self._held.heartbeat is not None
 
-    def ensure_held(self, read: bool = False) -> None:
+    def ensure_held(self, read: bool = False, timeout: Optional[float] = 0.0) -> None:
         """Raise :class:`~.errors.MutexLostError` unless this object still holds the lock, as far as it can
         tell: the heartbeat has not seen it taken, and (with a lease) a heartbeat was confirmed less than a
         lease ago, so no waiter can have broken it yet. ``read=True`` adds one fresh read of the owner (and
-        one more a second later when it does not show ours: a fresh read may lag behind the server).
+        one more a second later when it does not show ours: a fresh read may lag behind the server); a read
+        that fails transiently is tried again, backing off, for up to ``timeout`` seconds (0: once; None: as
+        long as it takes), then raises.
 
         Call it right before each side effect of a long critical section: it costs no call by default.
         """
         if self._held is None:
             raise diagnosis.not_held_error("ReservationMutex", self.reservation_id, self.name)
-        self._held.check(read)
+        self._held.check(read, Deadline.after(timeout, self.runtime.clock))
 
     @property
     def generation(self) -> int:
@@ -273,13 +274,7 @@ class ReservationMutex:
         :class:`~.errors.MutexLostError` when the read shows another holder or none."""
         parts = self._parts
         op = parts.operation(token)
-        read = parts.read(op)
-        while not read.ok and read.failure.kind is ErrorKind.TRANSIENT and deadline is not None:
-            op.failed(read.failure.message)
-            if deadline.passed():
-                break
-            self.runtime.sleep(deadline.clip(op.next_backoff(self.backoff, self.runtime.rng)))
-            read = parts.read(op)
+        read = parts.read_until(op, deadline)
         if not read.ok:
             raise parts.diagnose(read.failure, "reading the lock to adopt it")
         holder = read.holder

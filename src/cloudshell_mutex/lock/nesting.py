@@ -167,7 +167,9 @@ class _CommandScoped:
         if self._serving is None and not super().locked():
             entry = _find(key)
             if entry is not None and entry.lock is not self:
-                self._serve(entry)
+                # The read that shows the hold alive waits out a failing server as the acquire would.
+                waits = (self.timeout if timeout is UNSET else timeout) if blocking else 0.0
+                self._serve(entry, waits)
                 return True
             self._refuse_a_helper_of_the_holder(key)
         # The lock classes tell "no timeout given" by a sentinel of their own: pass only what was given.
@@ -180,16 +182,17 @@ class _CommandScoped:
                 _COMMAND_HOLDS.hold(key, self)
         return acquired
 
-    def _serve(self, entry: _Held) -> None:
+    def _serve(self, entry: _Held, timeout: Optional[float]) -> None:
         """Be served by ``entry``'s acquisition, or raise: from another thread or another task (usage), or
-        when one read shows the hold lost (:class:`~.errors.MutexLostError`, and the hold is known lost)."""
+        when one read shows the hold lost (:class:`~.errors.MutexLostError`, and the hold is known lost); a
+        read that fails transiently is tried again for up to ``timeout`` seconds."""
         if entry.thread != threading.get_ident():
             raise diagnosis.other_thread_error(self.reservation_id, self.name)
         task = _running_task()
         if not entry.admits(task):
             raise diagnosis.other_task_error(self.reservation_id, self.name)
         try:
-            entry.lock.ensure_held(read=True)
+            entry.lock.ensure_held(read=True, timeout=timeout)
         except MutexLostError as lost:
             raise diagnosis.nested_lost_error(lost, self.reservation_id, self.name) from lost
         entry.nested += 1
@@ -257,11 +260,11 @@ class _CommandScoped:
             return int(self._serving.lock.generation)
         return int(super().generation)
 
-    def ensure_held(self, read: bool = False) -> None:
+    def ensure_held(self, read: bool = False, timeout: Optional[float] = 0.0) -> None:
         """As the lock class's, for the acquisition this object holds or is served by."""
         if self._serving is not None:
-            return self._serving.lock.ensure_held(read)
-        return super().ensure_held(read)
+            return self._serving.lock.ensure_held(read, timeout)
+        return super().ensure_held(read, timeout)
 
     def renew(self) -> bool:
         """As the lock class's, for the acquisition this object holds or is served by."""

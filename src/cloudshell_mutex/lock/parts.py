@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, Optional
 from . import diagnosis, events, protocol
 from .alias import CallResult, LockAlias, Status
 from .classify import Classification, ErrorKind
-from .engine import Runtime
+from .engine import Deadline, Runtime
 from .errors import MutexError
 from .events import Reporter
 from .holder import Holder, proves_release, sanitize_label
@@ -86,6 +86,18 @@ class LockParts:
         if result.ok:
             op.read_answered(result.sent_at)
         return result
+
+    def read_until(self, op: Operation, deadline: Optional[Deadline]) -> CallResult:
+        """One fresh read; a transient failure is backed off and read again until ``deadline`` (a
+        :class:`~.engine.Deadline`; None: one read), as an acquire's reads are."""
+        read = self.read(op)
+        while not read.ok and read.failure.kind is ErrorKind.TRANSIENT and deadline is not None:
+            op.failed(read.failure.message, reached=read.may_have_committed)
+            if deadline.passed():
+                break
+            self.runtime.sleep(deadline.clip(op.next_backoff(self.backoff, self.runtime.rng)))
+            read = self.read(op)
+        return read
 
     def saw_in_line(self, op: Operation, result: CallResult) -> None:
         """A fresh read the fair queue made while ``op`` waits in line: it shows the holder as the mutex's

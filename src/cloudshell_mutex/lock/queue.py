@@ -366,12 +366,16 @@ class FairQueue:
         value = ticket_value(op.token, self.ticket_lease, 0, self._holds)
         for tries in range(JOIN_TRIES):
             alias = self._alias(number)
+            # Interrupted on its way (Ctrl-C), the add may still land: leave() watches it meanwhile.
+            on_the_wire = (alias, self._clock() + self.request_lifetime, 1)
+            self._unsettled.append(on_the_wire)
             result = alias.try_add(
                 [AttributeNameValue(protocol.ATTR_OWNER, value)], paced=op.polling, deadline=op.deadline.at
             )
-            if result.may_land_later or result.may_have_committed:
-                lands_by = result.lands_by(self.request_lifetime)
-                self._unsettled.append((alias, lands_by, max(1, result.unanswered_copies)))
+            self._unsettled.remove(on_the_wire)
+            until = result.unsettled(self.request_lifetime, self._clock())
+            if until is not None:
+                self._unsettled.append((alias, *until))
             if result.ok:
                 self.ticket, self._beats, self._beat_at = alias, 0, result.sent_at
                 return True
@@ -478,12 +482,11 @@ class FairQueue:
         a cycle seen, confirmed or not, makes us rewrite our ticket's heartbeat (a sign of life)."""
         if self._cycles is None or self._cycles.token != op.token:
             self._cycles = waitfor.CycleWatch(op.token)
-        confirmed = self._cycles.judge(waitfor.wait_for(result.services or {}))
-        cycle = op.cycle = self._cycles.cycle
-        if cycle is None:
+        cycle = op.cycle = self._cycles.judge(waitfor.wait_for(result.services or {}))
+        if self._cycles.cycle is None:
             return
-        self._beat(op, now=True)
-        if confirmed is None:
+        self._beat(op, now=True)  # seen, confirmed or not: a sign of life for the other members
+        if cycle is None:
             return
         if cycle.victim != op.token:
             if self._cycle_told:

@@ -225,15 +225,19 @@ class CycleWatch:
     docstring: only live waits count).
 
     :meth:`judge` takes each read's graph; :attr:`cycle` is the cycle through this wait in the last read
-    (None: none), confirmed or not: the waiter rewrites its own record when there is one, and a timeout says
-    it waited in a deadlock rather than advising to wait longer.
+    (None: none), confirmed or not (the waiter rewrites its own record while there is one), and
+    :attr:`confirmed` the same cycle once its members have shown signs of life: only such a cycle is called a
+    deadlock, by a victim or by a timeout's words.
     """
 
     def __init__(self, token: str) -> None:
         self.token = token
         self.cycle: Optional[Cycle] = None
-        # The other members' record heartbeats when this cycle was first seen, and which have moved since.
-        self._first: Dict[str, str] = {}
+        self.confirmed: Optional[Cycle] = None
+        # The other members' highest record heartbeat counts since this cycle was first seen, and which have
+        # moved since: a count above the first one seen. An older count (a lagging read, a record re-created
+        # by an add that landed late after its waiter gave up) is no sign of life.
+        self._first: Dict[str, int] = {}
         self._moved: Set[str] = set()
 
     def judge(self, graph: WaitFor) -> Optional[Cycle]:
@@ -241,18 +245,26 @@ class CycleWatch:
         moved its record since this waiter first saw it (None: no cycle, or not confirmed yet)."""
         cycle = graph.cycle_through(self.token)
         if cycle is None:
-            self.cycle, self._first, self._moved = None, {}, set()
+            self.cycle = self.confirmed = None
+            self._first, self._moved = {}, set()
             return None
         others = set(cycle.tokens) - {self.token}
-        beats = {w.token: w.beat for w in graph.waiters if w.token in others}
+        counts = {w.token: _beat_count(w.beat) for w in graph.waiters if w.token in others}
         if self.cycle is None or set(self.cycle.tokens) != set(cycle.tokens):
-            self._first, self._moved = beats, set()  # a new cycle: its members' signs of life start now
+            self._first, self._moved = counts, set()  # a new cycle: its members' signs of life start now
         else:
-            self._moved |= {token for token, beat in beats.items() if beat != self._first.get(token)}
+            self._moved |= {token for token, count in counts.items() if count > self._first.get(token, count)}
         self.cycle = cycle
-        return cycle if self._moved >= others else None
+        self.confirmed = cycle if self._moved >= others else None
+        return self.confirmed
 
     @property
     def pending(self) -> bool:
         """True while the last read showed a cycle through this wait that is not confirmed yet."""
-        return self.cycle is not None and not self._moved >= set(self.cycle.tokens) - {self.token}
+        return self.cycle is not None and self.confirmed is None
+
+
+def _beat_count(beat: str) -> int:
+    """The counter of a record's heartbeat value (``<nonce>:<part>:<count>``; -1 when it has none)."""
+    count = beat.rsplit(":", 1)[-1]
+    return int(count) if count.isdigit() else -1

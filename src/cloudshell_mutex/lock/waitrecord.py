@@ -62,7 +62,7 @@ class WaitRecord:
         self._beats = 0
         self._beat_at = -math.inf
         self._added = False  # the add succeeded (or said "already exists": our own, re-sent by the client)
-        self._unsettled: List[Tuple[float, int]] = []  # adds without an answer: (lands by, copies)
+        self._unsettled: List[Tuple[float, int]] = []  # adds of unknown outcome: (watched until, copies)
         self._told = False  # a deadlock another waiter gives up for was logged
 
     @classmethod
@@ -80,8 +80,8 @@ class WaitRecord:
 
     @property
     def cycle(self) -> Optional[waitfor.Cycle]:
-        """The cycle through this wait that the last read showed, confirmed or not (None: none)."""
-        return self.watch.cycle
+        """The deadlock through this wait that the last read showed, confirmed live (None: none)."""
+        return self.watch.confirmed
 
     def due_in(self) -> float:
         """Seconds until the next look is due (0: now; infinite when the record is off)."""
@@ -150,11 +150,20 @@ class WaitRecord:
 
     def _add(self, deadline: Optional[float]) -> None:
         owner = [AttributeNameValue(protocol.ATTR_OWNER, self._value())]
+        clock, lifetime = self.runtime.clock, self.request_lifetime
+        # Interrupted on its way (Ctrl-C), the add may still land: close() watches it meanwhile.
+        on_the_wire = (clock() + lifetime, 1)
+        self._unsettled.append(on_the_wire)
         result = self.alias.try_add(owner, paced=True, deadline=deadline)
-        if result.may_land_later or result.may_have_committed:
-            lands_by = result.lands_by(self.request_lifetime)
-            self._unsettled.append((lands_by, max(1, result.unanswered_copies)))
-        if result.ok or result.status is Status.BUSY:  # the alias is this acquisition's alone
+        self._unsettled.remove(on_the_wire)
+        ours = result.ok or result.status is Status.BUSY  # the alias is this acquisition's alone
+        if ours and result.may_land_later:  # a copy without an answer may come back after our remove
+            self._unsettled.append((result.lands_by(lifetime), result.unanswered_copies))
+        elif not ours:
+            until = result.unsettled(lifetime, clock())
+            if until is not None:
+                self._unsettled.append(until)
+        if ours:
             self._added, self._beat_at = True, result.sent_at
         elif result.status is Status.FATAL and result.failure is not None and result.failure.code:
             self.off = True
