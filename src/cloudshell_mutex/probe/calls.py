@@ -74,8 +74,6 @@ class CallLog:
         try:
             result = func(*args, **kwargs)
             outcome = ANSWERED
-            if self.hook is not None:
-                self.hook(number, method, "after")  # an interrupt here: sent, its answer never seen
             return result
         except CloudShellAPIError:
             outcome = REFUSED
@@ -92,6 +90,8 @@ class CallLog:
                     self.unsure[(str(args[0]), str(args[2]))] = UnsureAdd(str(args[0]), str(args[2]), sent)
                 if outcome == NO_ANSWER and method == "CreateImmediateReservation":
                     self.unsure_creates.append(sent)
+            if self.hook is not None and outcome in (ANSWERED, REFUSED):
+                self.hook(number, method, "after")  # an interrupt here: answered, the answer never seen
 
     def count(self) -> int:
         """Calls made so far (the sessions' logons not included)."""

@@ -68,38 +68,31 @@ class ProbeSettings:
             raise ValueError("reservation_id must not be blank")
 
     def max_calls(self) -> int:
-        """The most API calls one run makes (its sessions' logons included), whatever the server answers."""
-        polls = checks.poll_count(self.max_wait, self.poll)
-        end_polls = checks.poll_count(self.max_wait, 1.0)
-        setup = 1 + END_TRIES * WATCH_READS if self.reservation_id is None else 0  # create, or find it
-        return (
-            self.racers  # the logons of the main session and the racers'
-            + setup
-            + 1  # the notice in the sandbox output
-            + 4  # the model: three adds at most, one remove
-            + 4  # a taken alias: two adds, a read, a remove
-            + 1
-            + 1
-            + 2 * polls
-            + 1
-            + polls  # reads after a write: cached read, add, reads, remove, reads
-            + 4  # removes: a missing alias, an add, the two, a read (+ 1 remove below)
-            + 1
-            + 3  # letter case: two adds, up to two removes (one below)
-            + 1
-            + 2  # a tilde: an add, a remove
-            + self.racers * self.rounds
-            + 2  # the race: adds, a read, a remove
-            + 1  # the user's roles
-            + self._cleanup_calls(end_polls)
-        )
+        """The most API calls one run makes (its sessions' logons included), whatever the server answers.
 
-    def _cleanup_calls(self, end_polls: int) -> int:
-        own = self.reservation_id is None
-        # reads while adds may land, then one remove each of what they show (every alias of the run)
-        aliases = 8 + self.rounds
-        ending = (END_TRIES * 2 + end_polls + 2) if own else 0  # end (+ status), the ended sandbox's check
-        return WATCH_READS + 1 + aliases + ending
+        A run that could not create its sandbox makes fewer: a logon, the create, and the search for it."""
+        polls = checks.poll_count(self.max_wait, self.poll)
+        aliases = len(RUN_ALIASES) + self.rounds  # every alias a run adds (the ended check's is not removed)
+        checks_calls = (
+            1  # the notice in the sandbox output
+            + 4  # the model: up to three adds, a remove
+            + 1 + 1 + 3 * polls + 1  # reads after a write: a cached read, the add, three polls, the remove
+            + 4  # a taken alias: two adds, a read, a remove
+            + 5  # removes: a missing alias, an add, the two together, a read, a remove
+            + 4  # letter case: two adds, two removes
+            + 2  # a tilde: an add, a remove
+            + self.racers * self.rounds + 2  # the race: the adds, a read, a remove
+            + 1  # the user's roles
+        )  # fmt: skip
+        clean_up = WATCH_READS + 2 * aliases  # reads; each alias removed at most twice
+        if self.reservation_id is None:
+            ended = checks.poll_count(self.max_wait, 1.0) + 2  # status reads, an add, a remove
+            clean_up += 1 + END_TRIES * 2 + ended  # the create; the end and its status read; the check
+        return self.racers + checks_calls + clean_up
+
+
+#: The aliases of a run besides the race's (``<prefix><what>``; the case check adds two spellings of one).
+RUN_ALIASES = ("model", "dup", "read", "found", "case", "CASE", "slot~r1")
 
 
 @dataclass
@@ -161,6 +154,8 @@ class Probe:
         #: Seconds a read that judges waits after a change (:meth:`_settle_time`); the most until measured.
         self.settle = settings.max_wait
         self._created_name = f"cloudshell-mutex probe {self.seen.run}"
+        #: How often the clean-up removed each alias (twice at most: a lagging read may show a removed one).
+        self._removes: Dict[str, int] = {}
 
     def alias(self, what: str) -> str:
         """The run's alias for ``what``."""
@@ -335,10 +330,10 @@ class Probe:
             return
         api, rid = self._main_session(), seen.reservation_id
         horizon = self.settings.max_wait if seen.own_sandbox else self.settings.request_lifetime
-        interval = max(self.settings.poll, horizon / WATCH_READS, self.settle)
-        for read in range(WATCH_READS):
-            if read:
-                self.sleep(interval)
+        interval = max(self.settings.poll, horizon / WATCH_READS)
+        pause, removes = 0.0, self._removes
+        for _ in range(WATCH_READS):
+            self.sleep(pause)
             found = checks.services(api, rid)
             ours = [alias for alias in found if alias.upper().startswith(self.prefix.upper())]
             now = log.clock()
@@ -355,7 +350,11 @@ class Probe:
             if not ours and not waiting:
                 return
             for alias in ours:
-                checks.remove(api, rid, [alias])  # ours alone: a second remove of it harms no one
+                if removes.get(alias, 0) < 2:  # a read that lags may show it after its remove: not a third
+                    removes[alias] = removes.get(alias, 0) + 1
+                    checks.remove(api, rid, [alias])  # ours alone: a second remove of it harms no one
+            # After a remove, a read that lags would still show it: wait as long as reads were seen to lag.
+            pause = max(interval if waiting else self.settings.poll, self.settle if ours else 0.0)
         seen.left_behind.append(f"services of {self.prefix}* in sandbox {rid} (remove them by hand)")
 
     def _end_sandbox(self) -> None:
