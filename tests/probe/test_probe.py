@@ -182,3 +182,16 @@ def test_the_docs_state_the_bound_on_calls():
     deploy = (Path(__file__).resolve().parents[2] / "docs" / "deploy.md").read_text(encoding="utf-8")
     assert f"at most {ProbeSettings().max_calls()} calls" in deploy
     assert f"at most {ProbeSettings(reservation_id='x').max_calls()} calls" in deploy
+
+
+def test_a_sandbox_given_that_has_ended_or_does_not_exist_is_refused_before_anything_is_added(emulator):
+    from cloudshell_mutex.probe.run import ProbeAborted
+
+    emu = emulator()
+    ended = emu.create_reservation("over")
+    emu.session().EndReservation(ended)
+    for rid, words in ((ended, "has ended"), ("0b9c3d1e-0000-4000-8000-000000000000", "cannot be probed")):
+        made, _ = probe(emu, reservation_id=rid)
+        with pytest.raises(ProbeAborted, match=words):
+            made.run()
+        assert not [e for e in emu.control.events() if e["op"] == "service_added"]

@@ -85,7 +85,9 @@ class ProbeSettings:
             + 1  # the user's roles
         )  # fmt: skip
         clean_up = WATCH_READS + 2 * aliases  # reads; each alias removed at most twice
-        if self.reservation_id is None:
+        if self.reservation_id is not None:
+            clean_up += 1  # the status of the sandbox given
+        else:
             ended = checks.poll_count(self.max_wait, 1.0) + 2  # status reads, an add, a remove
             clean_up += 1 + END_TRIES * 2 + ended  # the create; the end and its status read; the check
         return self.racers + checks_calls + clean_up
@@ -191,6 +193,7 @@ class Probe:
             seen.reservation_id = self._create()
         else:
             seen.reservation_id, seen.own_sandbox = self.settings.reservation_id, False
+            self._check_given(seen.reservation_id)
         rid, token = seen.reservation_id, self.token
         seen.output = self._measure(
             "output",
@@ -263,6 +266,22 @@ class Probe:
         except Exception as error:
             self.seen.failures[fact] = classify(error).message[:300] or type(error).__name__
             return None
+
+    def _check_given(self, reservation_id: str) -> None:
+        """The sandbox given must be active: the checks would fail one by one in an ended or unknown one."""
+        try:
+            status = str(self.api.GetReservationStatus(reservation_id).ReservationSlimStatus.Status)
+        except KeyboardInterrupt:
+            raise
+        except Exception as error:
+            raise ProbeAborted(
+                f"sandbox {reservation_id} cannot be probed ({classify(error).message[:300]}): give the id "
+                "of an active sandbox the user may reach (its domain: --domain), or leave --reservation out"
+            ) from None
+        if status == checks.COMPLETED:
+            raise ProbeAborted(
+                f"sandbox {reservation_id} has ended: give an active one, or leave --reservation out"
+            )
 
     def _create(self) -> str:
         try:
