@@ -195,3 +195,25 @@ def test_a_sandbox_given_that_has_ended_or_does_not_exist_is_refused_before_anyt
         with pytest.raises(ProbeAborted, match=words):
             made.run()
         assert not [e for e in emu.control.events() if e["op"] == "service_added"]
+
+
+def test_the_command_says_when_the_server_cannot_be_reached(capsys):
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))  # bound, not listening: every connection is refused
+        port = sock.getsockname()[1]
+        code = cli.main(["probe", "--host", "127.0.0.1", "--api-port", str(port), "--password", "x"])
+    assert code == 6 and "cannot connect" in capsys.readouterr().err
+
+
+def test_every_fact_is_reported_once_and_an_unmeasured_one_says_why():
+    from cloudshell_mutex.probe.run import Observations, ProbeSettings
+    from cloudshell_mutex.probe.verdicts import judge
+
+    seen = Observations(run="00000000", failures={"model": "ReadTimeoutError: timed out"})
+    report = judge(seen, ProbeSettings(), "nowhere")
+    keys = [fact.key for fact in report.facts]
+    assert len(keys) == len(set(keys)) and keys[0] == "model"
+    assert report.facts[0].verdict == UNMEASURED and "timed out" in report.facts[0].seen
+    assert report.exit_code == 4

@@ -13,7 +13,6 @@ from typing import Any
 
 from ..lock.command import (
     CONNECTION_HELP,
-    EXIT_CONNECTION,
     EXIT_USAGE,
     ConnectError,
     SettingsError,
@@ -65,12 +64,6 @@ def run_probe(args: argparse.Namespace) -> int:
     def session() -> Any:
         return open_session(settings, **options)
 
-    try:
-        session().GetServerDateAndTime()  # settings and logon checked before anything is created
-    except ConnectError as error:
-        return _error(str(error), error.exit_code, args.json)
-    except Exception as error:
-        return _error(f"{settings.where} did not answer: {type(error).__name__}", EXIT_CONNECTION, args.json)
     probe = Probe(session, probe_settings, settings.username, settings.domain)
     if not args.json:
         print(
@@ -78,6 +71,8 @@ def run_probe(args: argparse.Namespace) -> int:
         )
     try:
         observations = probe.run()
+    except ConnectError as error:  # the first logon: nothing was created
+        return _error(str(error), error.exit_code, args.json)
     except ProbeAborted as error:
         return _error(str(error), EXIT_ABORTED, args.json)
     except KeyboardInterrupt:

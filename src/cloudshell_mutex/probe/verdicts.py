@@ -12,7 +12,7 @@ import math
 import statistics
 import textwrap
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 from ..lock.classify import CLIENT_RETRY_DELAY
 from ..lock.options import FRESH_READ_LAG
@@ -180,8 +180,9 @@ def judge(observations: Observations, settings: ProbeSettings, where: str) -> Pr
     return ProbeReport(where, seen, facts)
 
 
-def _unmeasured(seen: Observations, key: str, name: str) -> Fact:
-    why = seen.failures.get(key) or ("interrupted" if seen.interrupted else "not run")
+def _unmeasured(seen: Observations, key: str, name: str, check: str = "") -> Fact:
+    """The fact ``key`` whose check (``check``, default the same key) did not measure it."""
+    why = seen.failures.get(check or key) or ("interrupted" if seen.interrupted else "not run")
     return Fact(key, name, f"not measured: {why}", UNMEASURED, "run the probe again")
 
 
@@ -344,7 +345,7 @@ def _cached_read(seen: Observations) -> Fact:
     name = "Cached reads"
     reads = seen.reads
     if reads is None or not reads.cached_measured:
-        return _unmeasured(seen, "fresh_read", name)
+        return _unmeasured(seen, "cached_read", name, "fresh_read")
     if reads.cached_lag is None:
         shown = f"an add not shown within {reads.max_wait:g} s"
         cache = f"{reads.max_wait:g}"
@@ -574,8 +575,3 @@ def _ended(seen: Observations) -> Fact:
         SAFE,
         "a lock on it fails, with a less precise message",
     )
-
-
-def worst(verdicts: List[str]) -> Optional[str]:
-    """The worst of ``verdicts`` (None for none)."""
-    return next((v for v in EXIT_CODES if v in verdicts), None)
