@@ -17,6 +17,7 @@ from typing import Optional, Sequence
 COMMAND_MODULES = (
     "cloudshell_mutex.packaging.command",
     "cloudshell_mutex.lock.command",
+    "cloudshell_mutex.probe.command",
     "cloudshell_mutex.emulator.command",
 )
 #: What ``pip install 'cloudshell-mutex[cli]'`` adds to the runtime install (which drivers and scripts get):

@@ -23,15 +23,14 @@ from contract_support import (
     ALIAS_PREFIX,
     Target,
     TargetError,
-    add_mutex,
     build_package,
     check_reachable,
     live_target,
     new_reservation,
-    services,
 )
 
 from cloudshell_mutex import protocol
+from cloudshell_mutex.probe import checks
 
 INSTALL_HELP = (
     "Import Mutex_Package.zip as a CloudShell admin: `make package` then `cloudshell-mutex install "
@@ -93,18 +92,16 @@ def check_model(target: Target) -> None:
     """
     api = open_session(target)
     reservation_id = new_reservation(api, target, "cloudshell-mutex contract: model check", minutes=10)
-    probe = f"{ALIAS_PREFIX}probe"
     try:
-        try:
-            add_mutex(api, reservation_id, probe, "contract probe")
-        except Exception as error:
-            raise TargetError(
-                f"the server at {target.where()} cannot add {protocol.SERVICE_MODEL!r} with "
-                f"{protocol.ATTR_OWNER!r} ({error}). {INSTALL_HELP}"
-            ) from None
-        api.RemoveServicesFromReservation(reservation_id, [probe])
+        model = checks.check_model(api, reservation_id, f"{ALIAS_PREFIX}probe", "contract probe")
     finally:
         api.EndReservation(reservation_id)
+    if not model.has_owner:
+        refused = "; ".join(str(answer) for answer in model.refusals)
+        raise TargetError(
+            f"the server at {target.where()} cannot add {protocol.SERVICE_MODEL!r} with "
+            f"{protocol.ATTR_OWNER!r} ({refused}). {INSTALL_HELP}"
+        )
 
 
 def prepare_live(request: pytest.FixtureRequest) -> Optional[Target]:
@@ -175,7 +172,7 @@ class Sandbox:
 
     def services(self) -> Dict[str, Any]:
         """Services by alias (fresh read)."""
-        return services(self.api, self.id)
+        return checks.services(self.api, self.id)
 
     def end(self) -> None:
         """End the sandbox now (teardown then skips it)."""

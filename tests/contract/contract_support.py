@@ -10,6 +10,7 @@ Must import on Python 3.9 (the unit run collects every test module).
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import queue
@@ -22,11 +23,11 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import urllib3
-from cloudshell.api.cloudshell_api import AttributeNameValue, CloudShellAPISession
-from cloudshell.api.common_cloudshell_api import CloudShellAPIError
+from cloudshell.api.cloudshell_api import CloudShellAPISession
 
 from client_features import CLIENT_RESENDS, CLIENT_TAKES_TIMEOUT
 from cloudshell_mutex import ReservationMutex, protocol
+from cloudshell_mutex.probe import checks
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -188,38 +189,15 @@ def new_reservation(api: Any, target: Target, name: str, minutes: int = 30) -> s
     return api.CreateImmediateReservation(name, target.user, minutes).Reservation.Id
 
 
-def services(api: Any, reservation_id: str) -> Dict[str, Any]:
-    """The reservation's services by alias, from a fresh (uncached) read."""
-    details = api.GetReservationDetails(reservation_id, disableCache=True).ReservationDescription
-    return {service.Alias: service for service in details.Services or []}
-
-
-def attributes(service: Any) -> Dict[str, str]:
-    """A service's attribute values by name ("Model.Attribute" names shortened to "Attribute")."""
-    return {
-        a.Name.rsplit(".", 1)[-1]: "" if a.Value is None else str(a.Value) for a in service.Attributes or []
-    }
-
-
 def owner_of(api: Any, reservation_id: str, alias: str) -> Optional[str]:
     """The ``Mutex Owner`` of ``alias`` (fresh read), "" when it has none, None when the alias is absent."""
-    service = services(api, reservation_id).get(alias)
-    return None if service is None else attributes(service).get(protocol.ATTR_OWNER, "")
+    return checks.owner_in(checks.services(api, reservation_id), alias)
 
 
 def add_mutex(api: Any, reservation_id: str, alias: str, owner: Optional[str]) -> None:
-    """The protocol's acquire: add the Mutex Service under ``alias`` (with ``Mutex Owner`` unless None)."""
-    values = [] if owner is None else [AttributeNameValue(protocol.ATTR_OWNER, owner)]
-    api.AddServiceToReservation(reservation_id, protocol.SERVICE_MODEL, alias, values)
-
-
-def is_contention(error: BaseException) -> bool:
-    """The only documented contention answer: ``CloudShellAPIError`` code "100" saying "already exists"."""
-    return (
-        isinstance(error, CloudShellAPIError)
-        and error.code == protocol.CONTENTION_ERROR_CODE
-        and protocol.CONTENTION_MESSAGE_FRAGMENT in error.message
-    )
+    """The protocol's acquire: add the Mutex Service under ``alias`` (with ``Mutex Owner`` unless None);
+    raises what the server answered when it refuses."""
+    api.AddServiceToReservation(reservation_id, protocol.SERVICE_MODEL, alias, checks.owner_values(owner))
 
 
 def run_processes(
@@ -256,21 +234,14 @@ def run_processes(
 def race_worker(
     target: Target, reservation_id: str, aliases: List[str], index: int, barrier, results
 ) -> None:
-    """Add each round's alias once, right after the round's barrier; report what each add answered."""
-    outcomes: List[Tuple[str, str, str]] = []
-    report: Dict[str, Any] = {"index": index, "outcomes": outcomes, "error": None}
+    """The probe's racer (``checks.race_adds``) in a process of its own: add each round's alias once, right
+    after the round's barrier; report what each add answered."""
+    report: Dict[str, Any] = {"index": index, "owner": f"racer {index}", "outcomes": [], "error": None}
     try:
         # No re-send by the client: a re-sent add would collide with its own first copy.
         api = target.session(**({"max_attempts": 1} if CLIENT_RESENDS else {}))
-        for alias in aliases:
-            barrier.wait(timeout=120)
-            try:
-                add_mutex(api, reservation_id, alias, f"racer {index}")
-                outcomes.append(("ok", "", ""))
-            except CloudShellAPIError as error:
-                outcomes.append(("api_error", str(error.code), str(error.message)))
-            except Exception as error:
-                outcomes.append(("other", type(error).__name__, str(error)))
+        wait = functools.partial(barrier.wait, timeout=120)
+        report["outcomes"] = checks.race_adds(api, reservation_id, aliases, report["owner"], wait)
     except BaseException as error:  # report, never leave the parent waiting
         report["error"] = f"{type(error).__name__}: {error}"
         barrier.abort()
@@ -284,9 +255,7 @@ def _critical_section(
     start = time.monotonic()
     seen = int(owner_of(api, reservation_id, counter_alias) or "0")
     time.sleep(0.01)  # widen the window an overlap would need
-    api.SetServiceAttributesValues(
-        reservation_id, counter_alias, [AttributeNameValue(protocol.ATTR_OWNER, str(seen + 1))]
-    )
+    api.SetServiceAttributesValues(reservation_id, counter_alias, checks.owner_values(str(seen + 1)))
     return start, time.monotonic(), seen
 
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 from typing import Any, Dict, List
 
 import pytest
-from contract_support import add_mutex, attributes, lock_worker, owner_of, run_processes
+from contract_support import add_mutex, lock_worker, owner_of, run_processes
 
 from cloudshell_mutex import MutexTimeout, ReservationMutex, protocol
+from cloudshell_mutex.probe import checks
 from original_protocol import OriginalMutex
 
 pytestmark = [pytest.mark.integration, pytest.mark.contract]
@@ -50,7 +51,7 @@ def test_uncontended_acquire_and_release_leave_nothing_behind(sandbox) -> None:
         assert lock.locked()
         service = sandbox.services()[MUTEX]
         assert service.ServiceName == protocol.SERVICE_MODEL
-        assert attributes(service)[protocol.ATTR_OWNER] == lock.token
+        assert checks.attributes(service)[protocol.ATTR_OWNER] == lock.token
     assert not lock.locked()
     assert set(sandbox.services()) == set(before)
 

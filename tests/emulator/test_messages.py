@@ -154,6 +154,14 @@ CASES: List[Tuple[str, Callable[[str], Dict[str, str]], Case]] = [
         ),
     ),
     (
+        "alias_not_allowed",
+        lambda rid: {"alias": "M~r1"},
+        lambda e, a, r: (
+            e.control.configure(tilde_aliases="refused")
+            and a.AddServiceToReservation(r, SERVICE_MODEL, "M~r1", [])
+        ),
+    ),
+    (
         "unknown_command",
         lambda rid: {"method": "MakeCoffee"},
         lambda e, a, r: a.generateAPIRequest({"method_name": "MakeCoffee"}),

@@ -208,6 +208,8 @@ def test_cli_takes_the_password_from_the_environment_and_the_modes_from_options(
     command = [
         sys.executable, "-m", "cloudshell_mutex.cli", "emulator", "--port", "0", "--quali-port", "0",
         "--catalog", "strict", "--ended-reservations", "closed", "--reword-errors", "--header-timeout", "7",
+        "--alias-case", "insensitive", "--add-atomicity", "racy", "--remove-missing", "ignore",
+        "--disable-cache", "ignored", "--tilde-aliases", "refused", "--user-groups", "omitted",
     ]  # fmt: skip
     env = dict(os.environ, **{PASSWORD_ENV: secret})
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -218,6 +220,22 @@ def test_cli_takes_the_password_from_the_environment_and_the_modes_from_options(
         settings = EmulatorControl(f"http://127.0.0.1:{port}").settings()
         assert (settings["catalog"], settings["ended_reservations"]) == ("strict", "closed")
         assert (settings["reword_errors"], settings["header_timeout"]) == (True, 7.0)
+        modes = (
+            "alias_case",
+            "add_atomicity",
+            "remove_missing",
+            "disable_cache",
+            "tilde_aliases",
+            "user_groups",
+        )
+        assert [settings[mode] for mode in modes] == [
+            "insensitive",
+            "racy",
+            "ignore",
+            "ignored",
+            "refused",
+            "omitted",
+        ]
         process.send_signal(signal.SIGINT)
         rest, _ = process.communicate(timeout=15)
     finally:

@@ -154,6 +154,7 @@ EXPECTED_KINDS = {
     "endpoints_not_paired": ErrorKind.FATAL,
     "connector_not_found": ErrorKind.FATAL,
     "unknown_command": ErrorKind.FATAL,
+    "alias_not_allowed": ErrorKind.FATAL,  # a server that refuses "~" in aliases: the lock must not retry
     "invalid_request": ErrorKind.FATAL,
     "deadlock_victim": ErrorKind.TRANSIENT,
     "http_unauthorized": ErrorKind.UNAUTHORIZED,

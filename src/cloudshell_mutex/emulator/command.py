@@ -12,7 +12,44 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 from .faults import FAULT_KINDS, RandomFaults, fault_kind
 from .runtime import DEFAULT_HEADER_TIMEOUT
-from .state import CATALOG_MODES, ENDED_RESERVATION_MODES
+from .state import (
+    ADD_ATOMICITY_MODES,
+    ALIAS_CASE_MODES,
+    CATALOG_MODES,
+    DISABLE_CACHE_MODES,
+    ENDED_RESERVATION_MODES,
+    REMOVE_MISSING_MODES,
+    TILDE_ALIAS_MODES,
+    USER_GROUPS_MODES,
+)
+
+#: The real-server modes that are a choice of words, with their help (the first value is the default).
+_MODE_OPTIONS = (
+    ("alias_case", ALIAS_CASE_MODES, "exact: MUTEX and mutex are two aliases; insensitive: one"),
+    (
+        "add_atomicity",
+        ADD_ATOMICITY_MODES,
+        "atomic: an add checks the alias and inserts in one step; racy: in two, so overlapping adds of one "
+        "alias all succeed",
+    ),
+    (
+        "remove_missing",
+        REMOVE_MISSING_MODES,
+        "what a remove that names a missing alias does: refuse_all (fails, removes nothing), remove_found "
+        "(removes the others, then fails), ignore (removes the others, succeeds)",
+    ),
+    (
+        "disable_cache",
+        DISABLE_CACHE_MODES,
+        "honored: disableCache reads are fresh; ignored: they come from the details cache too",
+    ),
+    ("tilde_aliases", TILDE_ALIAS_MODES, "whether aliases with a ~ (MUTEX~r1) are accepted"),
+    (
+        "user_groups",
+        USER_GROUPS_MODES,
+        "listed: GetUserDetails shows the user's groups with roles and domains; omitted: no groups",
+    ),
+)
 
 #: Where the CLI takes the admin password from when ``--admin-password`` is not given.
 PASSWORD_ENV = "CLOUDSHELL_EMULATOR_ADMIN_PASSWORD"
@@ -159,6 +196,13 @@ def register(subparsers: Any) -> None:
         help="readable (default): reads of an ended reservation answer (status Completed), changes fail; "
         "closed: every call on it fails",
     )
+    for name, choices, text in _MODE_OPTIONS:
+        parser.add_argument(
+            f"--{name.replace('_', '-')}",
+            choices=choices,
+            default=choices[0],
+            help=f"{text} (default: {choices[0]})",
+        )
     parser.add_argument(
         "--header-timeout",
         type=float,
@@ -200,6 +244,7 @@ def run(args: argparse.Namespace) -> int:
             catalog=args.catalog,
             ended_reservations=args.ended_reservations,
             header_timeout=args.header_timeout,
+            **{name: getattr(args, name) for name, _, _ in _MODE_OPTIONS},
         )
         emulator.start()
     except (OSError, ValueError) as error:

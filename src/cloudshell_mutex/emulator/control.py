@@ -134,14 +134,16 @@ class EmulatorControl:
 
     def settings(self) -> Dict[str, Any]:
         """The current settings: latency, details_cache_seconds, token_ttl, random_faults, reword_errors,
-        catalog, ended_reservations, header_timeout, server_version."""
+        the real-server modes, header_timeout, server_version."""
         return self._call("settings")
 
     def configure(self, **settings: Any) -> Dict[str, Any]:
         """Change settings, e.g. ``latency={"distribution": "uniform", "low": 0.005, "high": 0.02,
         "commit_fraction": 0.5}``, ``details_cache_seconds=5``, ``token_ttl=None``,
         ``random_faults={"seed": 7, "rates": {"spike": 0.05}}``, and the real-server modes
-        ``reword_errors=True``, ``catalog="strict"``, ``ended_reservations="closed"``, ``header_timeout=30``
+        ``reword_errors=True``, ``catalog="strict"``, ``ended_reservations="closed"``, ``header_timeout=30``,
+        ``alias_case="insensitive"``, ``add_atomicity="racy"``, ``remove_missing="remove_found"``,
+        ``disable_cache="ignored"``, ``tilde_aliases="refused"``, ``user_groups="omitted"``
         (docs/emulator.md); nothing changes if one is wrong. Returns all settings."""
         return self._call("configure", settings)
 

@@ -30,8 +30,13 @@ class Emulator:
     service model),
     ``ended_reservations`` (``"readable"``: reads of an ended reservation answer and changes fail;
     ``"closed"``: every call fails), ``alias_case`` (``"exact"``: service aliases differ by letter case;
-    ``"insensitive"``: ``mutex`` and ``MUTEX`` are one alias) and ``header_timeout`` (seconds a connection
-    may take to send its request headers or sit idle).
+    ``"insensitive"``: ``mutex`` and ``MUTEX`` are one alias), ``header_timeout`` (seconds a connection
+    may take to send its request headers or sit idle), and the answers a server may give to the site probe's
+    questions: ``add_atomicity`` (``"atomic"``, or ``"racy"``: overlapping adds of one alias all succeed),
+    ``remove_missing`` (``"refuse_all"``, ``"remove_found"`` or ``"ignore"``: what a remove that names a
+    missing alias does), ``disable_cache`` (``"honored"``, or ``"ignored"``: ``disableCache`` reads come from
+    the details cache too), ``tilde_aliases`` (``"accepted"`` or ``"refused"``) and ``user_groups``
+    (``"listed"``, or ``"omitted"``: GetUserDetails shows no groups, so no roles).
     """
 
     def __init__(
@@ -53,6 +58,11 @@ class Emulator:
         ended_reservations: str = "readable",
         alias_case: str = "exact",
         header_timeout: float = DEFAULT_HEADER_TIMEOUT,
+        add_atomicity: str = "atomic",
+        remove_missing: str = "refuse_all",
+        disable_cache: str = "honored",
+        tilde_aliases: str = "accepted",
+        user_groups: str = "listed",
     ) -> None:
         self.host = host
         self.port = port
@@ -74,6 +84,11 @@ class Emulator:
             ended_reservations=ended_reservations,
             alias_case=alias_case,
             header_timeout=header_timeout,
+            add_atomicity=add_atomicity,
+            remove_missing=remove_missing,
+            disable_cache=disable_cache,
+            tilde_aliases=tilde_aliases,
+            user_groups=user_groups,
         )
         self._api: Optional[ApiServer] = None
         self._quali: Optional[QualiServer] = None

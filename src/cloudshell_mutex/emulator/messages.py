@@ -182,6 +182,14 @@ _MESSAGES = (
         {"alias": "MUTEX", **_RID},
     ),
     Message(
+        "alias_not_allowed",
+        GENERIC_ERROR,
+        "Alias '{alias}' contains invalid characters",
+        "'{alias}' is not a valid service alias",
+        {"alias": "MUTEX~r1"},
+        note="sent only in the tilde_aliases='refused' mode",
+    ),
+    Message(
         "resource_name_empty",
         GENERIC_ERROR,
         "Resource name must not be empty",

@@ -14,6 +14,7 @@ from xml.etree.ElementTree import Element
 
 from .messages import ApiError
 from .state import (
+    LISTED,
     CatalogModel,
     EmulatorState,
     Reservation,
@@ -245,7 +246,8 @@ def _logon_info(ctx: CallContext, token: str, user: str, domain: str) -> Info:
 @api_method
 def GetUserDetails(ctx: CallContext, p: Params) -> Optional[Info]:
     """GetUserDetails(username) -> UserInfo, with ``Groups`` (``GroupInfo``: ``Name``, ``GroupRole``,
-    ``TestShellDomains``). A system admin reads anyone's; others only their own (stricter: not known)."""
+    ``TestShellDomains``; none in the ``user_groups="omitted"`` mode). A system admin reads anyone's; others
+    only their own (stricter: not known)."""
     accounts = ctx.state.accounts
     user = p.text("username")
     if user != ctx.user and not accounts.is_admin(ctx.user):
@@ -268,6 +270,7 @@ def GetUserDetails(ctx: CallContext, p: Params) -> Optional[Info]:
             ],
         )
         for group in accounts.groups_of(user)
+        if ctx.state.user_groups == LISTED
     ]
     home = (
         accounts.admin_domain

@@ -10,7 +10,18 @@ from .faults import Fault, FaultPlan, LateCalls, LatencyModel, RandomFaults, num
 from .messages import ApiError
 from .methods import CallContext, execute, outcome
 from .quali import register_package
-from .state import ALIAS_CASE_MODES, CATALOG_MODES, ENDED_RESERVATION_MODES, EVENT_TAGS, EmulatorState
+from .state import (
+    ADD_ATOMICITY_MODES,
+    ALIAS_CASE_MODES,
+    CATALOG_MODES,
+    DISABLE_CACHE_MODES,
+    ENDED_RESERVATION_MODES,
+    EVENT_TAGS,
+    REMOVE_MISSING_MODES,
+    TILDE_ALIAS_MODES,
+    USER_GROUPS_MODES,
+    EmulatorState,
+)
 from .wire import Params
 
 #: The CloudShell version the emulator claims; a package whose metadata names a newer one is refused.
@@ -67,6 +78,18 @@ def _checked_random(value: Any) -> Optional[RandomFaults]:
     return None if value is None else RandomFaults(value)
 
 
+#: The real-server modes that live on the state, by setting name (docs/emulator.md, "Real-server modes").
+_STATE_MODES = {
+    "catalog": "catalog_mode",
+    "ended_reservations": "ended_reservations",
+    "alias_case": "alias_case",
+    "add_atomicity": "add_atomicity",
+    "remove_missing": "remove_missing",
+    "disable_cache": "disable_cache",
+    "tilde_aliases": "tilde_aliases",
+    "user_groups": "user_groups",
+}
+
 #: Every setting: how a value is checked (and converted). Documented in docs/emulator.md.
 _CHECKS: Dict[str, Callable[[Any], Any]] = {
     "latency": LatencyModel,
@@ -77,6 +100,11 @@ _CHECKS: Dict[str, Callable[[Any], Any]] = {
     "catalog": _checked_choice("catalog", CATALOG_MODES),
     "ended_reservations": _checked_choice("ended_reservations", ENDED_RESERVATION_MODES),
     "alias_case": _checked_choice("alias_case", ALIAS_CASE_MODES),
+    "add_atomicity": _checked_choice("add_atomicity", ADD_ATOMICITY_MODES),
+    "remove_missing": _checked_choice("remove_missing", REMOVE_MISSING_MODES),
+    "disable_cache": _checked_choice("disable_cache", DISABLE_CACHE_MODES),
+    "tilde_aliases": _checked_choice("tilde_aliases", TILDE_ALIAS_MODES),
+    "user_groups": _checked_choice("user_groups", USER_GROUPS_MODES),
     "header_timeout": _checked_positive("header_timeout"),
 }
 
@@ -109,8 +137,11 @@ class Runtime:
         :class:`~.faults.RandomFaults` dict, or None for none), ``reword_errors`` (True: every error
         text but the documented one in its alternative wording, see :mod:`.messages`), ``catalog``
         (``"permissive"`` or ``"strict"``), ``ended_reservations`` (``"readable"`` or ``"closed"``),
-        ``alias_case`` (``"exact"`` or ``"insensitive"``), ``header_timeout`` (seconds; applies to
-        connections opened afterwards).
+        ``alias_case`` (``"exact"`` or ``"insensitive"``), ``add_atomicity`` (``"atomic"`` or ``"racy"``),
+        ``remove_missing`` (``"refuse_all"``, ``"remove_found"`` or ``"ignore"``), ``disable_cache``
+        (``"honored"`` or ``"ignored"``), ``tilde_aliases`` (``"accepted"`` or ``"refused"``), ``user_groups``
+        (``"listed"`` or ``"omitted"``), ``header_timeout`` (seconds; applies to connections opened
+        afterwards).
         """
         unknown = set(settings) - set(_CHECKS)
         if unknown:
@@ -125,12 +156,8 @@ class Runtime:
                 self.state.accounts.token_ttl = value
             elif name == "random_faults":
                 self.faults.random = value
-            elif name == "catalog":
-                self.state.catalog_mode = value
-            elif name == "ended_reservations":
-                self.state.ended_reservations = value
-            elif name == "alias_case":
-                self.state.alias_case = value
+            elif name in _STATE_MODES:
+                setattr(self.state, _STATE_MODES[name], value)
             else:  # reword_errors, header_timeout
                 setattr(self, name, value)
         return self.settings()
@@ -143,9 +170,7 @@ class Runtime:
             "token_ttl": self.state.accounts.token_ttl,
             "random_faults": None if self.faults.random is None else self.faults.random.to_dict(),
             "reword_errors": self.reword_errors,
-            "catalog": self.state.catalog_mode,
-            "ended_reservations": self.state.ended_reservations,
-            "alias_case": self.state.alias_case,
+            **{name: getattr(self.state, attribute) for name, attribute in _STATE_MODES.items()},
             "header_timeout": self.header_timeout,
             "server_version": self.server_version,
         }

@@ -47,6 +47,31 @@ ALIAS_CASE_MODES = (EXACT, INSENSITIVE)
 #: How far back a reservation's versions are kept for ``stale_fresh_read`` (seconds).
 HISTORY_SECONDS = 30.0
 
+# The answers a real server may give to the questions the site probe asks (docs/emulator.md, "Real-server
+# modes"); the first of each pair is the default.
+#: ``add_atomicity``: an add checks the alias and inserts in one step (``atomic``), or in two steps
+#: :data:`RACY_ADD_WINDOW` apart (``racy``), so that overlapping adds of one alias all succeed.
+ATOMIC, RACY = "atomic", "racy"
+ADD_ATOMICITY_MODES = (ATOMIC, RACY)
+#: Seconds between a ``racy`` add's alias check and its insert.
+RACY_ADD_WINDOW = 0.05
+#: ``remove_missing``: a RemoveServicesFromReservation that names an alias that is not there fails and
+#: removes nothing (``refuse_all``), removes what it finds and then fails (``remove_found``), or removes
+#: what it finds and succeeds (``ignore``).
+REFUSE_ALL, REMOVE_FOUND, IGNORE = "refuse_all", "remove_found", "ignore"
+REMOVE_MISSING_MODES = (REFUSE_ALL, REMOVE_FOUND, IGNORE)
+#: ``disable_cache``: a ``disableCache`` read bypasses the details cache (``honored``) or is answered from it
+#: like any other read (``ignored``).
+HONORED, IGNORED = "honored", "ignored"
+DISABLE_CACHE_MODES = (HONORED, IGNORED)
+#: ``tilde_aliases``: service aliases with a ``~`` are ``accepted`` or ``refused``.
+ACCEPTED, REFUSED = "accepted", "refused"
+TILDE_ALIAS_MODES = (ACCEPTED, REFUSED)
+#: ``user_groups``: GetUserDetails lists the user's groups with their roles and domains (``listed``), or
+#: answers with no groups (``omitted``).
+LISTED, OMITTED = "listed", "omitted"
+USER_GROUPS_MODES = (LISTED, OMITTED)
+
 
 @dataclass
 class AttributeSpec:
@@ -191,6 +216,16 @@ class EmulatorState:
         self.ended_reservations = READABLE
         #: Service aliases: told apart by letter case (exact) or not (insensitive).
         self.alias_case = EXACT
+        #: An add's alias check and insert: one step (atomic) or two (racy).
+        self.add_atomicity = ATOMIC
+        #: A remove that names a missing alias: refuse_all, remove_found or ignore.
+        self.remove_missing = REFUSE_ALL
+        #: A disableCache read: fresh (honored) or from the details cache (ignored).
+        self.disable_cache = HONORED
+        #: Aliases with a ``~``: accepted or refused.
+        self.tilde_aliases = ACCEPTED
+        #: GetUserDetails: the user's groups listed (with roles and domains) or omitted.
+        self.user_groups = LISTED
         self.catalog: OrderedDict[str, CatalogModel] = OrderedDict()
         self.drivers: Dict[str, int] = {}  # driver name -> zip size
         self.resources: OrderedDict[str, ResourceRecord] = OrderedDict()
@@ -300,6 +335,7 @@ class EmulatorState:
             now = time.monotonic()
             if staleness > 0:
                 return reservation.version_at(now - staleness)
+            disable_cache = disable_cache and self.disable_cache == HONORED
             cached = reservation.details_cache
             if not disable_cache and cached is not None and now - cached[0] < self.details_cache_seconds:
                 return cached[1]
@@ -335,25 +371,44 @@ class EmulatorState:
         attributes: Sequence[Tuple[str, str]],
         user: str,
     ) -> ServiceRecord:
-        """AddServiceToReservation: the alias check and the insert are one atomic step."""
+        """AddServiceToReservation: the alias check and the insert are one atomic step (in the ``racy``
+        mode two steps, :data:`RACY_ADD_WINDOW` apart: every add that passed the check inserts, the last
+        one's service stays)."""
         with self.lock:
             reservation = self.reservation(reservation_id)
             model = self.service_model(model_name)
             self._check_attributes(model, (name for name, _ in attributes))
             alias = alias or model.name
+            if self.tilde_aliases == REFUSED and "~" in alias:
+                raise ApiError.of("alias_not_allowed", alias=alias)
             if self._stored_alias(reservation, alias) is not None:
                 raise ApiError.of("duplicate_alias")
-            values = OrderedDict((name, spec.default) for name, spec in model.attributes.items())
-            values.update(attributes)
-            position = (
-                100.0 + 150.0 * (reservation.next_position % 8),
-                100.0 + 150.0 * (reservation.next_position // 8),
-            )
-            reservation.next_position += 1
-            service = ServiceRecord(alias, model.name, values, position)
-            reservation.services[alias] = service
-            self._record("service_added", reservation, service, user)
-            return service
+            if self.add_atomicity == ATOMIC:
+                return self._insert(reservation, model, alias, attributes, user)
+        time.sleep(RACY_ADD_WINDOW)  # outside the lock: other adds of the alias pass the check meanwhile
+        with self.lock:
+            return self._insert(self.reservation(reservation_id), model, alias, attributes, user)
+
+    def _insert(
+        self,
+        reservation: Reservation,
+        model: CatalogModel,
+        alias: str,
+        attributes: Sequence[Tuple[str, str]],
+        user: str,
+    ) -> ServiceRecord:
+        """Store a new service under ``alias`` (replacing one stored under it: only a racy add finds one)."""
+        values = OrderedDict((name, spec.default) for name, spec in model.attributes.items())
+        values.update(attributes)
+        position = (
+            100.0 + 150.0 * (reservation.next_position % 8),
+            100.0 + 150.0 * (reservation.next_position // 8),
+        )
+        reservation.next_position += 1
+        service = ServiceRecord(alias, model.name, values, position)
+        reservation.services[self._stored_alias(reservation, alias) or alias] = service
+        self._record("service_added", reservation, service, user)
+        return service
 
     def _stored_alias(self, reservation: Reservation, alias: str) -> Optional[str]:
         """The alias the service ``alias`` names is stored under (None: none), by the ``alias_case`` mode."""
@@ -370,11 +425,16 @@ class EmulatorState:
         return service
 
     def remove_services(self, reservation_id: str, aliases: Sequence[str], user: str) -> None:
-        """RemoveServicesFromReservation: all aliases must exist, else nothing is removed."""
+        """RemoveServicesFromReservation. An alias that is not there fails the call and nothing is removed
+        (``refuse_all``), or what is there is removed and the call then fails (``remove_found``) or
+        succeeds (``ignore``): the ``remove_missing`` mode."""
         with self.lock:
             reservation = self.reservation(reservation_id)
-            services = [self._service(reservation, alias) for alias in aliases]
-            for service in services:
+            missing = [alias for alias in aliases if self._stored_alias(reservation, alias) is None]
+            if missing and self.remove_missing == REFUSE_ALL:
+                raise ApiError.of("service_not_found", alias=missing[0], reservation_id=reservation.id)
+            found = [self._service(reservation, alias) for alias in aliases if alias not in missing]
+            for service in found:
                 if service.alias not in reservation.services:
                     continue  # the same alias listed twice
                 del reservation.services[service.alias]
@@ -382,6 +442,8 @@ class EmulatorState:
                     c for c in reservation.connectors if service.alias not in (c.source, c.target)
                 ]
                 self._record("service_removed", reservation, service, user)
+            if missing and self.remove_missing == REMOVE_FOUND:
+                raise ApiError.of("service_not_found", alias=missing[0], reservation_id=reservation.id)
 
     def set_service_attributes(
         self, reservation_id: str, alias: str, attributes: Sequence[Tuple[str, str]], user: str

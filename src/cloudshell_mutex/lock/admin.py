@@ -143,6 +143,12 @@ def force_release_permission(api: Any, user: str, domain: str) -> Permission:
         return Permission(
             False, user, domain, f"{user}'s role could not be checked (GetUserDetails: {failure})"
         )
+    return permission_from_details(details, user, domain)
+
+
+def permission_from_details(details: Any, user: str, domain: str) -> Permission:
+    """The rule of :func:`force_release_permission`, applied to ``GetUserDetails(user)``'s answer."""
+    user, domain = one_line(user or ""), one_line(domain or "") or "Global"
     if bool(getattr(details, "IsAdmin", False)):
         return Permission(True, user, domain, f"{user} is a system administrator")
     for group in getattr(details, "Groups", None) or []:

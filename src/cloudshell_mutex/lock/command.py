@@ -139,9 +139,10 @@ class ConnectError(Exception):
         self.exit_code = exit_code
 
 
-def open_session(settings: ConnectionSettings) -> Any:
-    """A logged-on ``CloudShellAPISession`` (it logs on in its constructor); :class:`ConnectError` with one
-    line that names the setting to fix (the driver mixin words a context's failures alike)."""
+def open_session(settings: ConnectionSettings, **client_options: Any) -> Any:
+    """A logged-on ``CloudShellAPISession`` (it logs on in its constructor; ``client_options`` go to it);
+    :class:`ConnectError` with one line that names the setting to fix (the driver mixin words a context's
+    failures alike)."""
     from cloudshell.api.cloudshell_api import CloudShellAPISession
 
     def logon() -> Any:
@@ -152,6 +153,7 @@ def open_session(settings: ConnectionSettings) -> Any:
             domain=settings.domain,
             port=settings.api_port,
             timeout=settings.timeout,
+            **client_options,
         )
 
     names = SettingNames(
@@ -318,13 +320,15 @@ def _domain_of(alias: LockAlias) -> str:
     return str(getattr(details.ReservationDescription, "DomainName", "") or "")
 
 
-_CONNECTION_HELP = f"""
+CONNECTION_HELP = f"""
 connection: each setting comes from its flag, else CLOUDSHELL_HOST, CLOUDSHELL_API_PORT,
 CLOUDSHELL_USERNAME, CLOUDSHELL_PASSWORD, CLOUDSHELL_DOMAIN, else the install: block of
 cloudshell_config.yml (host, username, password, domain; its port: is the Quali API's and is not
 used), else localhost, {DEFAULT_API_PORT}, admin and Global (there is no default password).
 The Automation API port ({DEFAULT_API_PORT}) is not the Quali API port (9000) that `install` uses.
+"""
 
+_EXIT_HELP = """
 exit codes: 0 done (status: the lock is held), 1 failed, 2 bad settings, 3 no lock held,
 4 reservation not found or ended, 5 refused (release without --force or --reason, or by a user who is
 neither a system admin nor a domain admin of the sandbox's domain),
@@ -337,6 +341,11 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--name", default=DEFAULT_ALIAS, help=f"the lock's service alias (default: {DEFAULT_ALIAS})"
     )
+    add_connection_options(parser)
+
+
+def add_connection_options(parser: argparse.ArgumentParser) -> None:
+    """``--json`` and the connection options that :func:`resolve_connection` reads."""
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--host", help="CloudShell server (default: localhost)")
     parser.add_argument(
@@ -363,7 +372,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "  cloudshell-mutex status 0b9c3d1e-... --name CONFIG_LOCK --json\n"
             "  cloudshell-mutex status 0b9c3d1e-... --watch 30   # how long this observer sees it held\n"
             "  cloudshell-mutex status 0b9c3d1e-... --all        # every lock: readers, writers waiting\n"
-            + _CONNECTION_HELP
+            + CONNECTION_HELP
+            + _EXIT_HELP
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -400,7 +410,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "examples:\n"
             "  cloudshell-mutex release 0b9c3d1e-... --force --reason 'driver crashed on exec-02'\n"
             "  cloudshell-mutex release 0b9c3d1e-... --name CONFIG_LOCK --force --reason 'stuck' --json\n"
-            + _CONNECTION_HELP
+            + CONNECTION_HELP
+            + _EXIT_HELP
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
