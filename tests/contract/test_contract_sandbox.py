@@ -13,7 +13,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.contract]
 def test_write_message_to_reservation_output_works(sandbox) -> None:
     # The lock's progress messages ("waiting for MUTEX held by ...") go through this call. Reading
     # the output back has no call the suite can rely on, so the claim is that the call is accepted.
-    checks.check_output(sandbox.api, sandbox.id, "cloudshell-mutex contract suite: output works")
+    answer = checks.check_output(sandbox.api, sandbox.id, "cloudshell-mutex contract suite: output works")
+    assert answer.ok, f"WriteMessageToReservationOutput was {answer}"
 
 
 def test_an_ended_sandbox_reports_completed_and_refuses_changes(sandbox, unique) -> None:

@@ -23,6 +23,7 @@ from cloudshell.api.common_cloudshell_api import CloudShellAPIError
 
 from ..lock import protocol
 from ..lock.admin import Permission, permission_from_details
+from ..lock.alias import LockAlias
 
 #: The only documented answer of GetReservationStatus for an ended sandbox.
 COMPLETED = "Completed"
@@ -513,9 +514,17 @@ def check_user_details(api: Any, user: str, domain: str) -> RolesCheck:
     )
 
 
-def check_output(api: Any, reservation_id: str, message: str) -> None:
-    """``WriteMessageToReservationOutput`` (the lock's progress messages) is accepted."""
-    api.WriteMessageToReservationOutput(reservation_id, message)
+def check_output(api: Any, reservation_id: str, message: str) -> Answer:
+    """``WriteMessageToReservationOutput`` (the lock's progress messages) is accepted, sent the one way the
+    product writes the output (:meth:`LockAlias.write_output`: one escaped line). A call that got no answer
+    raises :class:`ConnectionError` (no answer, as :meth:`Answer.of` lets other exceptions through)."""
+    result = LockAlias(api, reservation_id).write_output(message)
+    if result.ok:
+        return Answer(True)
+    failure = result.failure
+    if failure is None or failure.code is None:
+        raise ConnectionError(failure.message if failure else "the output write got no answer")
+    return Answer(False, failure.code, failure.message)
 
 
 @dataclass(frozen=True)

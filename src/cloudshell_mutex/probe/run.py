@@ -197,13 +197,11 @@ class Probe:
         rid, token = seen.reservation_id, self.token
         seen.output = self._measure(
             "output",
-            lambda: checks.Answer.of(
-                lambda: checks.check_output(
-                    api,
-                    rid,
-                    f"cloudshell-mutex probe {seen.run} by {self.user}: checking what the lock relies on "
-                    f"(services {self.prefix}*, removed when it ends)",
-                )
+            lambda: checks.check_output(
+                api,
+                rid,
+                f"cloudshell-mutex probe {seen.run} by {self.user}: checking what the lock relies on "
+                f"(services {self.prefix}*, removed when it ends)",
             ),
         )
         seen.model = self._measure("model", lambda: checks.check_model(api, rid, self.alias("model"), token))
