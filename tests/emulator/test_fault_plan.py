@@ -138,4 +138,5 @@ def test_random_faults_can_be_limited_to_some_users():
     plan.set_random({"seed": 1, "rates": {"error_before_commit": 1.0}, "users": ["noisy"]})
     assert plan.take("AddServiceToReservation", "r", "noisy").kind == "error_before_commit"
     assert plan.take("AddServiceToReservation", "r", "quiet") is None
+    assert [r["user"] for r in plan.injected()] == ["noisy"]  # a fault's record names its caller
     assert plan.random.to_dict()["users"] == ["noisy"]

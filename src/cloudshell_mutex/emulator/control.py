@@ -167,7 +167,7 @@ class EmulatorControl:
 
     def faults_injected(self) -> List[Dict[str, Any]]:
         """Every fault handed to a call, oldest first: ``{"id", "method", "kind", "params", "source"
-        ("queued"/"random"), "reservation_id", "time", "monotonic", "outcome"}``; ``outcome`` is
+        ("queued"/"random"), "reservation_id", "user", "time", "monotonic", "outcome"}``; ``outcome`` is
         ``"pending"`` until the call took effect (``"applied"``), failed (``"failed"``, with ``code`` and
         ``message``) or was discarded at stop; late calls add ``landed_monotonic``."""
         return self._call("faults_injected")

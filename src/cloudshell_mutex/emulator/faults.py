@@ -475,6 +475,7 @@ class FaultPlan:
                 "params": dict(params),
                 "source": source,
                 "reservation_id": reservation_id,
+                "user": user,
                 "time": time.time(),
                 "monotonic": time.monotonic(),
                 "outcome": "pending",
