@@ -95,6 +95,35 @@ def test_a_late_remove_never_deletes_the_next_holders_lock(emu):
     assert lock_history(emu, rid)[-2:] == [("service_added", token), ("service_removed", token)]
 
 
+@pytest.mark.client_resend
+@pytest.mark.parametrize("fair", [True, False])
+def test_a_waiter_whose_own_add_may_still_land_names_the_holders_stalled_release_in_its_timeout(emu, fair):
+    """The holder's remove got no answer (it lands later), so its release waits and marks the lock. A waiter
+    whose own add got no answer too (it also lands later) times out meanwhile: its message says both that
+    its add may still land and why the lock stayed held, not only the first."""
+    rid = emu.create_reservation()
+    holder = mutex(emu.session(), rid, owner="holder")
+    holder.acquire()
+    emu.control.inject_fault("RemoveServicesFromReservation", "apply_late", delay=None, reset_after=0.05)
+    releasing = threading.Thread(target=holder.release)
+    releasing.start()
+    marker = protocol.releasing_alias(MUTEX)
+    wait_until(lambda: any(e["alias"] == marker for e in emu.control.events(rid)))
+    emu.control.inject_fault("AddServiceToReservation", "apply_late", delay=None, reset_after=0.05)
+    waiter = mutex(emu.session(), rid, owner="impatient", fair=fair)
+    with pytest.raises(MutexTimeout) as timeout:
+        waiter.acquire(timeout=3)
+    message = str(timeout.value)
+    assert "an add of this acquisition got no answer and may still be applied" in message
+    assert "held by holder" in message and "the holder is releasing it: its remove got no answer" in message
+    assert timeout.value.maybe_held
+    assert emu.control.land_late() == 2  # the holder's remove, then the waiter's add on the free alias
+    releasing.join(15)
+    assert not holder.locked()
+    assert waiter.runtime.late_adds.settle(15)  # the waiter's watcher removes its late add
+    assert emu.control.reservation(rid)["services"] == []
+
+
 def test_a_late_remove_of_the_lock_and_its_ticket_is_waited_for_and_takes_nobody_elses(emu):
     """A holder that waited in line removes its ticket with the lock, in one call. That call is reset and
     lands later: the release waits for it (no second remove), the next waiter gets the lock only after it
