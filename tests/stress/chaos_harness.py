@@ -171,6 +171,24 @@ class RecordedSession:
         setattr(self._session, name, value)
 
 
+def _queue_memory(lock: Any) -> Optional[Dict[str, Any]]:
+    """What the fair queue of ``lock`` estimates (its period, hold time and their samples), for the
+    timeline: how long a waiter in line sleeps follows from them. None without a queue (fair=False)."""
+    memory = getattr(getattr(lock, "_queue", None), "memory", None)
+    if memory is None:
+        return None
+    try:
+        return {
+            "period": round(memory.period, 3),
+            "tenure": None if memory.tenure is None else round(memory.tenure, 3),
+            "cadence": round(memory.cadence(), 3),
+            "periods": [round(x, 2) for x in getattr(memory, "period_samples", [])],
+            "tenures": [round(x, 2) for x in getattr(memory, "tenure_samples", [])],
+        }
+    except Exception as error:  # an older tree's memory: say what is missing
+        return {"error": repr(error)}
+
+
 def _counter(api: Any, rid: str) -> int:
     services = api.GetReservationDetails(rid, disableCache=True).ReservationDescription.Services
     service = next(s for s in services if s.Alias == "COUNTER")
@@ -219,7 +237,7 @@ def worker(
         barrier = None  # passed
         for number in range(settings["sections"]):
             section: Dict[str, Any] = {"t": "sec", "i": number, "start": time.monotonic()}
-            journal.write(t="acquiring", i=number)
+            journal.write(t="acquiring", i=number, memory=_queue_memory(lock))
             try:
                 lock.acquire()
             except MutexTimeout as timeout:
