@@ -16,17 +16,20 @@ import threading
 import time
 
 import pytest
-from cloudshell.api.cloudshell_api import CloudShellAPISession
+from cloudshell.api.cloudshell_api import AttributeNameValue, CloudShellAPISession
 
 from cloudshell_mutex import MutexTimeout, ReservationMutex, protocol
 from cloudshell_mutex.lock import catalog
 from cloudshell_mutex.lock.late_adds import LateAdds
+from cloudshell_mutex.lock.lease import ticket_value
 from cloudshell_mutex.lock.pacing import DefaultPacing
 
 pytestmark = pytest.mark.integration
 
 FAST = DefaultPacing(first=0.01, base=0.02, cap=0.1)
 MUTEX = protocol.DEFAULT_ALIAS
+#: The token of a queue ticket the tests add by hand (a waiter of another process).
+HEAD = "head@elsewhere:1:0badcafe"
 
 
 @pytest.fixture
@@ -121,6 +124,57 @@ def test_a_waiter_whose_own_add_may_still_land_names_the_holders_stalled_release
     releasing.join(15)
     assert not holder.locked()
     assert waiter.runtime.late_adds.settle(15)  # the waiter's watcher removes its late add
+    assert emu.control.reservation(rid)["services"] == []
+
+
+@pytest.mark.client_resend
+def test_a_waiter_in_line_whose_add_lands_late_takes_the_lock_it_holds(emu):
+    """The waiter's add is reset and lands later, while it waits in line behind a live head (the client's
+    re-send found the lock busy). Landing on the free lock, it makes the waiter the holder: the waiter must
+    see its own token in its reads in line and take the lock, not wait on behind the head (whose adds now
+    fail on the waiter's lock) until its timeout, the lock held by nobody who knows it."""
+    rid = emu.create_reservation()
+    holder = mutex(emu.session(), rid, owner="holder")
+    holder.acquire()
+    # A live head of the queue: its heartbeat moves, so the waiter never passes it (and its adds, had it
+    # any, would only find the lock busy).
+    head = protocol.ticket_alias(MUTEX, 0)
+    api = emu.session()
+    api.AddServiceToReservation(
+        rid,
+        protocol.SERVICE_MODEL,
+        head,
+        [AttributeNameValue(protocol.ATTR_OWNER, ticket_value(HEAD, 120, 0))],
+    )
+    beating = threading.Event()
+
+    def beat() -> None:
+        count = 0
+        while not beating.wait(0.2):
+            count += 1
+            value = ticket_value(HEAD, 120, count)
+            api.SetServiceAttributesValues(rid, head, [AttributeNameValue(protocol.ATTR_OWNER, value)])
+
+    beater = threading.Thread(target=beat)
+    beater.start()
+    try:
+        emu.control.inject_fault("AddServiceToReservation", "apply_late", delay=None, reset_after=0.05)
+        waiter = mutex(emu.session(), rid, owner="waiter", timeout=20)
+        outcome = {}
+        waiting = threading.Thread(target=lambda: outcome.setdefault("acquired", waiter.acquire()))
+        waiting.start()
+        wait_until(lambda: sum("~q~" in s["alias"] for s in emu.control.reservation(rid)["services"]) == 2)
+        holder.release()
+        assert emu.control.land_late() == 1  # the waiter's first add, on the free lock
+        waiting.join(30)
+        assert outcome.get("acquired") is True and waiter.locked()  # not a MutexTimeout with the lock ours
+        assert waiter.holder().token == waiter.token
+        waiter.release()
+    finally:
+        beating.set()
+        beater.join(5)
+    api.RemoveServicesFromReservation(rid, [head])
+    waiter.runtime.late_adds.settle(15)
     assert emu.control.reservation(rid)["services"] == []
 
 
