@@ -382,6 +382,7 @@ def run(
             "lock_src": lock_src or "this tree",
             "rates": chosen["rates"],
             "seconds": round(elapsed, 1),
+            "started": started,
             "hung_workers": hung,
             "late_calls_pending_at_end": landed,
             "left_in_reservation": sorted(s["alias"] for s in final if s["alias"] != COUNTER),

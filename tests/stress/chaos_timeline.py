@@ -23,6 +23,7 @@ never lands, so the release waits out ``request_lifetime``).
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,9 @@ FOREIGN = "held: token of no journaled acquisition"
 STALL_SECONDS = 5.0
 #: Releases longer than this are listed.
 SLOW_RELEASE = 5.0
+#: A timeout while the lock was granted to others at least this many times lost the races (or its turn).
+RACES = 3
+OTHERS_WON = "others were granted the lock meanwhile"
 
 
 @dataclass
@@ -153,11 +157,17 @@ def match_faults(workers: List[Worker], injected: List[Dict[str, Any]]) -> Fault
 
 
 def remove_fault(worker: Worker, section: Dict[str, Any], faults: Faults) -> str:
-    """What happened to the removes of ``section``'s release: the fault kinds its removes met, in order."""
+    """What happened to the removes of the lock in ``section``'s release (not of its marker or ticket alone):
+    the fault each met, or its answer, in order."""
     start, end = section.get("releasing", 0.0), section.get("end", float("inf"))
     kinds = []
     for number, call in enumerate(worker.calls):
-        if call["m"] == "RemoveServicesFromReservation" and start <= call["s"] <= end:
+        aliases = call.get("a") or []
+        if (
+            call["m"] == "RemoveServicesFromReservation"
+            and aliases[:1] == ["MUTEX"]
+            and start <= call["s"] <= end
+        ):
             met = [f["kind"] for f in faults.get((worker.index, number), [])]
             kinds.append("+".join(met) if met else ("ok" if call["r"] == "ok" else call["r"].split(":")[0]))
     return ", then ".join(kinds) or "no remove"
@@ -171,6 +181,10 @@ def causes(spans: List[Span], workers: List[Worker], faults: Faults) -> Dict[str
     """Each lost section's cause: the state that covered most of its wait; a release named by its remove."""
     by_cause: Counter = Counter()
     named = unnamed = 0
+    granted: Dict[int, float] = {}  # each grant's time
+    for span in spans:
+        if span.grant is not None:
+            granted[span.grant] = min(span.start, granted.get(span.grant, span.start))
     details: List[str] = []
     for worker in workers:
         for section in worker.sections:
@@ -183,7 +197,10 @@ def causes(spans: List[Span], workers: List[Worker], faults: Faults) -> Dict[str
             share: Counter = Counter()
             for span in spans:
                 share[_cause_of(span, workers, faults)] += _overlap(a, b, span.start, span.end)
-            cause = share.most_common(1)[0][0] if share else "no grant seen"
+            cause, longest = share.most_common(1)[0] if share else ("no grant seen", 0.0)
+            moved = [grant for grant, at in granted.items() if a <= at <= b]
+            if len(moved) >= RACES and longest < (b - a) / 2:
+                cause = OTHERS_WON  # no state held it up: it lost the races, or waited its turn
             by_cause[cause] += 1
             if cause.startswith(RELEASING):
                 if "is releasing it" in section.get("error", ""):
@@ -400,3 +417,27 @@ def summarize(
         },
         "timeline_of_worst_stall": lines[:120],
     }
+
+
+def main(argv: List[str]) -> int:
+    """``python tests/stress/chaos_timeline.py FOLDER``: the figures of a kept run (a run's ``--journals``
+    folder) again, from its records, as JSON (and its timeline.txt written anew)."""
+    if len(argv) != 1:
+        print("usage: chaos_timeline.py FOLDER (one run's journals, events.json, faults.json, result.json)")
+        return 2
+    folder = Path(argv[0])
+    result = json.loads((folder / "result.json").read_text())
+    events = json.loads((folder / "events.json").read_text())
+    injected = json.loads((folder / "faults.json").read_text())
+    workers = read_workers(folder, result["workers"])
+    started = result.get("started") or min(s["start"] for w in workers for s in w.sections)
+    calls = {"all": result.get("server_calls", 0)}
+    result.update(
+        summarize(folder, events, injected, calls, started, result["workers"], result["sections_per_worker"])
+    )
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
