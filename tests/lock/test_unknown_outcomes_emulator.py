@@ -20,6 +20,7 @@ from cloudshell.api.cloudshell_api import AttributeNameValue, CloudShellAPISessi
 
 from cloudshell_mutex import MutexTimeout, ReservationMutex, protocol
 from cloudshell_mutex.lock import catalog
+from cloudshell_mutex.lock import tickets as queue_values
 from cloudshell_mutex.lock.late_adds import LateAdds
 from cloudshell_mutex.lock.lease import ticket_value
 from cloudshell_mutex.lock.pacing import DefaultPacing
@@ -176,6 +177,33 @@ def test_a_waiter_in_line_whose_add_lands_late_takes_the_lock_it_holds(emu):
     api.RemoveServicesFromReservation(rid, [head])
     waiter.runtime.late_adds.settle(15)
     assert emu.control.reservation(rid)["services"] == []
+
+
+def test_holds_stretched_by_releases_waiting_for_late_removes_are_no_samples_of_the_hold_time(emu):
+    """Quick holds, and every other release's remove reset and landed 3 s later (the lock stays held and
+    marked as releasing meanwhile). Those 3 s are a fault's, not a hold: the process's estimate of how long
+    holders hold, which times its waiters' sleeps in line, stays the quick holds' (after two such releases
+    it had become a minute in a chaos run, and a waiter slept through its turn for 30 s)."""
+    rid = emu.create_reservation()
+    api = emu.session()
+    lock = mutex(api, rid, owner="holder")
+    marker = protocol.releasing_alias(MUTEX)
+    for number in range(6):
+        lock.acquire()
+        if number % 2 == 0:
+            lock.release()
+            continue
+        emu.control.inject_fault("RemoveServicesFromReservation", "apply_late", delay=None, reset_after=0.05)
+        marked = sum(e["alias"] == marker for e in emu.control.events(rid))
+        releasing = threading.Thread(target=lock.release)
+        releasing.start()
+        wait_until(lambda marked=marked: sum(e["alias"] == marker for e in emu.control.events(rid)) > marked)
+        time.sleep(3.0)  # the release reads meanwhile: our token, with the marker
+        assert emu.control.land_late() == 1
+        releasing.join(15)
+        assert not lock.locked()
+    memory = queue_values.memory_for(api, rid, MUTEX)
+    assert memory.tenure_samples and memory.hold_estimate() < 1.0, list(memory.tenure_samples)
 
 
 def test_a_late_remove_of_the_lock_and_its_ticket_is_waited_for_and_takes_nobody_elses(emu):
