@@ -202,7 +202,12 @@ def causes(spans: List[Span], workers: List[Worker], faults: Faults) -> Dict[str
             if len(moved) >= RACES and longest < (b - a) / 2:
                 cause = OTHERS_WON  # no state held it up: it lost the races, or waited its turn
             by_cause[cause] += 1
-            if cause.startswith(RELEASING):
+            # Whether it named the stall, for a timeout that came while a slow release still held the lock.
+            stalled = any(
+                s.state == RELEASING and s.start <= b <= s.end and s.end - s.start >= SLOW_RELEASE
+                for s in spans
+            )
+            if stalled:
                 if "is releasing it" in section.get("error", ""):
                     named += 1
                 else:
@@ -212,7 +217,7 @@ def causes(spans: List[Span], workers: List[Worker], faults: Faults) -> Dict[str
                     )
     return {
         "by_cause": dict(by_cause.most_common()),
-        "timeouts_in_a_release_stall_naming_it": named,
+        "timeouts_in_a_release_stall_naming_it": named,  # those that ended while a slow release held it
         "timeouts_in_a_release_stall_not_naming_it": unnamed,
         "unnamed_examples": details[:3],
     }
