@@ -279,11 +279,13 @@ def timeline(stall: Dict[str, Any], workers: List[Worker], events: List[Dict[str
         who = f"worker {worker.index}"
         if worker.index == holder:
             folded: Optional[Tuple[str, float, float, int]] = None
-            for number, call in enumerate(worker.calls):
+            # By thread (the release's own calls, the heartbeat's, the late-add watcher's), each in order.
+            calls = sorted(enumerate(worker.calls), key=lambda item: (_thread(item[1]), item[1]["s"]))
+            for number, call in calls:
                 if not a <= call["s"] <= b:
                     continue
                 met = [f"{f['kind']} (fault {f['id']})" for f in faults.get((worker.index, number), [])]
-                text = f"{call['m']} {call.get('a') or ''} -> {call['r'][:80]}" + (
+                text = f"[{_thread(call)}] {call['m']} {call.get('a') or ''} -> {call['r'][:80]}" + (
                     f" [{', '.join(met)}]" if met else ""
                 )
                 if folded is not None and folded[0] == text and not met:
@@ -308,6 +310,13 @@ def timeline(stall: Dict[str, Any], workers: List[Worker], events: List[Dict[str
                 rows.append((section["releasing"], f"{who}: release() of section {section['i']}"))
     rows.sort(key=lambda row: row[0])
     return [f"{at - origin:9.2f}  {text}" for at, text in rows]
+
+
+def _thread(call: Dict[str, Any]) -> str:
+    """The lock's thread that made ``call``: the caller's own (``caller``), or the lock's heartbeat or
+    late-add watcher."""
+    name = str(call.get("th", ""))
+    return name.replace("cloudshell-mutex-", "") if name.startswith("cloudshell-mutex-") else "caller"
 
 
 def _fold(who: str, text: str, first: float, last: float, count: int) -> Tuple[float, str]:
