@@ -487,6 +487,8 @@ class ReservationMutex:
 
     def _acquired(self, attempt: MutexAttempt) -> None:
         op, parts = attempt.op, self._parts
+        if attempt.resolved:  # the read that showed our add tells what the model took (a lease among it)
+            parts.alias.learn_from(parts.last_services.get(self.name), op.token)
         held = Held(parts, op.token, attempt.confirmed_at, self._part)
         held.start_heartbeat(attempt.lease_from)
         held.late_add_by = op.add_lands_by if op.add_can_land(self.runtime.clock()) else None
