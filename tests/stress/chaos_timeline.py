@@ -22,6 +22,7 @@ never lands, so the release waits out ``request_lifetime``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections import Counter, defaultdict
@@ -357,10 +358,12 @@ def summarize(
     verdict = history.check(holds, events)
     found = audit(events)
     grants = history.server_grants(events)
-    until = max([e["monotonic"] for e in events] + [started])
-    # The sections' end (each worker then waits for its late adds to settle, reading once a second).
+    # Until the sections' end: each worker then waits for its late adds to settle, which is no stall.
     sections_end = max([s["end"] for w in workers for s in w.sections] + [started])
-    spans = lock_states(grants, workers, until)
+    spans = [
+        dataclasses.replace(span, end=min(span.end, sections_end))
+        for span in lock_states([g for g in grants if g[1] < sections_end], workers, sections_end)
+    ]
     faults = match_faults(workers, injected)
     found_stalls = stalls(spans, workers, faults)
     releases = sorted(
