@@ -206,6 +206,37 @@ def test_holds_stretched_by_releases_waiting_for_late_removes_are_no_samples_of_
     assert memory.tenure_samples and memory.hold_estimate() < 1.0, list(memory.tenure_samples)
 
 
+def test_a_release_whose_marker_is_still_an_earlier_releases_names_itself_in_it(emu):
+    """A release's marker is left behind: its remove was reset and never lands, and it may land for the
+    request lifetime, so nothing removes it before then. The same holder's next release waits for its own
+    late remove: its marker's add finds the alias taken, and the marker must name this release all the same,
+    or waiters ignore it (a marker of another token) and time out without saying why."""
+    rid = emu.create_reservation()
+    holder = mutex(emu.session(), rid, owner="holder")
+    marker = protocol.releasing_alias(MUTEX)
+    holder.acquire()
+    emu.control.inject_fault("RemoveServicesFromReservation", "apply_late", delay=None, reset_after=0.05)
+    releasing = threading.Thread(target=holder.release)
+    releasing.start()
+    wait_until(lambda: any(e["alias"] == marker for e in emu.control.events(rid)))
+    emu.control.inject_fault("RemoveServicesFromReservation", "reset_before_commit")  # the marker's remove
+    assert emu.control.land_late() == 1
+    releasing.join(15)
+    first = next(s for s in emu.control.reservation(rid)["services"] if s["alias"] == marker)
+    assert first["attributes"][protocol.ATTR_OWNER] != holder.token  # the first release's, left behind
+    holder.acquire()
+    emu.control.inject_fault("RemoveServicesFromReservation", "apply_late", delay=None, reset_after=0.05)
+    releasing = threading.Thread(target=holder.release)
+    releasing.start()
+    wait_until(lambda: emu.control.call_counts().get("RemoveServicesFromReservation", 0) >= 3)
+    with pytest.raises(MutexTimeout, match="the holder is releasing it: its remove got no answer"):
+        mutex(emu.session(), rid, owner="impatient").acquire(timeout=3)
+    assert emu.control.land_late() == 1
+    releasing.join(15)
+    assert not holder.locked()
+    assert emu.control.reservation(rid)["services"] == []  # this release took its marker away
+
+
 def test_a_late_remove_of_the_lock_and_its_ticket_is_waited_for_and_takes_nobody_elses(emu):
     """A holder that waited in line removes its ticket with the lock, in one call. That call is reset and
     lands later: the release waits for it (no second remove), the next waiter gets the lock only after it
