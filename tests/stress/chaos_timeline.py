@@ -147,13 +147,17 @@ def match_faults(workers: List[Worker], injected: List[Dict[str, Any]]) -> Fault
     for worker in workers:
         pending = sorted(by_user.get(f"chaos{worker.index}", []), key=lambda r: r["monotonic"])
         for record in pending:
-            for number, call in enumerate(worker.calls):
-                if (
-                    call["m"] == record["method"]
-                    and call["s"] - 0.05 <= record["monotonic"] <= call["e"] + 0.05
-                ):
-                    found[(worker.index, number)].append(record)
-                    break
+            at = record["monotonic"]
+            near = [
+                (
+                    0.0 if call["s"] <= at <= call["e"] else min(abs(at - call["s"]), abs(at - call["e"])),
+                    number,
+                )
+                for number, call in enumerate(worker.calls)
+                if call["m"] == record["method"] and call["s"] - 0.05 <= at <= call["e"] + 0.05
+            ]
+            if near:  # the call it arrived during, else the nearest one
+                found[(worker.index, min(near)[1])].append(record)
     return found
 
 
