@@ -18,7 +18,7 @@ def test_fault_parameters_get_defaults_and_are_checked():
     fault = plan.take("RemoveServicesFromReservation", "r1")
     assert (fault.kind, dict(fault.params)) == (
         "apply_late",
-        {"delay": 2.0, "reset_after": 0.0, "reply": "reset", "hang_limit": 300.0},
+        {"delay": 2.0, "delay_max": None, "reset_after": 0.0, "reply": "reset", "hang_limit": 300.0},
     )
     [record] = plan.injected()
     assert (record["id"], record["reservation_id"], record["outcome"]) == (fault.id, "r1", "pending")
@@ -28,12 +28,35 @@ def test_fault_parameters_get_defaults_and_are_checked():
         ("apply_late", {"delay": -1}, "must not be negative"),
         ("apply_late", {"reply": "ignore"}, "'reset' or 'hang'"),
         ("apply_late", {"dealy": 1}, r"does not take \['dealy'\]"),
+        ("apply_late", {"delay": 3, "delay_max": 1}, r"delay_max \(1\) must not be less than delay \(3\)"),
+        ("apply_late", {"delay": None, "delay_max": 3}, "delay_max needs a delay"),
+        ("reset_before_commit", {"delay": 1}, "its parameters: none"),
         ("spike", {"seconds": 0}, "must be positive"),
         ("drop_after_commit", {"delay": 1}, "its parameters: none"),
         ("explode", {}, "not known"),
     ]:
         with pytest.raises(ValueError, match=message):
             plan.inject("X", kind, params=params)
+
+
+def test_a_late_delay_range_is_drawn_per_call_from_the_seed_and_recorded():
+    """``delay_max`` makes each late call's delay a uniform draw from [delay, delay_max]; random faults draw
+    it from their seed (the same seed and calls give the same delays), and the record shows the drawn one."""
+    settings = {
+        "seed": 5,
+        "rates": {"apply_late": 1.0},
+        "params": {"apply_late": {"delay": 1, "delay_max": 3}},
+    }
+    first, second = FaultPlan(), FaultPlan()
+    first.set_random(settings)
+    second.set_random(settings)
+    delays = [first.take("RemoveServicesFromReservation").params["delay"] for _ in range(100)]
+    assert delays == [second.take("RemoveServicesFromReservation").params["delay"] for _ in range(100)]
+    assert all(1.0 <= d <= 3.0 for d in delays) and min(delays) < 1.5 and max(delays) > 2.5
+    assert [r["params"]["delay"] for r in first.injected()] == delays
+    queued = FaultPlan()
+    queued.inject("*", "apply_late", count=50, params={"delay": 1, "delay_max": 1.2})
+    assert all(1.0 <= queued.take("X").params["delay"] <= 1.2 for _ in range(50))
 
 
 def test_random_faults_draw_one_kind_per_call_repeatably():
@@ -102,6 +125,10 @@ def test_cli_fault_syntax_takes_parameters():
     with pytest.raises(argparse.ArgumentTypeError, match="random faults"):
         _random_faults('{"rates": {"spike": 2}}')
     assert set(FAULT_KINDS) >= {"error_before_commit", "drop_after_commit", "apply_late", "spike"}
+    assert _fault("RemoveServicesFromReservation:apply_late:1:delay=1,delay_max=3")[3] == {
+        "delay": 1,
+        "delay_max": 3,
+    }
 
 
 def test_random_faults_can_be_limited_to_some_users():
@@ -111,4 +138,5 @@ def test_random_faults_can_be_limited_to_some_users():
     plan.set_random({"seed": 1, "rates": {"error_before_commit": 1.0}, "users": ["noisy"]})
     assert plan.take("AddServiceToReservation", "r", "noisy").kind == "error_before_commit"
     assert plan.take("AddServiceToReservation", "r", "quiet") is None
+    assert [r["user"] for r in plan.injected()] == ["noisy"]  # a fault's record names its caller
     assert plan.random.to_dict()["users"] == ["noisy"]

@@ -232,6 +232,41 @@ def test_error_before_commit_on_reads_is_http_500(emu: Emulator, method: str):
     assert (record["method"], record["kind"], record["reservation_id"]) == (method, ERROR_BEFORE_COMMIT, rid)
 
 
+def test_reset_before_commit_answers_nothing_and_never_applies(emu: Emulator):
+    """The request that got no answer and will never land: the client sees a reset (its own re-send, the
+    next copy, takes effect), and without the re-send nothing changes, then or later."""
+    rid = emu.create_reservation()
+    once = emu.session(max_attempts=1)
+    once.AddServiceToReservation(rid, SERVICE_MODEL, DEFAULT_ALIAS, owner("a"))
+    emu.control.inject_fault("RemoveServicesFromReservation", "reset_before_commit")
+    with pytest.raises(ProtocolError):
+        once.RemoveServicesFromReservation(rid, [DEFAULT_ALIAS])
+    assert emu.control.land_late() == 0  # nothing held back to land later
+    assert [s["attributes"][ATTR_OWNER] for s in emu.control.reservation(rid)["services"]] == ["a"]
+    [record] = emu.control.faults_injected()
+    assert (record["kind"], record["outcome"]) == ("reset_before_commit", "not_applied")
+    emu.control.reset_counts()
+    emu.control.inject_fault("RemoveServicesFromReservation", "reset_before_commit")
+    emu.session().RemoveServicesFromReservation(rid, [DEFAULT_ALIAS])  # the client's re-send removes it
+    assert emu.control.call_counts()["RemoveServicesFromReservation"] == 2
+    assert [e["op"] for e in emu.control.events(rid)] == ["service_added", "service_removed"]
+
+
+def test_a_late_delay_range_lands_each_call_within_it(emu: Emulator):
+    api = emu.session(max_attempts=1)
+    rid = emu.create_reservation()
+    emu.control.inject_fault(
+        "AddServiceToReservation", "apply_late", delay=0.2, delay_max=0.6, reset_after=0.05
+    )
+    with pytest.raises(ProtocolError):
+        api.AddServiceToReservation(rid, SERVICE_MODEL, DEFAULT_ALIAS, owner("late"))
+    [injected] = emu.control.faults_injected()
+    assert 0.2 <= injected["params"]["delay"] <= 0.6 and injected["params"]["delay_max"] == 0.6
+    record = settled(emu, injected["id"])
+    assert record["outcome"] == "applied"
+    assert record["landed_monotonic"] - record["monotonic"] >= injected["params"]["delay"]
+
+
 # ------------------------------------------------------------------ random faults and spikes
 def _failures(emu: Emulator, calls: int) -> List[int]:
     api = emu.session()

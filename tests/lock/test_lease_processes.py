@@ -286,6 +286,32 @@ def test_a_holder_stopped_beyond_its_lease_learns_it_lost_and_its_release_remove
     assert check_log(emu, rid) == {"grants": 2, "removes": 2}
 
 
+def test_a_holder_whose_add_was_settled_by_a_read_heartbeats_its_lease(emu):
+    """The holder process's first add commits and its answer is lost (the client's re-send then finds the
+    alias taken, and a read shows our token). The service carries the lease that add wrote, so the holder
+    must heartbeat it, although no add of this process was ever answered: a waiter never breaks it."""
+    rid = emu.create_reservation()
+    emu.control.inject_fault("AddServiceToReservation", "drop_after_commit")
+    process, token, go, results = spawn_holder(emu, rid)
+    try:
+        waiter = ReservationMutex(emu.session(), rid, owner="waiter", lease=LEASE, **FAST)
+        silent_for = 3 * (LEASE + stale_margin(LEASE))  # a holder without heartbeats is broken well before
+        with pytest.raises(MutexTimeout, match="held by holder"):
+            waiter.acquire(timeout=silent_for)
+        go.set()
+        report = results.get(timeout=60)
+        assert report["error"] is None, report["error"]
+        assert (report["ensure_held"], report["release"]) == ("held", "released")
+    finally:
+        stop_all(process)
+    assert not [
+        e for e in emu.control.events(rid) if e["alias"] == protocol.breaker_alias(protocol.DEFAULT_ALIAS)
+    ]
+    heartbeats = [e for e in emu.control.events(rid) if e["op"] == "service_attributes_set"]
+    assert heartbeats and all(e["attributes"][protocol.ATTR_OWNER] == token for e in heartbeats)
+    assert check_log(emu, rid) == {"grants": 1, "removes": 1}
+
+
 def test_two_simultaneous_breakers_exactly_one_wins(emu):
     rid = emu.create_reservation()
     process, _, _, _ = spawn_holder(emu, rid)

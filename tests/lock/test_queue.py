@@ -666,10 +666,12 @@ def test_a_dead_head_passed_by_every_waiter_is_still_judged_across_this_process_
     assert removed_at and start + TICKET_LEASE + margin <= removed_at[0] < start + TICKET_LEASE + margin + 30
 
 
-def _view(at: float, holder: Optional[str], *waiting: Tuple[int, str]) -> QueueView:
+def _view(at: float, holder: Optional[str], *waiting: Tuple[int, str], releasing: bool = False) -> QueueView:
     services = {}
     if holder is not None:
         services[MUTEX] = _holder(MUTEX, holder)
+        if releasing:  # the holder's remove got no answer: its marker, with its token
+            services[protocol.releasing_alias(MUTEX)] = _holder(protocol.releasing_alias(MUTEX), holder)
     for number, token in waiting:
         alias = ticket_alias(MUTEX, number)
         services[alias] = _holder(alias, ticket_value(token, TICKET_LEASE, 0))
@@ -738,6 +740,27 @@ def test_one_hold_stretched_by_a_fault_does_not_move_the_estimates() -> None:
     memory.update(_view(at, "Last@h:1:0000000f", (20, SECOND)), None)
     assert memory.tenure == pytest.approx(1.0, abs=0.1)
     assert memory.period == pytest.approx(1.0, abs=0.1)  # the head's ticket number moved once a hold
+
+
+def test_a_hold_and_a_wait_seen_with_the_holders_releasing_marker_are_no_samples() -> None:
+    # Holds of 1 s seen closely, the head's ticket moving once a hold; one holder's remove got no answer and
+    # its release waited 100 s (its marker in every read meanwhile). That hold and that wait are a fault's:
+    # neither is a sample of the hold time nor of the period, which time the waiters' sleeps in line.
+    memory = queue_values.LockMemory()
+    at, holds = 0.0, [1.0, 1.0, 100.0, 1.0, 1.0]
+    for number, hold in enumerate(holds):
+        token, ticket = f"H{number}@h:1:0000000{number}", (10 + number, SECOND)
+        stalled = hold > 10
+        memory.update(_view(at, token, ticket), None)
+        if stalled:
+            memory.update(_view(at + 1.0, token, ticket, releasing=True), None)
+        memory.update(_view(at + hold - 0.05, token, ticket, releasing=stalled), None)
+        at += hold
+    memory.update(_view(at, "Last@h:1:0000000f", (20, SECOND)), None)
+    assert memory.tenure_samples and max(memory.tenure_samples) < 2.0
+    assert memory.period_samples and max(memory.period_samples) < 2.0
+    assert memory.tenure == pytest.approx(1.0, abs=0.1) and memory.period == pytest.approx(1.0, abs=0.1)
+    assert _view(0.0, HEAD, releasing=True).releasing and not _view(0.0, HEAD).releasing
 
 
 def test_a_new_holder_was_granted_about_when_the_one_before_was_expected_to_release() -> None:

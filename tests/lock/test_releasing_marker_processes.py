@@ -4,7 +4,8 @@ A holder whose remove got no answer adds ``MUTEX~releasing`` so that a waiter th
 lock stays held. Anyone can read the holder's token, so an attacker (another process, another session) can add
 a marker with it. Such a forgery must not be believed (the waiter's timeout does not say "releasing"), and it
 must not outlive the holder's release: it names the holder's token, so the holder removes it, settled like any
-other remove (one remove; none more while it may land). The holder's real marker is believed
+other remove (one remove; none more while it may land). A holder whose own marker add meets a forgery
+writes its proof over it (it holds the lock, so any marker is stale). The holder's real marker is believed
 (``test_unknown_outcomes_emulator.py`` covers it, with the late remove it is for).
 """
 
@@ -88,6 +89,14 @@ def aliases(emu, rid: str):
     return [s["alias"] for s in emu.control.reservation(rid)["services"]]
 
 
+def marker_owner(emu, rid: str) -> Optional[str]:
+    """The ``Mutex Owner`` of the marker's service, None when there is none."""
+    for service in emu.control.reservation(rid)["services"]:
+        if service["alias"] == MARKER:
+            return service["attributes"].get(protocol.ATTR_OWNER, "")
+    return None
+
+
 def marker_removes(emu, rid: str):
     return [e for e in emu.control.events(rid) if e["alias"] == MARKER and e["op"] == "service_removed"]
 
@@ -111,22 +120,26 @@ def test_a_forged_marker_is_not_believed_and_is_gone_after_the_holders_release(e
     assert aliases(emu, rid) == [] and len(marker_removes(emu, rid)) == 1
 
 
-def test_a_forged_marker_under_a_holders_late_remove_is_not_believed_and_goes_once_the_release_settles(emu):
-    """The holder's remove of MUTEX lands late. Meanwhile the forgery holds the marker's alias (the holder's
-    own add of its marker is refused), and a waiter that times out says nothing of a release. Once the late
-    remove has landed the release settles, and the forgery goes: one remove of it."""
+def test_a_forged_marker_under_a_late_remove_is_overwritten_by_the_holders_proof_and_goes_once_settled(emu):
+    """The holder's remove of MUTEX lands late. Meanwhile the forgery holds the marker's alias, so the
+    holder's own add of its marker is refused: it holds the lock, so any marker is stale, and it writes its
+    proof over the forgery. A waiter that times out then names the release (which is real), never the forged
+    value. Once the late remove has landed the release settles, and the marker goes: one remove of it."""
     rid = emu.create_reservation("forged marker, late remove")
     holder = holder_lock(emu, rid)
     holder.acquire()
-    attack(emu, rid, "token")
+    forged = attack(emu, rid, "token")["forged"]
     adds = emu.control.call_counts()["AddServiceToReservation"]
     emu.control.inject_fault("RemoveServicesFromReservation", "apply_late", delay=None, reset_after=0.05)
     releasing = threading.Thread(target=holder.release)
     releasing.start()
     # The holder tries its own marker (refused: the forgery holds the alias) and waits for its remove.
     wait_until(lambda: emu.control.call_counts()["AddServiceToReservation"] > adds)
+    wait_until(lambda: marker_owner(emu, rid) not in (None, forged))
+    assert marker_owner(emu, rid).startswith(forged + "#")  # the holder's token with its secret
     report = in_a_process(waiter, emu, rid)
-    assert report["message"] is not None and "releasing" not in report["message"], report
+    assert report["message"] is not None and "releasing" in report["message"], report
+    assert forged not in report["message"]
     assert releasing.is_alive()
     assert emu.control.land_late() == 1
     releasing.join(30)

@@ -16,17 +16,21 @@ import threading
 import time
 
 import pytest
-from cloudshell.api.cloudshell_api import CloudShellAPISession
+from cloudshell.api.cloudshell_api import AttributeNameValue, CloudShellAPISession
 
 from cloudshell_mutex import MutexTimeout, ReservationMutex, protocol
 from cloudshell_mutex.lock import catalog
+from cloudshell_mutex.lock import tickets as queue_values
 from cloudshell_mutex.lock.late_adds import LateAdds
+from cloudshell_mutex.lock.lease import ticket_value
 from cloudshell_mutex.lock.pacing import DefaultPacing
 
 pytestmark = pytest.mark.integration
 
 FAST = DefaultPacing(first=0.01, base=0.02, cap=0.1)
 MUTEX = protocol.DEFAULT_ALIAS
+#: The token of a queue ticket the tests add by hand (a waiter of another process).
+HEAD = "head@elsewhere:1:0badcafe"
 
 
 @pytest.fixture
@@ -93,6 +97,144 @@ def test_a_late_remove_never_deletes_the_next_holders_lock(emu):
     tickets = [e for e in emu.control.events(rid) if "~q~" in e["alias"]]
     assert emu.control.call_counts()["RemoveServicesFromReservation"] == 3 + len(tickets) // 2
     assert lock_history(emu, rid)[-2:] == [("service_added", token), ("service_removed", token)]
+
+
+@pytest.mark.client_resend
+@pytest.mark.parametrize("fair", [True, False])
+def test_a_waiter_whose_own_add_may_still_land_names_the_holders_stalled_release_in_its_timeout(emu, fair):
+    """The holder's remove got no answer (it lands later), so its release waits and marks the lock. A waiter
+    whose own add got no answer too (it also lands later) times out meanwhile: its message says both that
+    its add may still land and why the lock stayed held, not only the first."""
+    rid = emu.create_reservation()
+    holder = mutex(emu.session(), rid, owner="holder")
+    holder.acquire()
+    emu.control.inject_fault("RemoveServicesFromReservation", "apply_late", delay=None, reset_after=0.05)
+    releasing = threading.Thread(target=holder.release)
+    releasing.start()
+    marker = protocol.releasing_alias(MUTEX)
+    wait_until(lambda: any(e["alias"] == marker for e in emu.control.events(rid)))
+    emu.control.inject_fault("AddServiceToReservation", "apply_late", delay=None, reset_after=0.05)
+    waiter = mutex(emu.session(), rid, owner="impatient", fair=fair)
+    with pytest.raises(MutexTimeout) as timeout:
+        waiter.acquire(timeout=3)
+    message = str(timeout.value)
+    assert "an add of this acquisition got no answer and may still be applied" in message
+    assert "held by holder" in message and "the holder is releasing it: its remove got no answer" in message
+    assert timeout.value.maybe_held
+    assert emu.control.land_late() == 2  # the holder's remove, then the waiter's add on the free alias
+    releasing.join(15)
+    assert not holder.locked()
+    assert waiter.runtime.late_adds.settle(15)  # the waiter's watcher removes its late add
+    assert emu.control.reservation(rid)["services"] == []
+
+
+@pytest.mark.client_resend
+def test_a_waiter_in_line_whose_add_lands_late_takes_the_lock_it_holds(emu):
+    """The waiter's add is reset and lands later, while it waits in line behind a live head (the client's
+    re-send found the lock busy). Landing on the free lock, it makes the waiter the holder: the waiter must
+    see its own token in its reads in line and take the lock, not wait on behind the head (whose adds now
+    fail on the waiter's lock) until its timeout, the lock held by nobody who knows it."""
+    rid = emu.create_reservation()
+    holder = mutex(emu.session(), rid, owner="holder")
+    holder.acquire()
+    # A live head of the queue: its heartbeat moves, so the waiter never passes it (and its adds, had it
+    # any, would only find the lock busy).
+    head = protocol.ticket_alias(MUTEX, 0)
+    api = emu.session()
+    api.AddServiceToReservation(
+        rid,
+        protocol.SERVICE_MODEL,
+        head,
+        [AttributeNameValue(protocol.ATTR_OWNER, ticket_value(HEAD, 120, 0))],
+    )
+    beating = threading.Event()
+
+    def beat() -> None:
+        count = 0
+        while not beating.wait(0.2):
+            count += 1
+            value = ticket_value(HEAD, 120, count)
+            api.SetServiceAttributesValues(rid, head, [AttributeNameValue(protocol.ATTR_OWNER, value)])
+
+    beater = threading.Thread(target=beat)
+    beater.start()
+    try:
+        emu.control.inject_fault("AddServiceToReservation", "apply_late", delay=None, reset_after=0.05)
+        waiter = mutex(emu.session(), rid, owner="waiter", timeout=20)
+        outcome = {}
+        waiting = threading.Thread(target=lambda: outcome.setdefault("acquired", waiter.acquire()))
+        waiting.start()
+        wait_until(lambda: sum("~q~" in s["alias"] for s in emu.control.reservation(rid)["services"]) == 2)
+        holder.release()
+        assert emu.control.land_late() == 1  # the waiter's first add, on the free lock
+        waiting.join(30)
+        assert outcome.get("acquired") is True and waiter.locked()  # not a MutexTimeout with the lock ours
+        assert waiter.holder().token == waiter.token
+        waiter.release()
+    finally:
+        beating.set()
+        beater.join(5)
+    api.RemoveServicesFromReservation(rid, [head])
+    waiter.runtime.late_adds.settle(15)
+    assert emu.control.reservation(rid)["services"] == []
+
+
+def test_holds_stretched_by_releases_waiting_for_late_removes_are_no_samples_of_the_hold_time(emu):
+    """Quick holds, and every other release's remove reset and landed 3 s later (the lock stays held and
+    marked as releasing meanwhile). Those 3 s are a fault's, not a hold: the process's estimate of how long
+    holders hold, which times its waiters' sleeps in line, stays the quick holds' (after two such releases
+    it had become a minute in a chaos run, and a waiter slept through its turn for 30 s)."""
+    rid = emu.create_reservation()
+    api = emu.session()
+    lock = mutex(api, rid, owner="holder")
+    marker = protocol.releasing_alias(MUTEX)
+    for number in range(6):
+        lock.acquire()
+        if number % 2 == 0:
+            lock.release()
+            continue
+        emu.control.inject_fault("RemoveServicesFromReservation", "apply_late", delay=None, reset_after=0.05)
+        marked = sum(e["alias"] == marker for e in emu.control.events(rid))
+        releasing = threading.Thread(target=lock.release)
+        releasing.start()
+        wait_until(lambda marked=marked: sum(e["alias"] == marker for e in emu.control.events(rid)) > marked)
+        time.sleep(3.0)  # the release reads meanwhile: our token, with the marker
+        assert emu.control.land_late() == 1
+        releasing.join(15)
+        assert not lock.locked()
+    memory = queue_values.memory_for(api, rid, MUTEX)
+    assert memory.tenure_samples and memory.hold_estimate() < 1.0, list(memory.tenure_samples)
+
+
+def test_a_release_whose_marker_is_still_an_earlier_releases_names_itself_in_it(emu):
+    """A release's marker is left behind: its remove was reset and never lands, and it may land for the
+    request lifetime, so nothing removes it before then. The same holder's next release waits for its own
+    late remove: its marker's add finds the alias taken, and the marker must name this release all the same,
+    or waiters ignore it (a marker of another token) and time out without saying why."""
+    rid = emu.create_reservation()
+    holder = mutex(emu.session(), rid, owner="holder")
+    marker = protocol.releasing_alias(MUTEX)
+    holder.acquire()
+    emu.control.inject_fault("RemoveServicesFromReservation", "apply_late", delay=None, reset_after=0.05)
+    releasing = threading.Thread(target=holder.release)
+    releasing.start()
+    wait_until(lambda: any(e["alias"] == marker for e in emu.control.events(rid)))
+    emu.control.inject_fault("RemoveServicesFromReservation", "reset_before_commit")  # the marker's remove
+    assert emu.control.land_late() == 1
+    releasing.join(15)
+    first = next(s for s in emu.control.reservation(rid)["services"] if s["alias"] == marker)
+    assert first["attributes"][protocol.ATTR_OWNER] != holder.token  # the first release's, left behind
+    holder.acquire()
+    emu.control.inject_fault("RemoveServicesFromReservation", "apply_late", delay=None, reset_after=0.05)
+    releasing = threading.Thread(target=holder.release)
+    releasing.start()
+    wait_until(lambda: emu.control.call_counts().get("RemoveServicesFromReservation", 0) >= 3)
+    with pytest.raises(MutexTimeout, match="the holder is releasing it: its remove got no answer"):
+        mutex(emu.session(), rid, owner="impatient").acquire(timeout=3)
+    assert emu.control.land_late() == 1
+    releasing.join(15)
+    assert not holder.locked()
+    assert emu.control.reservation(rid)["services"] == []  # this release took its marker away
 
 
 def test_a_late_remove_of_the_lock_and_its_ticket_is_waited_for_and_takes_nobody_elses(emu):

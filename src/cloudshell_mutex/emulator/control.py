@@ -150,11 +150,12 @@ class EmulatorControl:
     def inject_fault(self, method: str, kind: str, count: int = 1, **params: Any) -> None:
         """Queue ``count`` faults of ``kind`` with ``params`` for the next calls of ``method`` (``"*"``: any).
 
-        ``error_before_commit``: HTTP 500, nothing changes. ``drop_after_commit``: the call takes effect,
-        then the connection closes without a response. ``apply_late(delay=1.0, reset_after=0.0,
+        ``error_before_commit``: HTTP 500, nothing changes. ``reset_before_commit``: the connection is
+        reset without a response, nothing changes. ``drop_after_commit``: the call takes effect, then the
+        connection closes without a response. ``apply_late(delay=1.0, delay_max=None, reset_after=0.0,
         reply="reset"|"hang", hang_limit=300)``: no answer; the request takes effect ``delay`` seconds
-        after it arrived (None: at :meth:`land_late`). ``spike(seconds=2.0)``: extra latency before the
-        commit. See docs/emulator.md for all kinds.
+        (with ``delay_max``: a delay drawn from that range) after it arrived (None: at :meth:`land_late`).
+        ``spike(seconds=2.0)``: extra latency before the commit. See docs/emulator.md for all kinds.
         """
         self._call("inject_fault", {"method": method, "kind": kind, "count": count, "params": params})
 
@@ -168,7 +169,7 @@ class EmulatorControl:
 
     def faults_injected(self) -> List[Dict[str, Any]]:
         """Every fault handed to a call, oldest first: ``{"id", "method", "kind", "params", "source"
-        ("queued"/"random"), "reservation_id", "time", "monotonic", "outcome"}``; ``outcome`` is
+        ("queued"/"random"), "reservation_id", "user", "time", "monotonic", "outcome"}``; ``outcome`` is
         ``"pending"`` until the call took effect (``"applied"``), failed (``"failed"``, with ``code`` and
         ``message``) or was discarded at stop; late calls add ``landed_monotonic``."""
         return self._call("faults_injected")

@@ -24,6 +24,8 @@ from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence
 
 #: HTTP 500 after the pre-commit delay; nothing changes.
 ERROR_BEFORE_COMMIT = "error_before_commit"
+#: The connection is reset after the pre-commit delay, without an answer; nothing changes, ever.
+RESET_BEFORE_COMMIT = "reset_before_commit"
 #: The call takes effect, then the connection closes without an answer.
 DROP_AFTER_COMMIT = "drop_after_commit"
 #: The connection is reset (or left hanging); the request takes effect ``delay`` seconds after it arrived.
@@ -110,6 +112,8 @@ class FaultKind:
     name: str
     doc: str
     params: Mapping[str, Tuple[Any, Callable[[str, Any], Any]]] = field(default_factory=dict)
+    #: A check of the parameters together (after each was checked alone), raising a ValueError.
+    together: Optional[Callable[[str, Dict[str, Any]], None]] = None
 
     def check(self, params: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
         """The parameters with defaults filled in, or a ValueError naming the bad one."""
@@ -120,10 +124,34 @@ class FaultKind:
         if unknown:
             known = sorted(self.params) or "none"
             raise ValueError(f"fault {self.name} does not take {unknown}; its parameters: {known}")
-        return {
+        checked = {
             name: check(f"fault {self.name} {name}", given[name]) if name in given else default
             for name, (default, check) in self.params.items()
         }
+        if self.together is not None:
+            self.together(f"fault {self.name}", checked)
+        return checked
+
+
+def _late_delays(where: str, params: Dict[str, Any]) -> None:
+    """``delay_max`` makes ``delay`` the low end of a range: both numbers, low first."""
+    if params["delay_max"] is None:
+        return
+    if params["delay"] is None:
+        raise ValueError(f"{where} delay_max needs a delay (the range's low end), not delay=None")
+    if params["delay_max"] < params["delay"]:
+        raise ValueError(
+            f"{where} delay_max ({params['delay_max']:g}) must not be less than delay ({params['delay']:g})"
+        )
+
+
+def drawn(kind: str, params: Mapping[str, Any], rng: random.Random) -> Dict[str, Any]:
+    """The parameters one call gets: an ``apply_late`` with a ``delay_max`` gets a delay drawn uniformly
+    from [delay, delay_max] (the record shows the drawn one); anything else, ``params`` as they are."""
+    chosen = dict(params)
+    if kind == APPLY_LATE and chosen.get("delay_max") is not None:
+        chosen["delay"] = rng.uniform(chosen["delay"], chosen["delay_max"])
+    return chosen
 
 
 _HANG_LIMIT = (300.0, _positive)
@@ -133,18 +161,26 @@ FAULT_KINDS: Dict[str, FaultKind] = {
     kind.name: kind
     for kind in (
         FaultKind(ERROR_BEFORE_COMMIT, "HTTP 500 after the pre-commit delay; nothing changes"),
+        FaultKind(
+            RESET_BEFORE_COMMIT,
+            "the connection is reset after the pre-commit delay, without an answer; the request never "
+            "takes effect",
+        ),
         FaultKind(DROP_AFTER_COMMIT, "the call takes effect, then the connection closes without an answer"),
         FaultKind(
             APPLY_LATE,
             "the connection is reset after reset_after seconds (or, with reply='hang', left unanswered "
             "until the client gives up); the request takes effect delay seconds after it arrived "
-            "(delay=None: when the control endpoint's land_late says so)",
+            "(delay=None: when the control endpoint's land_late says so; with delay_max, a delay drawn "
+            "uniformly from [delay, delay_max] for each call)",
             {
                 "delay": (1.0, _optional_seconds),
+                "delay_max": (None, _optional_seconds),
                 "reset_after": (0.0, _seconds),
                 "reply": ("reset", _reply),
                 "hang_limit": _HANG_LIMIT,
             },
+            together=_late_delays,
         ),
         FaultKind(
             SPIKE, "seconds of extra latency before the call takes effect", {"seconds": (2.0, _positive)}
@@ -374,7 +410,10 @@ class RandomFaults:
             point = self._random.random()
         for kind, rate in sorted(rates.items()):  # sorted: the same seed picks the same kind
             if point < rate:
-                return kind, dict(self.params.get(kind) or fault_kind(kind).check(None))
+                with self._lock:  # a range's draw comes from the same seeded source
+                    return kind, drawn(
+                        kind, self.params.get(kind) or fault_kind(kind).check(None), self._random
+                    )
             point -= rate
         return None
 
@@ -392,6 +431,7 @@ class FaultPlan:
         self._records: Deque[Dict[str, Any]] = deque(maxlen=FAULT_RECORD_LIMIT)
         self._by_id: Dict[int, Dict[str, Any]] = {}
         self._ids = itertools.count(1)
+        self._rng = random.Random()  # draws within a queued fault's range (random faults use their seed's)
 
     def inject(
         self, method: str, kind: str, count: int = 1, params: Optional[Mapping[str, Any]] = None
@@ -425,6 +465,8 @@ class FaultPlan:
             return None
         kind, params = chosen
         with self._lock:
+            if source == "queued":
+                params = drawn(kind, params, self._rng)
             fault = Fault(next(self._ids), kind, params)
             record = {
                 "id": fault.id,
@@ -433,6 +475,7 @@ class FaultPlan:
                 "params": dict(params),
                 "source": source,
                 "reservation_id": reservation_id,
+                "user": user,
                 "time": time.time(),
                 "monotonic": time.monotonic(),
                 "outcome": "pending",

@@ -29,6 +29,7 @@ from .faults import (
     DROP_AFTER_COMMIT,
     ERROR_BEFORE_COMMIT,
     HANG,
+    RESET_BEFORE_COMMIT,
     SPIKE,
     STALE_FRESH_READ,
     TRANSIENT_FALSE,
@@ -318,6 +319,10 @@ class ApiRequestHandler(_Handler):
         if fault is not None and fault.kind in (ERROR_BEFORE_COMMIT, TRANSIENT_FALSE):
             self._refuse_before_commit(fault, method)
             return before
+        if fault is not None and fault.kind == RESET_BEFORE_COMMIT:
+            self._settle(fault, "not_applied")
+            self.drop_connection()
+            return None
         response = self._commit(ctx, method, params, fault)
         if response is None:
             return None

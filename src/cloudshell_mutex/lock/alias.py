@@ -274,6 +274,17 @@ class LockAlias:
         """How the ``Mutex Owner`` of this alias's service shows the acquisition ``token``, for people."""
         return repr(token)
 
+    def learn_from(self, service: Optional[Holder], token: str) -> None:
+        """An add of ours whose answer was lost, shown by a read (``service`` carries ``token``): the
+        attributes it shows are what the model took, as an answered add would have told (:mod:`.catalog`).
+        Without this, a lock whose first add in a process was settled by a read carried the lease that add
+        wrote, and its holder, thinking the model had none, never heartbeat it: waiters broke it."""
+        if service is None or service.token != token or catalog.accepted(self.api, self.model) is not None:
+            return
+        catalog.learn(
+            self.api, self.model, (frozenset(service.attributes) & catalog.FULL) | catalog.OWNER_ONLY
+        )
+
     def takes(self, attribute: str) -> bool:
         """True when this process learned that the server's model takes ``attribute`` (from an add)."""
         known = catalog.accepted(self.api, self.model)

@@ -172,8 +172,11 @@ def timeout_error(
     waiting = f"timed out after {limit:g} s waiting for {alias!r} in reservation {reservation_id}"
     landing = op.add_can_land(now)
     if landing:
+        # Who held it, and why (a releasing holder), whatever our own add does: that add explains nothing
+        # of the wait.
+        seen = "" if holder is None else f"held by {holder}, seen held for {held_for or 0.0:.1f} s{note}; "
         message = (
-            f"{waiting}: an add of this acquisition got no answer and may still be applied for "
+            f"{waiting}: {seen}an add of this acquisition got no answer and may still be applied for "
             f"{op.add_lands_by - now:.0f} s; this process watches for it and removes it if it lands. If "
             "the process exits before that, " + remove_hint(alias, op.token)
         )

@@ -455,10 +455,11 @@ class ReservationMutex:
             end = loop.run()
         finally:
             held.ticket = loop.ticket  # None once removed with the lock (or left to the watcher)
-        if first and self._queue is not None:
+        if first and self._queue is not None and not (op.polls or op.remove_may_have_landed):
             # The hold as the server saw it, which is what the waiters' hints are about: from the granted
             # add's landing to the remove's, about the release's start plus half its round trips (the add's
-            # whole round trip is in op.start - since, and the read's and half the remove's are not).
+            # whole round trip is in op.start - since, and the read's and half the remove's are not). Not a
+            # release whose remove got no answer: it waited for a fault (up to request_lifetime), not a hold.
             self._queue.held_for((op.start + self.runtime.clock()) / 2 - held.since)
         self._ended(op, end)
 
@@ -495,6 +496,8 @@ class ReservationMutex:
 
     def _acquired(self, attempt: MutexAttempt, secret: bytes) -> None:
         op, parts = attempt.op, self._parts
+        if attempt.resolved:  # the read that showed our add tells what the model took (a lease among it)
+            parts.alias.learn_from(parts.last_services.get(self.name), op.token)
         held = Held(parts, op.token, attempt.confirmed_at, self._part, secret)
         held.start_heartbeat(attempt.lease_from)
         held.late_add_by = op.add_lands_by if op.add_can_land(self.runtime.clock()) else None

@@ -50,6 +50,7 @@ from . import lease, protocol, waitfor
 from .alias import CallResult, LockAlias, Status
 from .engine import Runtime, acquire_loop
 from .lease import ticket_value
+from .operation import LANDING_READ_INTERVAL
 from .options import FRESH_READ_LAG, default_logger
 from .protocol import ticket_alias, ticket_number
 from .tickets import (
@@ -278,6 +279,10 @@ class FairQueue:
         view = view or self._look(op)
         if view is None:
             return True, default  # the lock's own loop deals with a failing server
+        if view.holder is not None and view.holder.token == op.token:
+            # An add of ours landed late (every view hides the holder's ticket, ours too): the lock is ours,
+            # and the mutex's add and read settle it. Waiting on would hold it for nobody until our timeout.
+            return True, 0.0
         if first and not view.tickets and view.holder is None:
             return True, 0.0  # nobody waits and the lock is free: no ticket needed
         if view.mine(op.token):
@@ -305,7 +310,10 @@ class FairQueue:
         self._waiting()
         waiters = len(view.tickets)
         interval = self._jitter(wait_interval(position, waiters, self.memory.cadence(), self.budget))
-        return False, self._detecting(op, self._hinted_wait(position, interval))
+        wait = self._detecting(op, self._hinted_wait(position, interval))
+        if op.add_can_land(self._clock()):
+            wait = min(wait, LANDING_READ_INTERVAL)  # its landing makes the lock ours: look as the mutex does
+        return False, wait
 
     def _recent_view(self, now: float) -> Optional[QueueView]:
         """A read of this process made a moment ago (the mutex's after a busy add, or the release's of the

@@ -89,6 +89,10 @@ class ReleaseLoop:
             return
         mark = parts.alias.sibling(protocol.releasing_alias(parts.name))
         added = mark.try_add([AttributeNameValue(protocol.ATTR_OWNER, self.marker)])
+        if added.status is Status.BUSY:
+            # An earlier release's marker, whose remove may still land and so is not sent again: we hold the
+            # lock, so that marker is stale; it names this release from now on (waiters ignore other tokens).
+            added = mark.set_attributes([(protocol.ATTR_OWNER, self.marker)])
         if added.ok or added.may_have_committed or added.may_land_later:
             op.releasing_mark = mark
             if not added.ok:

@@ -17,7 +17,7 @@ from . import lease
 from .alias import CallResult, LockAlias
 from .holder import Holder
 from .lease import parse_ticket, ticket_holder
-from .protocol import ticket_number
+from .protocol import releasing_alias, ticket_number
 
 #: A ticket's lease (seconds): its waiter rewrites the heartbeat every lease/3 while it waits. Long,
 #: because at N=32 every waiter's heartbeat is a write on the shared server (32 x 3/120 = 0.8 calls/s);
@@ -91,7 +91,9 @@ class QueueView:
     ``tickets`` are the parseable tickets in queue order, without the one of the lock's holder (it keeps
     its ticket until its release removes it with the lock: the ticket is not a waiter's), and without
     the ones this process passes over (``passed``: see :class:`LockMemory`).
-    ``highest`` is the highest ticket number of any value, foreign ones too (-1: none).
+    ``highest`` is the highest ticket number of any value, foreign ones too (-1: none). ``releasing``: the
+    holder's ``~releasing`` marker is there (its remove got no answer, and the lock stays held until it
+    lands or can no longer land).
     """
 
     holder: Optional[Holder]
@@ -99,6 +101,7 @@ class QueueView:
     highest: int
     at: float
     passed: Tuple[Ticket, ...] = ()
+    releasing: bool = False
 
     def position(self, token: str) -> Optional[int]:
         """1 for the head, 2 for the next, ...; None when ``token`` has no ticket here."""
@@ -146,7 +149,9 @@ def queue_view(services: Mapping[str, Holder], alias: str, at: float) -> QueueVi
             continue  # the holder's own ticket, not removed yet
         tickets.append(ticket)
     tickets.sort(key=lambda t: t.number)
-    return QueueView(holder, tuple(tickets), highest, at)
+    marker = services.get(releasing_alias(alias))
+    releasing = holder is not None and marker is not None and marker.token == holder.token
+    return QueueView(holder, tuple(tickets), highest, at, releasing=releasing)
 
 
 # ---------------------------------------------------------------- the budget
@@ -238,6 +243,11 @@ class LockMemory:
     #: Tokens seen holding the lock lately: a ticket of one of them is no waiter's (an acquisition waits
     #: once), but the ticket a holder kept for its release, left behind when the hold was lost.
     former_holders: Deque[str] = dataclasses.field(default_factory=lambda: deque(maxlen=SAMPLES * 2))
+    #: A read showed the holder releasing (its remove got no answer) during its hold (``stretched``), or
+    #: since the head was first seen (``stalled``): that hold, and that time, are a fault's, which lasts up to
+    #: the request lifetime (minutes), not samples of how long holders hold or how often the lock moves.
+    stretched: bool = False
+    stalled: bool = False
 
     def crowded(self, now: float) -> bool:
         """True when others were queued at this process's last read, not long ago."""
@@ -261,11 +271,13 @@ class LockMemory:
         # How many of the tickets seen last have left from the front since: numbers need not be dense
         # (simultaneous joins spread out), so the numbers' difference would count grants that never were.
         moved = sum(1 for number in ahead if number < lowest)
-        if previous is not None and moved and view.at > self.lowest_at:
+        self.stalled = self.stalled or view.releasing
+        if previous is not None and moved and view.at > self.lowest_at and not self.stalled:
             sample = (view.at - self.lowest_at) / moved
             self.period = _median_of(self.period_samples, min(600.0, max(0.05, sample)))
         if lowest != previous:
             self.lowest_at = view.at  # when this head was first seen
+            self.stalled = view.releasing
         return view
 
     def _pass_heads(self, view: QueueView, token: Optional[str], granted: bool) -> QueueView:
@@ -294,6 +306,7 @@ class LockMemory:
     def _observe_holder(self, view: QueueView) -> None:
         token = view.holder.token if view.holder is not None else None
         if token == self.holder:
+            self.stretched = self.stretched or view.releasing
             return
         if token is not None:
             self.former_holders.append(token)
@@ -309,9 +322,10 @@ class LockMemory:
             start, end = (self.holder_lo + self.holder_hi) / 2, (self.seen_at + view.at) / 2
             sample = end - start
             known = max(self.holder_hi - self.holder_lo, view.at - self.seen_at)
-            if math.isfinite(sample) and sample > 0 and known <= sample / 2:
+            if math.isfinite(sample) and sample > 0 and known <= sample / 2 and not self.stretched:
                 self.tenure = _median_of(self.tenure_samples, sample)
         self.holder, self.holder_lo, self.holder_hi = token, granted_after, view.at
+        self.stretched = view.releasing
 
     def _observe_tickets(self, view: QueueView) -> None:
         seen = {t.alias for t in view.tickets}
