@@ -6,7 +6,7 @@
 * **Three locks, three processes** (``A`` then ``B``, ``B`` then ``C``, ``C`` then ``A``): the same.
 * **No false positive:** processes that take random subsets of three locks in one global order, with random
   short holds, looking for cycles sooner and more often than by default (every wait while holding a lock is
-  judged, many times): no MutexDeadlock, and no read shows a cycle at all, in 200 acquisitions (1,000 in
+  judged, many times): no MutexDeadlock, and no read shows a cycle at all, in 90 acquisitions (1,000 in
   ``make stress``: ``CLOUDSHELL_MUTEX_DEADLOCK_ACQUISITIONS``).
 
 The detection time (from the server's event log: the last ticket of the cycle added, to the victim's ticket
@@ -45,7 +45,7 @@ SHORT_LATENCY = {"distribution": "uniform", "low": 0.005, "high": 0.02, "commit_
 DETECT_AFTER, DETECT_INTERVAL = 0.0, 0.1
 TIMEOUT = 120.0
 #: Acquisitions of the no-false-positive run: 200 in make test (under a minute), 1,000 in make stress.
-ACQUISITIONS = int(os.environ.get("CLOUDSHELL_MUTEX_DEADLOCK_ACQUISITIONS", "200"))
+ACQUISITIONS = int(os.environ.get("CLOUDSHELL_MUTEX_DEADLOCK_ACQUISITIONS", "90"))
 
 
 def _address(emu) -> Tuple[str, int, str, str, str]:
