@@ -16,7 +16,7 @@ from urllib3.exceptions import ProtocolError
 from cloudshell_mutex import MutexError, MutexLostError, MutexTimeout, protocol
 from cloudshell_mutex.lock import queue
 from cloudshell_mutex.lock import tickets as queue_values
-from cloudshell_mutex.lock.holder import Holder
+from cloudshell_mutex.lock.holder import Holder, commitment, releasing_value
 from cloudshell_mutex.lock.lease import parse_ticket, ticket_value
 from cloudshell_mutex.lock.options import FRESH_READ_LAG
 from cloudshell_mutex.lock.protocol import ticket_alias, ticket_number
@@ -32,6 +32,8 @@ from cloudshell_mutex.lock.tickets import (
 
 MUTEX = protocol.DEFAULT_ALIAS
 HEAD = "Head waiter@host:7:0badcafe"
+#: The secret of a holder whose release marks the lock (its token commits to it).
+MARKER_SECRET = bytes(range(16))
 SECOND = "Second waiter@host:8:0badf00d"
 
 
@@ -670,8 +672,9 @@ def _view(at: float, holder: Optional[str], *waiting: Tuple[int, str], releasing
     services = {}
     if holder is not None:
         services[MUTEX] = _holder(MUTEX, holder)
-        if releasing:  # the holder's remove got no answer: its marker, with its token
-            services[protocol.releasing_alias(MUTEX)] = _holder(protocol.releasing_alias(MUTEX), holder)
+        if releasing:  # the holder's remove got no answer: its marker, with its token and secret
+            marker = protocol.releasing_alias(MUTEX)
+            services[marker] = _holder(marker, releasing_value(holder, MARKER_SECRET))
     for number, token in waiting:
         alias = ticket_alias(MUTEX, number)
         services[alias] = _holder(alias, ticket_value(token, TICKET_LEASE, 0))
@@ -749,7 +752,7 @@ def test_a_hold_and_a_wait_seen_with_the_holders_releasing_marker_are_no_samples
     memory = queue_values.LockMemory()
     at, holds = 0.0, [1.0, 1.0, 100.0, 1.0, 1.0]
     for number, hold in enumerate(holds):
-        token, ticket = f"H{number}@h:1:0000000{number}", (10 + number, SECOND)
+        token, ticket = f"H{number}@h:{number}:{commitment(MARKER_SECRET)}", (10 + number, SECOND)
         stalled = hold > 10
         memory.update(_view(at, token, ticket), None)
         if stalled:
@@ -760,7 +763,13 @@ def test_a_hold_and_a_wait_seen_with_the_holders_releasing_marker_are_no_samples
     assert memory.tenure_samples and max(memory.tenure_samples) < 2.0
     assert memory.period_samples and max(memory.period_samples) < 2.0
     assert memory.tenure == pytest.approx(1.0, abs=0.1) and memory.period == pytest.approx(1.0, abs=0.1)
-    assert _view(0.0, HEAD, releasing=True).releasing and not _view(0.0, HEAD).releasing
+    committed = f"Holder@h:1:{commitment(MARKER_SECRET)}"
+    assert _view(0.0, committed, releasing=True).releasing and not _view(0.0, committed).releasing
+    # A marker that does not prove itself (the token alone, or a token with no commitment) is no release.
+    marker = protocol.releasing_alias(MUTEX)
+    forged = {MUTEX: _holder(MUTEX, committed), marker: _holder(marker, committed)}
+    assert not queue_view(forged, MUTEX, 0.0).releasing
+    assert not _view(0.0, HEAD, releasing=True).releasing
 
 
 def test_a_new_holder_was_granted_about_when_the_one_before_was_expected_to_release() -> None:

@@ -15,7 +15,7 @@ from typing import Any, Deque, Dict, List, Mapping, Optional, Tuple
 
 from . import lease
 from .alias import CallResult, LockAlias
-from .holder import Holder
+from .holder import Holder, proves_release
 from .lease import parse_ticket, ticket_holder
 from .protocol import releasing_alias, ticket_number
 
@@ -150,7 +150,7 @@ def queue_view(services: Mapping[str, Holder], alias: str, at: float) -> QueueVi
         tickets.append(ticket)
     tickets.sort(key=lambda t: t.number)
     marker = services.get(releasing_alias(alias))
-    releasing = holder is not None and marker is not None and marker.token == holder.token
+    releasing = holder is not None and marker is not None and proves_release(marker.token, holder.token)
     return QueueView(holder, tuple(tickets), highest, at, releasing=releasing)
 
 
