@@ -599,6 +599,43 @@ def test_a_ticket_remove_without_an_answer_is_never_sent_again_while_it_may_land
     assert parse_ticket(api.services[mine][protocol.ATTR_OWNER])[0] == SECOND
 
 
+def test_an_extra_tickets_copy_landing_after_its_remove_is_removed_once_the_wait_ends(clock) -> None:
+    """The waiter's first ticket add commits and its reply is lost (the client's re-send finds it: "already
+    exists"), so it adds a further number. That add is answered, but only after the client re-sent it: its
+    first copy lands 2 s later, after the waiter removed the extra ticket. The wait outlasts the request
+    lifetime (5 s): when it ends, the copy's window has passed, yet the copy is in place. The watcher must
+    still read once and remove it (seen in a chaos run: the ticket stayed in the reservation)."""
+    api = RecordingApi()
+    lock = make(api, clock, fair=True, timeout=20, request_lifetime=5)
+    other_holds(api, "Holder@host:1:deadbeef")
+    queue_up(api, 0, HEAD)
+    first = ticket_alias(MUTEX, 1)
+    late: List[str] = []
+
+    def resent(reservation_id, model, alias, attributes) -> bool:
+        if alias == first and first not in api.services:
+            api.commit_add(reservation_id, model, alias, list(attributes))  # the first copy, reply lost
+            raise api_error(protocol.DUPLICATE_ALIAS_MESSAGE)  # the client's re-send finds it
+        if alias != first and protocol.TICKET_INFIX in alias and not late:
+            late.append(alias)
+            copy = list(attributes)
+            # The first copy was reset and lands 2 s later; the re-sent one is answered after 1.1 s.
+            api.later(clock.now + 2.0, lambda: api.commit_add(reservation_id, model, alias, copy))
+            clock.sleep(1.1)
+        return False
+
+    api.faults["AddServiceToReservation"] = [resent] * 10
+    with pytest.raises(MutexTimeout):
+        lock.acquire()
+    (extra,) = late
+    assert extra in api.removed  # removed as an extra ticket ...
+    assert extra in api.services  # ... and back: its earlier copy landed afterwards
+    for _ in range(5):
+        clock.sleep(1.0)
+        lock.runtime.late_adds.sweep()
+    assert tickets(api) == [ticket_alias(MUTEX, 0)]  # neither of ours is left
+
+
 def test_an_extra_ticket_whose_remove_fails_is_settled_and_named_exactly_at_exit(clock, caplog) -> None:
     """The client re-sent a ticket add after its first copy had committed: "already exists", and the waiter
     took a further number, so it has two tickets. Its remove of the extra one fails: the late-add watcher

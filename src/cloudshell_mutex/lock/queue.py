@@ -255,8 +255,11 @@ class FairQueue:
                     alias, token, now + FRESH_READ_LAG, self.request_lifetime, leftover=LEFT_TICKET
                 )
             for alias, lands_by, copies in unsettled:
-                # A copy may land after our remove, even of the ticket we had: the watcher settles it.
-                late_adds.watch(alias, token, lands_by, self.request_lifetime, copies)
+                # A copy may land after our remove, even of the ticket we had: the watcher settles it. One
+                # whose window has passed may have landed in it (after we removed that ticket as an extra):
+                # one read that does not lag settles it.
+                settled_by = max(lands_by, self._clock() + FRESH_READ_LAG)
+                late_adds.watch(alias, token, settled_by, self.request_lifetime, copies)
         except Exception:  # a ticket left behind costs speed (others break it later), never safety
             self.logger.debug("cloudshell-mutex: could not remove the queue ticket", exc_info=True)
         return kept
