@@ -636,6 +636,38 @@ def test_an_extra_tickets_copy_landing_after_its_remove_is_removed_once_the_wait
     assert tickets(api) == [ticket_alias(MUTEX, 0)]  # neither of ours is left
 
 
+def test_an_extra_tickets_uncounted_copy_landing_after_its_remove_is_removed_at_the_end(clock) -> None:
+    """As above, but the further add is answered at once, as if the client had sent it once: nothing says a
+    copy of it may land, yet one does, after the waiter removed that ticket as an extra. An extra ticket is
+    itself proof that copies landed uncounted: at the end of the wait it is read again and removed."""
+    api = RecordingApi()
+    lock = make(api, clock, fair=True, timeout=20, request_lifetime=5)
+    other_holds(api, "Holder@host:1:deadbeef")
+    queue_up(api, 0, HEAD)
+    first = ticket_alias(MUTEX, 1)
+    late: List[str] = []
+
+    def uncounted(reservation_id, model, alias, attributes) -> bool:
+        if alias == first and first not in api.services:
+            api.commit_add(reservation_id, model, alias, list(attributes))  # the first copy, reply lost
+            raise api_error(protocol.DUPLICATE_ALIAS_MESSAGE)  # the client's re-send finds it
+        if alias != first and protocol.TICKET_INFIX in alias and not late:
+            late.append(alias)
+            copy = list(attributes)
+            api.later(clock.now + 2.0, lambda: api.commit_add(reservation_id, model, alias, copy))
+        return False
+
+    api.faults["AddServiceToReservation"] = [uncounted] * 10
+    with pytest.raises(MutexTimeout):
+        lock.acquire()
+    (extra,) = late
+    assert extra in api.removed and extra in api.services  # removed as an extra, and back
+    for _ in range(5):
+        clock.sleep(1.0)
+        lock.runtime.late_adds.sweep()
+    assert tickets(api) == [ticket_alias(MUTEX, 0)]  # neither of ours is left
+
+
 def test_an_extra_ticket_whose_remove_fails_is_settled_and_named_exactly_at_exit(clock, caplog) -> None:
     """The client re-sent a ticket add after its first copy had committed: "already exists", and the waiter
     took a further number, so it has two tickets. Its remove of the extra one fails: the late-add watcher

@@ -82,6 +82,7 @@ JITTER = 0.2
 
 #: What a queue ticket the late-add watcher settles for a waiter whose acquire ended is, in its messages.
 LEFT_TICKET = "the queue ticket of an acquire that has ended"
+LEFT_EXTRA = "an extra queue ticket of a waiter (an add of it was sent twice)"
 
 
 def _nothing() -> None:
@@ -142,6 +143,7 @@ class FairQueue:
         self._beat_at = -math.inf
         self._unsettled: List[Tuple[TicketAlias, float, int]] = []  # ticket adds without an answer
         self._removed: Set[int] = set()  # numbers of ours already removed: never remove one twice
+        self._sent_until: Dict[int, float] = {}  # each number we sent an add for: until when a copy may land
         self._dropped: List[TicketAlias] = []  # tickets of ours a read did not show (gone, or a lagging read)
         self._free_seen: Optional[Tuple[float, str]] = None  # (when, head token) the lock was seen free
         self._hinted = False  # the head slept until shortly before the expected release
@@ -229,7 +231,7 @@ class FairQueue:
         None when there is no ticket, one that an add still on the wire may bring back, or one that names
         held locks (:mod:`.waitfor`): those are removed now."""
         ticket, unsettled, dropped, token = self.ticket, self._unsettled, self._dropped, self.token
-        holds = self._holds
+        holds, extras, sent_until = self._holds, self._removed, self._sent_until
         late_adds = self.runtime.late_adds
         self._reset()
         if token is None:
@@ -253,6 +255,13 @@ class FairQueue:
                 now = self._clock()
                 late_adds.watch(
                     alias, token, now + FRESH_READ_LAG, self.request_lifetime, leftover=LEFT_TICKET
+                )
+            for number in extras:
+                # An extra ticket exists because a copy of an add landed that we did not count on; another
+                # may land after our remove of it, whatever its answer said: watched, read at least once.
+                settled_by = max(sent_until.get(number, -math.inf), self._clock() + FRESH_READ_LAG)
+                late_adds.watch(
+                    self._alias(number), token, settled_by, self.request_lifetime, leftover=LEFT_EXTRA
                 )
             for alias, lands_by, copies in unsettled:
                 # A copy may land after our remove, even of the ticket we had: the watcher settles it. One
@@ -357,7 +366,7 @@ class FairQueue:
                         self._alias(extra.number),
                         op.token,
                         self.request_lifetime,
-                        leftover="an extra queue ticket of a waiter (an add of it was sent twice)",
+                        leftover=LEFT_EXTRA,
                     )
             if self._holds:
                 self._find_deadlock(op, result)
@@ -384,6 +393,7 @@ class FairQueue:
                 [AttributeNameValue(protocol.ATTR_OWNER, value)], paced=op.polling, deadline=op.deadline.at
             )
             self._unsettled.remove(on_the_wire)
+            self._sent_until[number] = self._clock() + self.request_lifetime
             until = result.unsettled(self.request_lifetime, self._clock())
             if until is not None:
                 self._unsettled.append((alias, *until))
