@@ -250,25 +250,22 @@ class FairQueue:
             elif ticket is not None:
                 # Its number may be the next waiter's once gone: no second remove while one may land.
                 late_adds.remove_or_watch(ticket, token, self.request_lifetime, leftover=LEFT_TICKET)
-            for alias in dropped:
-                # Committed long ago: one read that does not lag settles it (removed if it shows our token).
-                now = self._clock()
-                late_adds.watch(
-                    alias, token, now + FRESH_READ_LAG, self.request_lifetime, leftover=LEFT_TICKET
-                )
+            # Each watched until a copy can no longer land, and read at least once (one read that does not
+            # lag): a copy may have landed inside a window that passed while we waited.
+            settle_from = self._clock() + FRESH_READ_LAG
+
+            def settle(alias: TicketAlias, lands_by: float, copies: int = 1, leftover: str = "") -> None:
+                until = max(lands_by, settle_from)
+                late_adds.watch(alias, token, until, self.request_lifetime, copies, leftover=leftover)
+
+            for alias in dropped:  # committed long ago: removed if a read shows our token
+                settle(alias, -math.inf, leftover=LEFT_TICKET)
             for number in extras:
                 # An extra ticket exists because a copy of an add landed that we did not count on; another
-                # may land after our remove of it, whatever its answer said: watched, read at least once.
-                settled_by = max(sent_until.get(number, -math.inf), self._clock() + FRESH_READ_LAG)
-                late_adds.watch(
-                    self._alias(number), token, settled_by, self.request_lifetime, leftover=LEFT_EXTRA
-                )
-            for alias, lands_by, copies in unsettled:
-                # A copy may land after our remove, even of the ticket we had: the watcher settles it. One
-                # whose window has passed may have landed in it (after we removed that ticket as an extra):
-                # one read that does not lag settles it.
-                settled_by = max(lands_by, self._clock() + FRESH_READ_LAG)
-                late_adds.watch(alias, token, settled_by, self.request_lifetime, copies)
+                # may land after our remove of it, whatever its answer said.
+                settle(self._alias(number), sent_until.get(number, -math.inf), leftover=LEFT_EXTRA)
+            for alias, lands_by, copies in unsettled:  # a copy may land after our remove, even of our ticket
+                settle(alias, lands_by, copies)
         except Exception:  # a ticket left behind costs speed (others break it later), never safety
             self.logger.debug("cloudshell-mutex: could not remove the queue ticket", exc_info=True)
         return kept
