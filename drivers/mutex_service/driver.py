@@ -17,17 +17,17 @@ from typing import Any, List
 from cloudshell.shell.core.resource_driver_interface import ResourceDriverInterface
 
 from cloudshell_mutex.driver import ReservationMutexMixin, context_reservation
-from cloudshell_mutex.lock.admin import (
+from cloudshell_mutex.lock.admin.admin import (
     AdminReport,
     Outcome,
     force_release,
     force_release_permission,
     lock_status,
 )
-from cloudshell_mutex.lock.alias import LockAlias
+from cloudshell_mutex.lock.admin.listing import list_locks
 from cloudshell_mutex.lock.errors import MutexError, MutexUsageError
-from cloudshell_mutex.lock.listing import list_locks
 from cloudshell_mutex.lock.protocol import check_service_alias
+from cloudshell_mutex.lock.server.alias import LockAlias
 from cloudshell_mutex.lock.text import MAX_OUTPUT_LENGTH, html_text, one_line
 
 #: Outcomes a command reports as its answer; the others fail the command (CloudShell shows it as an error).

@@ -12,7 +12,7 @@ the protocol are :mod:`cloudshell_mutex.lock.protocol` (also ``cloudshell_mutex.
 from __future__ import annotations
 
 from .lock import protocol
-from .lock.cohort import CohortMutex
+from .lock.cohort.cohort import CohortMutex
 from .lock.errors import (
     MutexCancelled,
     MutexDeadlock,
@@ -26,9 +26,9 @@ from .lock.errors import (
     MutexUsageError,
     ReservationNotActive,
 )
-from .lock.mutex import ReservationMutex
+from .lock.mutex.mutex import ReservationMutex
 from .lock.options import MutexOptions
-from .lock.rwlock import ReservationRWLock
+from .lock.rw.rwlock import ReservationRWLock
 from .lock.several import acquire_all
 
 __version__ = "0.1.0"

@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 #: Modules that contribute subcommands, in help order.
 COMMAND_MODULES = (
     "cloudshell_mutex.packaging.command",
-    "cloudshell_mutex.lock.command",
+    "cloudshell_mutex.lock.admin.command",
     "cloudshell_mutex.probe.command",
     "cloudshell_mutex.emulator.command",
 )

@@ -43,10 +43,10 @@ from cloudshell_mutex import (
     ReservationMutex,
     ReservationRWLock,
 )
-from cloudshell_mutex.lock.cohort import CohortMutex, cohort_available
-from cloudshell_mutex.lock.connect import SessionFailure, SettingNames, open_session
+from cloudshell_mutex.lock.cohort.cohort import CohortMutex, cohort_available
 from cloudshell_mutex.lock.nesting import CommandCohortMutex, CommandMutex
 from cloudshell_mutex.lock.protocol import check_lock_name
+from cloudshell_mutex.lock.server.connect import SessionFailure, SettingNames, open_session
 
 __all__ = ["ReservationMutexMixin", "context_reservation", "with_reservation_mutex"]
 
@@ -223,7 +223,7 @@ class ReservationMutexMixin:
         ``name`` is the lock's service alias. ``command`` names the command in the owner label
         (default: the calling method's name); ``owner=`` replaces the whole label. Other keyword
         options go to :class:`ReservationMutex` (``timeout``, ``pacing``, ``logger``, ...), and in cohort
-        mode to :class:`~cloudshell_mutex.lock.cohort.CohortMutex` (``cohort_dir``, ``max_passes``, ...).
+        mode to :class:`~cloudshell_mutex.CohortMutex` (``cohort_dir``, ``max_passes``, ...).
 
         A helper that takes the same lock while the command holds it (a decorated command calling a locking
         helper) is served by the command's acquisition once one read shows it still held, without waiting for

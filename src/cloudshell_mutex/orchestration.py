@@ -24,10 +24,10 @@ import functools
 from typing import Any, Callable, Iterator, Optional, Tuple, TypeVar, cast
 
 from cloudshell_mutex import MutexError, ReservationMutex, ReservationRWLock
-from cloudshell_mutex.lock.alias import LockAlias
 from cloudshell_mutex.lock.holder import Holder
 from cloudshell_mutex.lock.nesting import CommandMutex
 from cloudshell_mutex.lock.protocol import check_lock_name
+from cloudshell_mutex.lock.server.alias import LockAlias
 from cloudshell_mutex.lock.text import MAX_OUTPUT_LENGTH, one_line
 
 __all__ = [
@@ -172,7 +172,7 @@ def write_sandbox_output(sandbox: Any, message: str, *, warning: bool = False) -
 
     The pane renders HTML, and a message about a lock often quotes what other code wrote (a holder's label in
     a :class:`MutexTimeout`), so the line goes the lock's own way (:meth:`LockAlias.write_output
-    <cloudshell_mutex.lock.alias.LockAlias.write_output>`): invisible characters removed, cut to a sane
+    <cloudshell_mutex.lock.server.alias.LockAlias.write_output>`): invisible characters removed, cut to a sane
     length, escaped; a ``warning`` is styled to stand out. A failed write is not raised (the output is a
     courtesy): it returns False.
     """

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator, List
 import pytest
 
 from .emulator import Emulator
-from .lock import catalog, late_adds
+from .lock.server import catalog, late_adds
 
 
 @pytest.fixture

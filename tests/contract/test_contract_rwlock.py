@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from cloudshell_mutex import ReservationRWLock, protocol
+from cloudshell_mutex.lock.admin.listing import list_locks
 from cloudshell_mutex.lock.holder import is_read_group
-from cloudshell_mutex.lock.listing import list_locks
 
 pytestmark = [pytest.mark.integration, pytest.mark.contract]
 

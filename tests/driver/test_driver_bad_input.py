@@ -196,7 +196,7 @@ def test_absurd_durations_through_the_mixin_work(option, monkeypatch):
     import sys
     import threading
 
-    from cloudshell_mutex.lock.catalog import FULL
+    from cloudshell_mutex.lock.server.catalog import FULL
 
     sys.path.insert(0, str(ROOT / "tests" / "lock"))
     from fakes import RES, FakeApi

@@ -10,7 +10,7 @@ from driver_support import context_for
 
 from cloudshell_mutex import MutexUsageError, ReservationMutex
 from cloudshell_mutex.driver import ReservationMutexMixin
-from cloudshell_mutex.lock.cohort import CohortMutex
+from cloudshell_mutex.lock.cohort.cohort import CohortMutex
 from cloudshell_mutex.lock.pacing import DefaultPacing
 
 pytestmark = pytest.mark.integration

@@ -22,8 +22,8 @@ from cloudshell.shell.core.session.logging_session import LoggingSessionContext
 from cloudshell_mutex import protocol
 from cloudshell_mutex.demo.contexts import resource_command_context
 from cloudshell_mutex.driver import ReservationMutexMixin
-from cloudshell_mutex.lock.alias import LockAlias
-from cloudshell_mutex.lock.late_adds import LateAdds
+from cloudshell_mutex.lock.server.alias import LockAlias
+from cloudshell_mutex.lock.server.late_adds import LateAdds
 from cloudshell_mutex.packaging.build import PackageSources, build_package_bytes
 
 pytestmark = pytest.mark.integration

@@ -14,8 +14,8 @@ from driver_support import context_for
 from test_driver_nesting import Driver
 
 from cloudshell_mutex import MutexError, MutexLostError, ReservationMutex
-from cloudshell_mutex.lock.admin import force_release
-from cloudshell_mutex.lock.alias import LockAlias
+from cloudshell_mutex.lock.admin.admin import force_release
+from cloudshell_mutex.lock.server.alias import LockAlias
 
 pytestmark = pytest.mark.integration
 

@@ -24,7 +24,7 @@ from cloudshell.shell.core.resource_driver_interface import ResourceDriverInterf
 from cloudshell_mutex import MutexUsageError
 from cloudshell_mutex.demo.contexts import resource_command_context
 from cloudshell_mutex.driver import ReservationMutexMixin, with_reservation_mutex
-from cloudshell_mutex.lock.cohort import CohortMutex
+from cloudshell_mutex.lock.cohort.cohort import CohortMutex
 from cloudshell_mutex.lock.pacing import DefaultPacing
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

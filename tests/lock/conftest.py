@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from fakes import Clock
 
-from cloudshell_mutex.lock import catalog
+from cloudshell_mutex.lock.server import catalog
 
 
 @pytest.fixture(autouse=True)

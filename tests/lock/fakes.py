@@ -17,8 +17,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from cloudshell.api.common_cloudshell_api import CloudShellAPIError
 
 from cloudshell_mutex import ReservationMutex, protocol
-from cloudshell_mutex.lock import catalog
 from cloudshell_mutex.lock.pacing import CallBudget, FixedPacing
+from cloudshell_mutex.lock.server import catalog
 
 RES = "res-1"
 

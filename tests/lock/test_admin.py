@@ -6,9 +6,15 @@ import urllib3.exceptions
 from fakes import RES, Clock, FakeApi, api_error, other_holds
 
 from cloudshell_mutex import protocol
-from cloudshell_mutex.lock.admin import MAX_REASON_LENGTH, Outcome, clean_reason, force_release, lock_status
-from cloudshell_mutex.lock.alias import LockAlias
+from cloudshell_mutex.lock.admin.admin import (
+    MAX_REASON_LENGTH,
+    Outcome,
+    clean_reason,
+    force_release,
+    lock_status,
+)
 from cloudshell_mutex.lock.pacing import CallBudget
+from cloudshell_mutex.lock.server.alias import LockAlias
 from cloudshell_mutex.lock.text import WARNING_TEMPLATE
 
 ACTOR = "ops-alice (test)"

@@ -13,7 +13,7 @@ from typing import List
 import pytest
 
 from cloudshell_mutex import MutexLostError, ReservationMutex, cli
-from cloudshell_mutex.lock import command
+from cloudshell_mutex.lock.admin import command
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,8 @@ from typing import Optional
 import pytest
 
 from cloudshell_mutex import ReservationMutex
-from cloudshell_mutex.lock.alias import LockAlias, Status
 from cloudshell_mutex.lock.holder import make_token
+from cloudshell_mutex.lock.server.alias import LockAlias, Status
 
 pytestmark = pytest.mark.integration
 

@@ -21,7 +21,7 @@ from cloudshell.shell.core.driver_context import CancellationContext
 from test_lease_processes import FAST, Address, address, session
 
 from cloudshell_mutex import MutexCancelled, ReservationMutex, ReservationRWLock, protocol
-from cloudshell_mutex.lock.cohort import CohortMutex
+from cloudshell_mutex.lock.cohort.cohort import CohortMutex
 from cloudshell_mutex.lock.pacing import FixedPacing
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -79,7 +79,7 @@ def waiter_worker(
             report["message"] = str(error)
         if go is not None:
             go.wait(60)
-            from cloudshell_mutex.lock.late_adds import process_late_adds
+            from cloudshell_mutex.lock.server.late_adds import process_late_adds
 
             report["settled"] = process_late_adds().settle(30)
     except BaseException as error:  # report, never hang the test

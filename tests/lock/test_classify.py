@@ -16,7 +16,7 @@ from urllib3.exceptions import (
 )
 
 from cloudshell_mutex.emulator.messages import DOCUMENTED, MESSAGES
-from cloudshell_mutex.lock.classify import ErrorKind, classify
+from cloudshell_mutex.lock.server.classify import ErrorKind, classify
 
 
 def api(message: str, code: str = "100") -> CloudShellAPIError:

@@ -11,11 +11,11 @@ import pytest
 from fakes import RES, FakeApi, other_holds
 
 from cloudshell_mutex import MutexTimeout, MutexUsageError, protocol
-from cloudshell_mutex.lock import catalog
-from cloudshell_mutex.lock import cohort as cohort_module
-from cloudshell_mutex.lock.cohort import CohortMutex, CohortPacing
-from cloudshell_mutex.lock.cohort_files import new_file_lock, trust_window
+from cloudshell_mutex.lock.cohort import cohort as cohort_module
+from cloudshell_mutex.lock.cohort.cohort import CohortMutex, CohortPacing
+from cloudshell_mutex.lock.cohort.files import new_file_lock, trust_window
 from cloudshell_mutex.lock.pacing import CallBudget, FixedPacing
+from cloudshell_mutex.lock.server import catalog
 
 LEASED_MODEL = (protocol.ATTR_OWNER, *protocol.LEASE_ATTRIBUTES)
 
@@ -307,7 +307,7 @@ def test_a_pass_hands_on_the_heartbeats_write_time_not_a_later_read(clock):
     from urllib3.exceptions import ProtocolError
 
     from cloudshell_mutex import ReservationMutex
-    from cloudshell_mutex.lock.late_adds import LateAdds
+    from cloudshell_mutex.lock.server.late_adds import LateAdds
 
     api = FakeApi(attributes=(protocol.ATTR_OWNER, *protocol.LEASE_ATTRIBUTES), clock=clock)
     catalog.learn(api, protocol.SERVICE_MODEL, catalog.FULL)
@@ -365,7 +365,7 @@ def _marker_of_a_release_whose_remove_lands_late(api, clock, lock) -> str:
 def test_a_cohort_successor_can_mark_the_lock_releasing_with_the_acquirers_secret(clock, tmp_path, how):
     """The cohort's state file (this machine's disk) carries the secret the token commits to, so whoever holds
     the cohort's server lock next may mark it releasing, and waiters believe it. It is never shown."""
-    from cloudshell_mutex.lock.cohort_files import describe_local
+    from cloudshell_mutex.lock.cohort.files import describe_local
     from cloudshell_mutex.lock.holder import proves_release
 
     api = FakeApi(clock=clock)

@@ -25,7 +25,7 @@ import pytest
 from cloudshell.api.cloudshell_api import AttributeNameValue, CloudShellAPISession
 
 from cloudshell_mutex import MutexTimeout, ReservationMutex, protocol
-from cloudshell_mutex.lock.cohort import CohortMutex
+from cloudshell_mutex.lock.cohort.cohort import CohortMutex
 from cloudshell_mutex.lock.pacing import DefaultPacing
 from original_protocol import OriginalMutex
 
@@ -91,7 +91,7 @@ def worker(
     report: Dict[str, Any] = {"kind": kind, "index": index, "holds": [], "error": None, "pid": os.getpid()}
     try:
         if kind == "no-local-lock":  # negative control: a cohort whose local lock excludes nobody
-            from cloudshell_mutex.lock import cohort_files
+            from cloudshell_mutex.lock.cohort import files as cohort_files
 
             counter = iter(range(10**6))
             cohort_files.CohortFiles.local_lock = lambda files: cohort_files.new_file_lock(  # type: ignore[method-assign]

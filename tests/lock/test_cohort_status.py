@@ -10,7 +10,7 @@ import pytest
 from cloudshell.api.cloudshell_api import AttributeNameValue
 
 from cloudshell_mutex import cli, protocol
-from cloudshell_mutex.lock.cohort import CohortMutex
+from cloudshell_mutex.lock.cohort.cohort import CohortMutex
 from cloudshell_mutex.lock.holder import this_host
 
 pytestmark = pytest.mark.integration

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from fakes import RES, FakeApi
 
-from cloudshell_mutex.lock import cohort_files
-from cloudshell_mutex.lock.cohort import CohortMutex
-from cloudshell_mutex.lock.cohort_files import new_file_lock, sweep_cohort_dir, sweep_now_and_then
+from cloudshell_mutex.lock.cohort import files as cohort_files
+from cloudshell_mutex.lock.cohort.cohort import CohortMutex
+from cloudshell_mutex.lock.cohort.files import new_file_lock, sweep_cohort_dir, sweep_now_and_then
 
 pytestmark = pytest.mark.skipif(not cohort_files.cohort_available(), reason="no OS file lock here")
 

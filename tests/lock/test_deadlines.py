@@ -19,10 +19,13 @@ from cloudshell.api.cloudshell_api import AttributeNameValue
 from test_lease_processes import our_package
 
 from cloudshell_mutex import MutexTimeout, ReservationRWLock, protocol
-from cloudshell_mutex.lock import catalog, cohort, cohort_files, lease
+from cloudshell_mutex.lock.cohort import cohort
+from cloudshell_mutex.lock.cohort import files as cohort_files
 from cloudshell_mutex.lock.holder import make_token
+from cloudshell_mutex.lock.lease import lease
 from cloudshell_mutex.lock.pacing import DefaultPacing
-from cloudshell_mutex.lock.readlock import RELEASE_CLOSE_WAIT
+from cloudshell_mutex.lock.rw.readlock import RELEASE_CLOSE_WAIT
+from cloudshell_mutex.lock.server import catalog
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

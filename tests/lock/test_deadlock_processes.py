@@ -33,8 +33,9 @@ from test_rwlock_processes import collect
 from cloudshell_mutex import CohortMutex, MutexTimeout, ReservationMutex
 from cloudshell_mutex.driver import ReservationMutexMixin
 from cloudshell_mutex.emulated import EmulatedSite
-from cloudshell_mutex.lock import MutexDeadlock, acquire_all, protocol, queue, waitfor
+from cloudshell_mutex.lock import MutexDeadlock, acquire_all, protocol
 from cloudshell_mutex.lock import holder as tokens
+from cloudshell_mutex.lock.queue import queue, waitfor
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -424,7 +425,7 @@ def test_status_all_shows_who_waits_for_what_and_a_deadlock(
     from cloudshell.api.cloudshell_api import AttributeNameValue
 
     from cloudshell_mutex import cli
-    from cloudshell_mutex.lock.lease import ticket_value
+    from cloudshell_mutex.lock.lease.lease import ticket_value
 
     emu = cloudshell_emulator_factory(packages=[original_package_zip])
     api = emu.session()

@@ -9,8 +9,8 @@ from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from cloudshell_mutex.lock.errors import MutexHandleError  # noqa: E402
-from cloudshell_mutex.lock.handle import HandleInfo, make_handle, parse_handle  # noqa: E402
 from cloudshell_mutex.lock.holder import make_token  # noqa: E402
+from cloudshell_mutex.lock.mutex.handle import HandleInfo, make_handle, parse_handle  # noqa: E402
 
 texts = st.text(min_size=1, max_size=40).filter(lambda s: s.strip())
 infos = st.builds(

@@ -6,10 +6,10 @@ import pytest
 from fakes import RES, FakeApi, http_500, make
 
 from cloudshell_mutex import MutexLostError, MutexUsageError, ReservationMutex, protocol
-from cloudshell_mutex.lock import catalog
 from cloudshell_mutex.lock.errors import MutexHandleError
-from cloudshell_mutex.lock.handle import HandleInfo, make_handle, parse_handle
+from cloudshell_mutex.lock.mutex.handle import HandleInfo, make_handle, parse_handle
 from cloudshell_mutex.lock.options import FRESH_READ_LAG
+from cloudshell_mutex.lock.server import catalog
 
 LEASED_MODEL = (protocol.ATTR_OWNER, *protocol.LEASE_ATTRIBUTES)
 TOKEN = "Orchestrator@exec-01:77:0123abcd"

@@ -20,7 +20,7 @@ import time
 import pytest
 
 from cloudshell_mutex import ReservationMutex, protocol
-from cloudshell_mutex.lock.lease import stale_margin
+from cloudshell_mutex.lock.lease.lease import stale_margin
 from cloudshell_mutex.lock.pacing import DefaultPacing
 
 pytestmark = [

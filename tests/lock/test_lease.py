@@ -11,9 +11,9 @@ from fakes import RES, FakeApi, api_error, http_500, make
 from urllib3.exceptions import ProtocolError
 
 from cloudshell_mutex import MutexLostError, MutexTimeout, MutexUsageError, protocol
-from cloudshell_mutex.lock import lease
 from cloudshell_mutex.lock.holder import Holder
-from cloudshell_mutex.lock.lease import StaleWatch, stale_margin
+from cloudshell_mutex.lock.lease import lease
+from cloudshell_mutex.lock.lease.lease import StaleWatch, stale_margin
 from cloudshell_mutex.lock.options import FRESH_READ_LAG
 
 LEASED_MODEL = (protocol.ATTR_OWNER, *protocol.LEASE_ATTRIBUTES)

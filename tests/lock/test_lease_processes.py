@@ -21,7 +21,7 @@ import pytest
 from cloudshell.api.cloudshell_api import CloudShellAPISession
 
 from cloudshell_mutex import MutexLostError, MutexTimeout, ReservationMutex, protocol
-from cloudshell_mutex.lock.lease import stale_margin
+from cloudshell_mutex.lock.lease.lease import stale_margin
 from cloudshell_mutex.lock.options import FRESH_READ_LAG
 from cloudshell_mutex.lock.pacing import DefaultPacing
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from cloudshell_mutex import MutexLostError, ReservationMutex, ReservationRWLock, protocol
-from cloudshell_mutex.lock.admin import force_release_permission
+from cloudshell_mutex.lock.admin.admin import force_release_permission
 from cloudshell_mutex.lock.errors import MutexNotInstalled
 from cloudshell_mutex.lock.pacing import DefaultPacing
 

@@ -26,10 +26,10 @@ from cloudshell_mutex import (
     ReservationMutex,
     protocol,
 )
-from cloudshell_mutex.lock import catalog
 from cloudshell_mutex.lock.errors import MutexNotInstalled, MutexPermissionError, ReservationNotActive
 from cloudshell_mutex.lock.holder import parse_token
 from cloudshell_mutex.lock.pacing import CallBudget, FixedPacing
+from cloudshell_mutex.lock.server import catalog
 
 # ---------------------------------------------------------------- the common case
 

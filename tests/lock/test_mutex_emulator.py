@@ -17,9 +17,9 @@ import pytest
 
 from client_features import CLIENT_RESENDS
 from cloudshell_mutex import MutexLostError, MutexTimeout, ReservationMutex, protocol
-from cloudshell_mutex.lock import catalog
 from cloudshell_mutex.lock.errors import MutexNotInstalled, MutexPermissionError, ReservationNotActive
 from cloudshell_mutex.lock.pacing import DefaultPacing
+from cloudshell_mutex.lock.server import catalog
 from original_protocol import OriginalMutex
 
 pytestmark = pytest.mark.integration

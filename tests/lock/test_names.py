@@ -27,12 +27,13 @@ from fakes import RES, FakeApi
 
 from cloudshell_mutex import MutexUsageError, ReservationMutex, ReservationRWLock, cli, protocol
 from cloudshell_mutex.driver import ReservationMutexMixin, with_reservation_mutex
-from cloudshell_mutex.lock import acquire_all, command
-from cloudshell_mutex.lock.cohort import CohortMutex
-from cloudshell_mutex.lock.handle import HandleInfo, make_handle
+from cloudshell_mutex.lock import acquire_all
+from cloudshell_mutex.lock.admin import command
+from cloudshell_mutex.lock.cohort.cohort import CohortMutex
+from cloudshell_mutex.lock.mutex.handle import HandleInfo, make_handle
 from cloudshell_mutex.lock.pacing import DefaultPacing
 from cloudshell_mutex.lock.protocol import ticket_alias, ticket_number
-from cloudshell_mutex.lock.tickets import queue_view
+from cloudshell_mutex.lock.queue.tickets import queue_view
 from cloudshell_mutex.orchestration import (
     report_left_behind_lock,
     sandbox_lock,
@@ -267,7 +268,7 @@ def test_on_a_server_that_tells_cases_apart_two_spellings_are_two_locks(
 
 def test_the_queue_view_reads_tickets_past_nine_digits():
     from cloudshell_mutex.lock.holder import Holder
-    from cloudshell_mutex.lock.lease import ticket_value
+    from cloudshell_mutex.lock.lease.lease import ticket_value
 
     token = "w@h:1:0123abcd"
     services = {

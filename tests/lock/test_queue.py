@@ -14,14 +14,14 @@ from fakes import RES, FakeApi, api_error, http_500, make, other_holds
 from urllib3.exceptions import ProtocolError
 
 from cloudshell_mutex import MutexError, MutexLostError, MutexTimeout, protocol
-from cloudshell_mutex.lock import queue
-from cloudshell_mutex.lock import tickets as queue_values
 from cloudshell_mutex.lock.holder import Holder, commitment, releasing_value
-from cloudshell_mutex.lock.lease import parse_ticket, ticket_value
+from cloudshell_mutex.lock.lease.lease import parse_ticket, ticket_value
 from cloudshell_mutex.lock.options import FRESH_READ_LAG
 from cloudshell_mutex.lock.protocol import ticket_alias, ticket_number
-from cloudshell_mutex.lock.queue import FALLBACK_AFTER
-from cloudshell_mutex.lock.tickets import (
+from cloudshell_mutex.lock.queue import queue
+from cloudshell_mutex.lock.queue import tickets as queue_values
+from cloudshell_mutex.lock.queue.queue import FALLBACK_AFTER
+from cloudshell_mutex.lock.queue.tickets import (
     LOCK_BUDGET,
     TICKET_LEASE,
     QueueView,

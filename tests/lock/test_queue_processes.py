@@ -23,9 +23,9 @@ from test_exclusion import run_race
 from test_rwlock_processes import collect
 
 from cloudshell_mutex import ReservationMutex, protocol
-from cloudshell_mutex.lock.lease import parse_ticket, ticket_value
+from cloudshell_mutex.lock.lease.lease import parse_ticket, ticket_value
 from cloudshell_mutex.lock.protocol import ticket_alias, ticket_number
-from cloudshell_mutex.lock.tickets import FALLBACK_AFTER, TICKET_LEASE
+from cloudshell_mutex.lock.queue.tickets import FALLBACK_AFTER, TICKET_LEASE
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

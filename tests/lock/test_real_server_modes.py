@@ -12,10 +12,10 @@ import time
 import pytest
 
 from cloudshell_mutex import MutexLostError, MutexTimeout, ReservationMutex, protocol
-from cloudshell_mutex.lock import catalog
 from cloudshell_mutex.lock.errors import MutexNotInstalled, ReservationNotActive
-from cloudshell_mutex.lock.late_adds import LateAdds
 from cloudshell_mutex.lock.pacing import DefaultPacing
+from cloudshell_mutex.lock.server import catalog
+from cloudshell_mutex.lock.server.late_adds import LateAdds
 
 pytestmark = pytest.mark.integration
 

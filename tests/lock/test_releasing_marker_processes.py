@@ -21,10 +21,10 @@ from cloudshell.api.cloudshell_api import AttributeNameValue, CloudShellAPISessi
 from test_rwlock_processes import collect
 
 from cloudshell_mutex import MutexTimeout, ReservationMutex, protocol
-from cloudshell_mutex.lock import catalog
 from cloudshell_mutex.lock.holder import make_secret, releasing_value
-from cloudshell_mutex.lock.late_adds import LateAdds
 from cloudshell_mutex.lock.pacing import DefaultPacing
+from cloudshell_mutex.lock.server import catalog
+from cloudshell_mutex.lock.server.late_adds import LateAdds
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

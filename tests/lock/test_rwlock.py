@@ -25,10 +25,10 @@ from cloudshell_mutex import (
     ReservationRWLock,
     protocol,
 )
-from cloudshell_mutex.lock import catalog
 from cloudshell_mutex.lock.holder import is_read_group
-from cloudshell_mutex.lock.late_adds import LateAdds
 from cloudshell_mutex.lock.pacing import CallBudget, FixedPacing
+from cloudshell_mutex.lock.server import catalog
+from cloudshell_mutex.lock.server.late_adds import LateAdds
 
 MUTEX = protocol.DEFAULT_ALIAS
 GROUP = "read-group#reader X@host:1:0000aaaa"

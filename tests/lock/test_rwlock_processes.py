@@ -20,11 +20,11 @@ from cloudshell.api.cloudshell_api import AttributeNameValue, CloudShellAPISessi
 from test_lease_processes import our_package
 
 from cloudshell_mutex import ReservationMutex, ReservationRWLock, protocol
-from cloudshell_mutex.lock import lease
 from cloudshell_mutex.lock.holder import make_token
-from cloudshell_mutex.lock.lease import stale_margin
+from cloudshell_mutex.lock.lease import lease
+from cloudshell_mutex.lock.lease.lease import stale_margin
 from cloudshell_mutex.lock.pacing import DefaultPacing
-from cloudshell_mutex.lock.tickets import HEAD_MAX
+from cloudshell_mutex.lock.queue.tickets import HEAD_MAX
 from original_protocol import OriginalMutex
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -121,7 +121,7 @@ def worker(kind: str, index: int, addr: Address, rid: str, rounds: int, hold: fl
 def faulted_worker(kind: str, index: int, addr: Address, rid: str, rounds: int, results) -> None:
     """As :func:`worker`, with the lock's calls under the emulator's random faults (user ``admin``); the
     journal is written, and the original snippet run, as a user the faults spare."""
-    from cloudshell_mutex.lock.late_adds import process_late_adds
+    from cloudshell_mutex.lock.server.late_adds import process_late_adds
 
     report: Dict[str, Any] = {"kind": kind, "index": index, "error": None, "calls": 0, "unsettled": 0}
     try:
@@ -468,7 +468,7 @@ def holding_worker(kind: str, owner: str, addr: Address, rid: str, events, go) -
 
 def test_list_locks_and_status_show_readers_writer_waiting_and_internal_services(emu, monkeypatch, capsys):
     from cloudshell_mutex import cli
-    from cloudshell_mutex.lock.listing import LockObserver, list_locks
+    from cloudshell_mutex.lock.admin.listing import LockObserver, list_locks
 
     rid = reservation(emu)
     ctx = multiprocessing.get_context("spawn")

@@ -15,7 +15,6 @@ from fakes import RES, FakeApi, http_500, make, other_holds
 from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
 from cloudshell_mutex import MutexLostError, MutexReleaseError, MutexTimeout, ReservationMutex, protocol
-from cloudshell_mutex.lock.alias import LockAlias
 from cloudshell_mutex.lock.holder import (
     make_secret,
     make_token,
@@ -24,8 +23,9 @@ from cloudshell_mutex.lock.holder import (
     proves_release,
     releasing_value,
 )
-from cloudshell_mutex.lock.late_adds import LateAdds
 from cloudshell_mutex.lock.options import MutexOptions
+from cloudshell_mutex.lock.server.alias import LockAlias
+from cloudshell_mutex.lock.server.late_adds import LateAdds
 
 MUTEX = protocol.DEFAULT_ALIAS
 OTHER = "Other@host:1:deadbeef"
@@ -368,7 +368,7 @@ def test_a_holder_resolved_by_a_read_after_a_long_wait_starts_its_lease_at_the_u
     *wait*, so the new holder's first ensure_held() said it may have lost the lock it had just taken, and it
     gave it up. Only adds whose outcome is unknown can have created the service: the lease counts from the
     first of those."""
-    from cloudshell_mutex.lock import catalog
+    from cloudshell_mutex.lock.server import catalog
 
     api = FakeApi(attributes=[protocol.ATTR_OWNER, *sorted(catalog.FULL)], clock=clock)
     other_holds(api)

@@ -19,11 +19,11 @@ import pytest
 from cloudshell.api.cloudshell_api import AttributeNameValue, CloudShellAPISession
 
 from cloudshell_mutex import MutexTimeout, ReservationMutex, protocol
-from cloudshell_mutex.lock import catalog
-from cloudshell_mutex.lock import tickets as queue_values
-from cloudshell_mutex.lock.late_adds import LateAdds
-from cloudshell_mutex.lock.lease import ticket_value
+from cloudshell_mutex.lock.lease.lease import ticket_value
 from cloudshell_mutex.lock.pacing import DefaultPacing
+from cloudshell_mutex.lock.queue import tickets as queue_values
+from cloudshell_mutex.lock.server import catalog
+from cloudshell_mutex.lock.server.late_adds import LateAdds
 
 pytestmark = pytest.mark.integration
 
@@ -326,7 +326,7 @@ CHILD = textwrap.dedent(
     from cloudshell_mutex import ReservationMutex
     host, port, user, password, domain, rid, stay = sys.argv[1:]
     api = CloudShellAPISession(host, user, password, domain, port=int(port))
-    from cloudshell_mutex.lock import catalog
+    from cloudshell_mutex.lock.server import catalog
     catalog.learn(api, "Mutex Service", catalog.OWNER_ONLY)  # the fault is for the lock's add
     lock = ReservationMutex(api, rid, owner="interrupted", request_lifetime=30)
     print("ready", flush=True)
@@ -336,7 +336,7 @@ CHILD = textwrap.dedent(
         print("interrupted", flush=True)
     if stay == "stay":
         line = sys.stdin.readline()  # the parent lets the add land meanwhile
-        from cloudshell_mutex.lock.late_adds import process_late_adds
+        from cloudshell_mutex.lock.server.late_adds import process_late_adds
         print("settled" if process_late_adds().settle(15) else "unsettled", flush=True)
     """
 )

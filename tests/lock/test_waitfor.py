@@ -13,12 +13,14 @@ from test_queue import RecordingApi
 from urllib3.exceptions import ProtocolError
 
 from cloudshell_mutex import MutexTimeout, MutexUsageError, protocol
-from cloudshell_mutex.lock import MutexDeadlock, acquire_all, holdings, lease, queue, waitfor
-from cloudshell_mutex.lock import tickets as queue_values
+from cloudshell_mutex.lock import MutexDeadlock, acquire_all
 from cloudshell_mutex.lock.holder import Holder, describe_owner
-from cloudshell_mutex.lock.lease import MAX_TICKET_HOLDS, parse_ticket, ticket_holds, ticket_value
+from cloudshell_mutex.lock.lease import lease
+from cloudshell_mutex.lock.lease.lease import MAX_TICKET_HOLDS, parse_ticket, ticket_holds, ticket_value
 from cloudshell_mutex.lock.protocol import ticket_alias
-from cloudshell_mutex.lock.waitfor import wait_for
+from cloudshell_mutex.lock.queue import holdings, queue, waitfor
+from cloudshell_mutex.lock.queue import tickets as queue_values
+from cloudshell_mutex.lock.queue.waitfor import wait_for
 
 # Tokens: <label>@<host>:<pid>:<nonce>. The victim of a cycle is the member whose nonce is the greatest.
 HA, HB, HC = "p1@h:1:000000a1", "p2@h:2:000000b2", "p3@h:3:000000c3"  # holding acquisitions

@@ -3,7 +3,7 @@ it one line of visible text and escapes it (the output pane renders HTML; lock m
 wrote).
 
 * A scan of the source (the library, the Mutex Service driver, the examples users copy) fails on any call of
-  ``WriteMessageToReservationOutput`` outside ``lock/alias.py`` (and the emulator, which serves it).
+  ``WriteMessageToReservationOutput`` outside ``lock/server/alias.py`` (and the emulator, which serves it).
 * Against the emulator: a holder whose ``Mutex Owner`` and ``Mutex Heartbeat`` are markup reaches the output
   pane as text through ``report_left_behind_lock``, and so does a message passed to ``write_sandbox_output``.
 """
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 WRITE = "WriteMessageToReservationOutput"
 #: The one writer, and the emulator that serves the call.
 ALLOWED = (
-    ROOT / "src" / "cloudshell_mutex" / "lock" / "alias.py",
+    ROOT / "src" / "cloudshell_mutex" / "lock" / "server" / "alias.py",
     ROOT / "src" / "cloudshell_mutex" / "emulator",
 )
 SCANNED = (ROOT / "src", ROOT / "drivers", ROOT / "examples")

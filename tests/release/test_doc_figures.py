@@ -13,10 +13,11 @@ from pathlib import Path
 
 from cloudshell_mutex import MutexOptions
 from cloudshell_mutex.demo.__main__ import SECTION_END, SECTION_START
-from cloudshell_mutex.lock import cohort, tickets
-from cloudshell_mutex.lock.lease import stale_margin
+from cloudshell_mutex.lock.cohort import cohort
+from cloudshell_mutex.lock.lease.lease import stale_margin
 from cloudshell_mutex.lock.options import DEFAULT_LEASE, FRESH_READ_LAG
 from cloudshell_mutex.lock.pacing import CANCEL_SLICE, CohortPacing
+from cloudshell_mutex.lock.queue import tickets
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")

@@ -291,7 +291,7 @@ def worker(
             section.update(outcome=outcome, end=time.monotonic(), release_calls=attempts)
             journal.write(**section)
         journal.write(t="settling")
-        from cloudshell_mutex.lock.late_adds import process_late_adds
+        from cloudshell_mutex.lock.server.late_adds import process_late_adds
 
         late = process_late_adds()
         settled = late.settle(2 * settings["lifetime"] + 30)

@@ -42,10 +42,10 @@ for path in (HERE, HERE.parent):  # history.py, and original_protocol.py one lev
 import history  # noqa: E402
 
 from cloudshell_mutex import MutexLostError, MutexReleaseError, ReservationMutex, protocol  # noqa: E402
-from cloudshell_mutex.lock.late_adds import process_late_adds  # noqa: E402
-from cloudshell_mutex.lock.lease import lease_of  # noqa: E402
+from cloudshell_mutex.lock.lease.lease import lease_of  # noqa: E402
 from cloudshell_mutex.lock.pacing import CallBudget, DefaultPacing  # noqa: E402
 from cloudshell_mutex.lock.protocol import breaker_alias  # noqa: E402
+from cloudshell_mutex.lock.server.late_adds import process_late_adds  # noqa: E402
 from original_protocol import OriginalMutex  # noqa: E402
 
 COUNTER_MODEL = "Stress Counter"

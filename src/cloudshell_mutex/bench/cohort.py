@@ -34,7 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..lock.cohort import DEFAULT_MAX_PASS_SECONDS, DEFAULT_MAX_PASSES, DEFAULT_YIELD_SECONDS, CohortMutex
+from ..lock.cohort.cohort import (
+    DEFAULT_MAX_PASS_SECONDS,
+    DEFAULT_MAX_PASSES,
+    DEFAULT_YIELD_SECONDS,
+    CohortMutex,
+)
 from .contenders import Contender, Seat, default_lock
 from .metrics import BenchDataError, Distribution
 from .plans import REACQUIRE, Cell

@@ -14,9 +14,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Dict
 
-from ..lock.mutex import ReservationMutex
+from ..lock.mutex.mutex import ReservationMutex
 from ..lock.pacing import OriginalPacing
-from ..lock.rwlock import ReadLock, ReservationRWLock
+from ..lock.rw.rwlock import ReadLock, ReservationRWLock
 from .original import OriginalMutex
 
 

@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..demo.__main__ import SECTION_END as DEMO_END
 from ..demo.__main__ import SECTION_START as DEMO_START
-from ..lock import tickets
+from ..lock.queue import tickets
 from .cohort import existing_section
 from .contenders import BASELINE, CONTENDERS
 from .plans import FIFO_TIE, LATENCY, REACQUIRE, THINK, WORKLOADS, Cell, Plan

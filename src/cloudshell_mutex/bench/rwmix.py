@@ -74,9 +74,9 @@ def mix_client(
     from cloudshell.api.cloudshell_api import CloudShellAPISession
 
     from ..lock.errors import MutexTimeout
-    from ..lock.mutex import ReservationMutex
+    from ..lock.mutex.mutex import ReservationMutex
     from ..lock.options import LOGGER_NAME
-    from ..lock.rwlock import ReservationRWLock
+    from ..lock.rw.rwlock import ReservationRWLock
 
     # A timeout at the window's end is how a run ends, not news.
     logging.getLogger(LOGGER_NAME).addHandler(logging.NullHandler())

@@ -104,7 +104,7 @@ def serve(client: int, address: Address, commands: Any, results: Any) -> None:
     """
     from cloudshell.api.cloudshell_api import CloudShellAPISession
 
-    from ..lock.mutex import ReservationMutex
+    from ..lock.mutex.mutex import ReservationMutex
     from ..lock.options import LOGGER_NAME
 
     # A timeout at the window's end is how a run ends, not news: keep the lock's log out of the output.

@@ -27,8 +27,7 @@ from __future__ import annotations
 
 import logging
 
-from .alias import CallResult, LockAlias, Status
-from .cohort import CohortMutex
+from .cohort.cohort import CohortMutex
 from .errors import (
     MutexCancelled,
     MutexDeadlock,
@@ -44,9 +43,10 @@ from .errors import (
 )
 from .events import MutexEvent
 from .holder import Holder
-from .mutex import ReservationMutex
+from .mutex.mutex import ReservationMutex
 from .options import LOGGER_NAME, MutexOptions
-from .rwlock import ReservationRWLock
+from .rw.rwlock import ReservationRWLock
+from .server.alias import CallResult, LockAlias, Status
 from .several import acquire_all
 
 # A library's logger: records reach whatever handlers the application sets up, and never Python's

@@ -14,7 +14,6 @@ import time
 from typing import Any, Dict, Optional
 
 from . import protocol
-from .classify import Classification, ErrorKind
 from .errors import (
     MutexCancelled,
     MutexError,
@@ -28,6 +27,7 @@ from .errors import (
 )
 from .holder import Holder, sanitize_label
 from .operation import Operation
+from .server.classify import Classification, ErrorKind
 
 #: Failure kinds that could mean "the reservation is gone": the reservation's status is read to tell.
 _MAY_BE_GONE = (ErrorKind.NOT_ACTIVE, ErrorKind.FATAL, ErrorKind.ALIAS_MISSING)

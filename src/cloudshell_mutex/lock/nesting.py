@@ -41,11 +41,12 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
-from . import catalog, diagnosis
-from .cohort import CohortMutex
+from . import diagnosis
+from .cohort.cohort import CohortMutex
 from .errors import MutexLostError
-from .mutex import ReservationMutex
+from .mutex.mutex import ReservationMutex
 from .options import UNSET
+from .server import catalog
 
 __all__ = ["CommandCohortMutex", "CommandMutex", "held_in_command"]
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 import logging
 from typing import Any, List, Optional, Tuple
 
-from . import catalog
 from .engine import Deadline
 from .errors import MutexUsageError
 from .options import LOGGER_NAME, UNSET, check_duration
 from .protocol import check_lock_name
+from .server import catalog
 
 __all__ = ["AcquiredLocks", "acquire_all"]
 

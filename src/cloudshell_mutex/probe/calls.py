@@ -3,7 +3,8 @@
 :class:`RecordingSession` wraps a ``CloudShellAPISession``: each API method call goes through the
 :class:`CallLog` it shares with the probe's other sessions (the racers'), which records the method, when it
 was sent, how long it took and how it ended (answered, refused, no answer, never sent; the lock's
-:func:`~cloudshell_mutex.lock.classify.classify` decides). An add that got no answer may still land: the log
+:func:`~cloudshell_mutex.lock.server.classify.classify`
+decides). An add that got no answer may still land: the log
 remembers it, so that the clean-up watches for it. The latencies of answered calls are the probe's measure of
 the server and of whatever stands in front of it.
 """
@@ -17,7 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from cloudshell.api.common_cloudshell_api import CloudShellAPIError
 
-from ..lock.classify import classify
+from ..lock.server.classify import classify
 
 #: How a call ended.
 ANSWERED, REFUSED, NO_ANSWER, NOT_SENT = "answered", "refused", "no answer", "never sent"

@@ -22,8 +22,8 @@ from cloudshell.api.cloudshell_api import AttributeNameValue
 from cloudshell.api.common_cloudshell_api import CloudShellAPIError
 
 from ..lock import protocol
-from ..lock.admin import Permission, permission_from_details
-from ..lock.alias import LockAlias
+from ..lock.admin.admin import Permission, permission_from_details
+from ..lock.server.alias import LockAlias
 
 #: The only documented answer of GetReservationStatus for an ended sandbox.
 COMPLETED = "Completed"

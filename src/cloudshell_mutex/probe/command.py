@@ -11,7 +11,7 @@ import json
 import sys
 from typing import Any
 
-from ..lock.command import (
+from ..lock.admin.command import (
     CONNECTION_HELP,
     EXIT_USAGE,
     ConnectError,

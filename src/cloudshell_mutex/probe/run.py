@@ -20,9 +20,9 @@ from typing import Any, Callable, Dict, List, Optional
 from cloudshell.api.common_cloudshell_api import CloudShellAPIError
 
 from ..lock import protocol
-from ..lock.classify import classify
 from ..lock.holder import make_token
 from ..lock.options import DEFAULT_LEASE
+from ..lock.server.classify import classify
 from . import checks
 from .calls import CallHook, CallLog, RecordingSession
 

@@ -14,8 +14,8 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Tuple
 
-from ..lock.classify import CLIENT_RETRY_DELAY
 from ..lock.options import FRESH_READ_LAG
+from ..lock.server.classify import CLIENT_RETRY_DELAY
 from .run import DEFAULT_REQUEST_LIFETIME, Observations, ProbeSettings
 
 SAFE, SETTING, NOT_SAFE, UNMEASURED = "safe", "safe with a setting", "not safe", "not measured"

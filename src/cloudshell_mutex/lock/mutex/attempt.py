@@ -1,0 +1,339 @@
+"""One acquisition of an exclusive lock, as the engine's attempt: the add, and what settles it.
+
+Each try (:meth:`MutexAttempt.try_once`) is one add with the owner token written in the same call; its
+success is the lock. What the try does with an answer is the protocol (docs/protocol.md):
+
+1. **Added**: held (``verify`` reads the owner back first).
+2. **Busy**: maybe our own add, re-sent by the client after it had committed; the first contention, a slow
+   one, or any after an unknown outcome reads the owner. A leased holder is judged on this waiter's clock
+   and broken when stale. Then the pacing policy's pause, or the fair queue's.
+3. **Transient failure**: back off, then settle with one fresh read: the add may have committed.
+4. **Fatal**: settle an add that may be ours with one read first; never raise while holding.
+
+At the deadline, :meth:`MutexAttempt.give_up` settles with a last read and raises ``MutexTimeout``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Optional
+
+from .. import diagnosis, events
+from ..holder import namesake, sanitize_label
+from ..lease import lease
+from ..operation import Operation
+from ..pacing import Protocol
+from ..server.alias import CallResult, Status
+from .parts import UNREAD, LockParts
+
+
+class Line(Protocol):
+    """What an acquire asks of the way it waits after a busy add: a fair queue (:class:`~.queue.FairQueue`),
+    or outside the queue, for a thread that holds other locks, its wait record (:mod:`.waitrecord`)."""
+
+    def before_first_add(self, op: Operation, waiting: Callable[[], None]) -> None:
+        """Line up behind the waiters this process saw at its last read, before the first add."""
+
+    def pause(self, op: Operation, default: float, waiting: Callable[[], None]) -> float:
+        """After a busy add: wait in line if need be, then the delay before the next add."""
+
+
+class MutexAttempt:
+    """One blocking or non-blocking acquire of the alias primitive (see the module docstring).
+
+    When a try is done, :attr:`confirmed_at` is when the lock was last confirmed ours (the add, or the
+    read that settled it), :attr:`lease_from` when a waiter may first have seen our service, and
+    :attr:`resolved` tells that an add of unknown outcome turned out to be ours.
+    """
+
+    def __init__(
+        self,
+        parts: LockParts,
+        op: Operation,
+        blocking: bool,
+        queue: Optional[Line],
+        first_beat: str,
+    ) -> None:
+        self.parts = parts
+        self.op = op
+        self.blocking = blocking
+        self.queue = queue if blocking else None
+        self.first_beat = first_beat
+        self.confirmed_at = float("-inf")
+        self.lease_from = op.start
+        self.resolved = False
+        self._started = False
+        self._judged_after: Optional[float] = None  # the read the last stale judgement followed
+
+    # ------------------------------------------------------------------ the engine's attempt
+
+    def try_once(self) -> Optional[float]:
+        """One add and what settles it: None when the lock is ours, else the pause before the next add."""
+        op, parts = self.op, self.parts
+        if not self._started and self.queue is not None:
+            # Others were waiting at our last read: line up behind them (progress written meanwhile).
+            self.queue.before_first_add(op, self.waiting)
+        self._started = True
+        # Step 1: the add. Its success is the lock; the owner token travels in the same call.
+        op.add_sent()
+        add = parts.alias.add_owner(
+            op.token,
+            parts.owner,
+            lease=parts.options.lease,
+            heartbeat=self.first_beat,
+            paced=op.polling,
+            deadline=op.deadline.at,
+        )
+        op.add_returned()
+        if not add.ok and add.may_have_committed:
+            op.add_unknown(add.sent_at)
+        if add.may_land_later:
+            op.add_in_flight(add.lands_by(parts.options.request_lifetime), add.unanswered_copies)
+        if add.ok:
+            if not parts.options.verify or self._verified():
+                return self._held(add.sent_at, lease_from=add.sent_at)
+            delay = op.next_pause(parts.pacing, parts.runtime.rng)
+        elif add.status is Status.BUSY:
+            # Step 2: contention (maybe our own add, re-sent by the client after it had committed).
+            if self._on_contention(add):
+                return self._held(op.last_read_at or add.sent_at, resolved=True)
+            # Freed since the add failed (the read found nobody), or a stale holder broken: retry at once.
+            freed = (op.read_since_add and op.holder is None) or self._break_if_stale()
+            delay = 0.0 if freed else op.next_pause(parts.pacing, parts.runtime.rng)
+            if self.queue is not None and not freed:
+                delay = self.queue.pause(op, delay, self.waiting)  # wait in line (fair=False: plain polling)
+            # The next add no later than the moment the holder turns stale: judged then, not a poll later.
+            stale_at, now = parts.watch.stale_at(), parts.runtime.clock()
+            if stale_at is not None and stale_at > now:
+                delay = min(delay, stale_at - now)
+        elif add.status is Status.TRANSIENT:
+            # Step 3: a transient failure. Back off on a separate schedule, then settle with one read.
+            if self._on_transient(add):
+                return self._held(op.last_read_at or add.sent_at, resolved=True)
+            delay = 0.0  # already backed off
+        else:
+            # Step 4: fatal. A refusal committed nothing, but another failure (a 2xx reply without a
+            # readable body), or an earlier unknown outcome, may have left our add: settle with a read.
+            op.add_may_be_pending(add.may_have_committed)
+            if op.add_pending and self._settled_as_ours():
+                return self._held(op.last_read_at or add.sent_at, resolved=True)
+            raise parts.fatal(op, add.failure, "adding the lock service", probe=True)
+        op.start_polling()  # from here on, this acquisition's calls wait on the call budget
+        return delay
+
+    def waiting(self) -> None:
+        """Progress in the reservation output (when ``progress`` is on), at most every progress_interval.
+        A courtesy: the next add reports real problems."""
+        op, options = self.op, self.parts.options
+        now = self.parts.runtime.clock()
+        if not options.progress or not op.progress_due(now, options.progress_interval):
+            return
+        held = now - (op.holder_since if op.holder_since is not None else op.start)
+        message = (
+            f"{sanitize_label(self.parts.owner)}: waiting for {self.parts.name} held by "
+            f"{op.holder_label or 'another owner'} for {held:.0f} s"
+        )
+        result = self.parts.alias.write_output(message, paced=op.polling, deadline=op.deadline.at)
+        if not result.ok:
+            self.parts.news.log(
+                logging.DEBUG, "could not write progress to the reservation output: %s", result.failure
+            )
+
+    def give_up(self) -> bool:
+        """The deadline came. Never raise while holding: if nothing was read since the last add, one final
+        fresh read (no sleep) settles whether that add, or an earlier one whose reply was lost, made us the
+        owner. ``blocking=False`` answers False only for "busy": a failing API raises, as on timeout."""
+        op, parts = self.op, self.parts
+        # No read when the server could not be reached and nothing of ours may be there: it would only wait on
+        # the client's retries past the deadline, to settle nothing.
+        nothing_to_settle = op.unreachable and not op.add_pending
+        if not op.read_since_add and not nothing_to_settle:
+            holder = parts.poll_read(op, "reading the lock holder")
+            if holder is not UNREAD:
+                if op.settled_by(holder):
+                    self._held(op.last_read_at or parts.runtime.clock(), resolved=True)
+                    return True
+                parts.note_holder(op, holder)
+        busy = op.contentions > 0 or op.holder is not None
+        if not self.blocking and busy and not op.add_pending:
+            parts.news.log(logging.DEBUG, "%s is busy; not waiting (blocking=False)", parts.name)
+            return False
+        unleased = op.holder is not None and lease.lease_of(op.holder) is None
+        # A holder whose remove got no answer keeps the lock until that remove lands or can no longer land.
+        since = op.releasing_since if op.holder is not None else None
+        releasing = None if since is None else since + parts.options.request_lifetime
+        now = parts.runtime.clock()
+        error = diagnosis.timeout_error(
+            op, now, parts.reservation_id, parts.name, unleased_holder=unleased, releasing_until=releasing
+        )
+        raise parts.news.error(error, op, events.TIMEOUT, logging.WARNING, holder=error.holder)
+
+    # ------------------------------------------------------------------ after an interrupt
+
+    def abandon(self, remove: bool = True) -> None:
+        """After an interrupt inside acquire() (Ctrl-C, or the caller's cancellation): remove our add if a
+        read shows it (``remove``; a read group never removes blindly: a reader may have joined it), and
+        hand an add that may still land to the late-add watcher (it warns at exit if it cannot settle it)."""
+        op, parts = self.op, self.parts
+        if op.adds == 0:
+            return
+        clock, lifetime = parts.runtime.clock, parts.options.request_lifetime
+        if op.awaiting_add:  # interrupted before the add answered: it may land any time now
+            op.add_in_flight(clock() + lifetime)
+        # Our remove of it, while it may still land: the watcher sends no second one before then (it would
+        # free the lock, and the first, landing after a successor took it, would delete the successor's).
+        removing_until: Optional[float] = None
+        try:
+            if remove:
+                read = parts.alias.read()
+                if read.ok and op.settled_by(read.holder):  # one copy landed: the others land after it
+                    removing_until = clock() + lifetime  # until the remove has answered
+                    removed = parts.alias.remove_once()
+                    removing_until = removed.lands_by(lifetime) if removed.may_land_later else None
+                    if removed.ok:
+                        parts.news.log(
+                            logging.WARNING, "acquire interrupted; removed its add of %s", parts.name
+                        )
+                    else:  # the watcher reads again and removes it
+                        op.add_in_flight(clock() + lifetime)
+                elif not read.ok and op.add_pending:
+                    op.add_in_flight(clock() + lifetime)
+        except BaseException:  # interrupted again: what is known so far still goes to the watcher
+            op.add_in_flight(clock() + lifetime)
+            raise
+        finally:
+            parts.watch_late_add(op, removing_until)
+
+    # ------------------------------------------------------------------ the steps
+
+    def _held(self, confirmed_at: float, resolved: bool = False, lease_from: Optional[float] = None) -> None:
+        self.confirmed_at, self.resolved = confirmed_at, resolved
+        # A waiter saw our service no earlier than the add that made it was sent. One resolved by a read was
+        # made by an add whose outcome we did not see, the first of which is known.
+        if lease_from is None:
+            unknown = self.op.unknown_add_since
+            lease_from = self.op.start if unknown is None else unknown
+        self.lease_from = lease_from
+        return None
+
+    def _on_contention(self, add: CallResult) -> bool:
+        """Handle "already exists"; True when the holder turns out to be this acquisition."""
+        op, parts = self.op, self.parts
+        op.contended(add.sent_at)
+        now = parts.runtime.clock()
+        if add.resent or op.read_due(now, parts.options.holder_check_interval) or self._turned_stale(now):
+            holder = parts.poll_read(op, "reading the lock holder")
+            if holder is UNREAD:
+                return False  # read again later
+            if op.settled_by(holder):
+                return True
+            if holder is None:
+                self._refuse_namesake()
+            parts.note_holder(op, holder)
+            parts.watch.observe(holder, op.last_read_at)  # the lease judgement: this waiter's own clock
+        if op.contentions == 1:
+            parts.news.event(events.CONTENDED, op, holder=op.holder_label)
+            parts.news.log(
+                logging.INFO,
+                "%s in reservation %s is held by %s; waiting",
+                parts.name,
+                parts.reservation_id,
+                op.holder_label or "another owner",
+            )
+        return False
+
+    def _refuse_namesake(self) -> None:
+        """The add said "already exists" and a read shows no service under our alias: if it shows one under
+        another spelling, the server takes them alike (case-blind), and waiting would never end."""
+        parts = self.parts
+        other = namesake(parts.last_services, parts.name)
+        if other is not None:
+            error = diagnosis.namesake_error(parts.reservation_id, parts.name, other)
+            raise parts.news.error(error, self.op)
+
+    def _on_transient(self, add: CallResult) -> bool:
+        """Back off after a transient failure, then settle an unknown outcome with one fresh read."""
+        op, parts = self.op, self.parts
+        op.failed(add.failure.message, reached=add.may_have_committed)
+        # "Never sent" describes the client's last copy only; an earlier, re-sent one may have committed.
+        op.add_may_be_pending(add.may_have_committed)
+        parts.news.event(events.TRANSIENT, op, error=add.failure.message)
+        parts.news.log(
+            logging.WARNING, "transient CloudShell API failure (%s); backing off", add.failure.message
+        )
+        parts.pause(op, op.deadline.clip(op.next_backoff(parts.backoff, parts.runtime.rng)))
+        if not op.add_pending:
+            return False
+        holder = parts.poll_read(op, "reading the lock holder")
+        if holder is UNREAD:
+            return False  # still unknown: the next add (or the final read) will tell
+        if op.settled_by(holder):
+            return True
+        if holder is not None:
+            op.saw_contention(add.sent_at)
+            parts.note_holder(op, holder)
+        return False
+
+    def _settled_as_ours(self) -> bool:
+        """Before raising a fatal error: one fresh read, its own failure ignored. True when it shows our
+        token (an earlier add committed after all); a read showing anything else ends the doubt."""
+        read = self.parts.read(self.op)
+        if not read.ok:
+            self.op.last_error = read.failure.message
+            return False
+        return self.op.settled_by(read.holder)
+
+    def _verified(self) -> bool:
+        """verify=True: read the owner back after a successful add (the original v2's defence against a
+        server that grants twice). One more call per acquisition."""
+        op, parts = self.op, self.parts
+        holder = parts.poll_read(op, "verifying the lock owner")
+        if holder is UNREAD:  # the add succeeded, which is the protocol's definition of holding the lock
+            parts.news.log(
+                logging.WARNING, "could not verify the owner (%s); the add succeeded", op.last_error
+            )
+            return True
+        if op.is_ours(holder):
+            return True
+        parts.news.log(
+            logging.WARNING,
+            "the add of %s succeeded but the owner read back is %s; not treating the lock as held",
+            parts.name,
+            holder.label if holder else "nobody",
+        )
+        op.saw_contention(parts.runtime.clock())
+        parts.note_holder(op, holder)
+        return False
+
+    def _turned_stale(self, now: float) -> bool:
+        """True when the holder seen turned stale since this waiter last judged it: read it at once (its
+        judgement waits for no holder check; a judgement that did not break it waits for the next one)."""
+        stale_at = self.parts.watch.stale_at()
+        judged = self._judged_after
+        return stale_at is not None and now >= stale_at and (judged is None or judged < stale_at)
+
+    def _break_if_stale(self) -> bool:
+        """After a busy add: judge the holder on this waiter's own clock, from every fresh read it made (its
+        own holder checks and its reads in line alike: a waiter that holds other locks reads only in line);
+        when it is stale, break it as the only breaker (:class:`~.lease.Breaker`, which reads it again
+        first). True when the stale holder is gone (add at once)."""
+        op, parts = self.op, self.parts
+        watch = parts.watch
+        if watch.holder is None or op.last_read_attempt == self._judged_after:
+            return False  # nobody seen, or nothing read since the last judgement (a break costs calls)
+        self._judged_after = op.last_read_attempt
+        now = parts.runtime.clock()
+        if not watch.stale(now):
+            return False
+        stale, seen = watch.holder, watch.unchanged_for(now)
+        result = parts.breaker.break_holder(parts.alias, watch)
+        if not result.broken:
+            parts.news.log(logging.DEBUG, "did not break %s: %s", parts.name, result.why)
+            return result.why == "the holder went away by itself"
+        message = diagnosis.broke_stale(
+            parts.owner, "lock", parts.name, stale, lease.lease_of(stale) or 0, seen
+        )
+        parts.news.event(events.BROKEN, op, holder=stale.label, error=message)
+        parts.news.log(logging.WARNING, "%s", message)
+        parts.tell_output(message, "the break")
+        return True

@@ -1,0 +1,549 @@
+"""The advisory queue waiters wait in (the default): they line up with ticket services; only the head polls.
+
+``ReservationMutex`` (unless ``fair=False``) calls this module from its acquire loop (docs/protocol.md,
+"Waiting in line"). The queue is *advisory*: mutual exclusion still rests on the add of the lock alias
+alone. A corrupt, stale, missing or foreign queue costs speed, never safety, and code of the original
+protocol (which knows nothing of tickets) keeps competing with the head as before.
+
+* **A ticket** is a service ``<alias>~q~<n>`` of the lock's own model whose ``Mutex Owner`` is
+  ``<token>#<lease>#<heartbeat>`` (the acquisition's token; the ticket's lease in seconds; a heartbeat
+  value of :mod:`.lease`). Everything lives in ``Mutex Owner``, so the original package's model (that
+  attribute only) carries tickets too. A waiter reads the reservation once, then adds the ticket after
+  the highest number it saw, going up by one while the add says "already exists": the atomic add makes
+  the numbers unique, and their order is the queue's order, without comparing any clocks. (The lowest
+  free number would not do: a newcomer would take a number that the head just freed, ahead of everyone.)
+* **The head** (the lowest ticket) polls the lock's add; the others only read the reservation, rarely:
+  the further back, the rarer, so the whole queue stays within a per-lock call budget
+  (:func:`wait_interval`). The ticket of the acquisition that got the lock is no waiter's any more (every
+  view leaves out the ticket whose token the lock shows), so the next ticket is the head from the grant on.
+  The holder keeps its ticket until its release removes it with the lock, in the same call: one call less
+  per acquisition, and none between the grant and the caller's critical section.
+* **Going to the back.** This process remembers, per lock, whether others were queued at its last read
+  (the release reads the lock anyway). An acquisition that starts while others were seen waiting joins
+  the queue before its first add, so a releaser that wants the lock again lines up behind them instead of
+  winning the race it would otherwise always win (it asks one round trip after its own release).
+* **Abandoned tickets** (a crashed waiter) are removed with the lease rules of :mod:`.lease`: a waiter
+  judges only its predecessor, stale once it has seen the same ticket and heartbeat unchanged for the
+  ticket's lease + margin on its own clock, and removes it with :func:`.lease.break_stale` (one breaker at
+  a time). Waiters heartbeat their ticket every lease/3 after a read that shows it is still theirs.
+* **Deadlocks** (:mod:`.waitfor`): a waiter that holds other locks of the reservation (``holding``) names
+  them in its ticket; once it has waited :data:`~.waitfor.DETECT_AFTER`, it reads at least every
+  :data:`~.waitfor.DETECT_INTERVAL` (the head too). A read that shows a wait-for cycle through its own wait
+  makes it rewrite its ticket's heartbeat (a sign of life for the other members) and read again soon; it
+  raises :class:`~.errors.MutexDeadlock` when it is the victim of a cycle whose other members all moved their
+  records since it first saw it (:class:`~.waitfor.CycleWatch`). A waiter that holds nothing reads as before.
+* **Every exit removes the ticket**: a timeout, an error, Ctrl-C (:meth:`FairQueue.leave`), and a hold that
+  ends (the release's remove, or :class:`~.held.Held` when the hold ends any other way); a ticket add or
+  remove without an answer goes to the late-add watcher (:mod:`.late_adds`), which removes the ticket if
+  it shows this acquisition's token.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+
+from cloudshell.api.cloudshell_api import AttributeNameValue
+
+from .. import protocol
+from ..engine import Runtime, acquire_loop
+from ..lease import lease
+from ..lease.lease import ticket_value
+from ..operation import LANDING_READ_INTERVAL
+from ..options import FRESH_READ_LAG, default_logger
+from ..protocol import ticket_alias, ticket_number
+from ..server.alias import CallResult, LockAlias, Status
+from . import waitfor
+from .tickets import (
+    FALLBACK_AFTER,
+    HEAD_MIN,
+    LOCK_BUDGET,
+    MAX_INTERVAL,
+    MIN_INTERVAL,
+    TICKET_LEASE,
+    QueueView,
+    TicketAlias,
+    head_interval,
+    memory_for,
+    queue_view,
+    wait_interval,
+)
+
+#: Ticket numbers tried after the first one said "already exists", before reading again.
+JOIN_TRIES = 4
+#: The head times its polls by the holders' observed tenure (False: it polls every head_interval).
+HOLD_HINT = True
+#: ... waking this fraction of a tenure before the expected release.
+HINT_LEAD = 0.1
+#: A read younger than this (seconds) is recent enough to join the queue by.
+RECENT = 1.0
+#: Jitter of every interval (a fraction), so that waiters do not poll in lock-step.
+JITTER = 0.2
+
+
+#: What a queue ticket the late-add watcher settles for a waiter whose acquire ended is, in its messages.
+LEFT_TICKET = "the queue ticket of an acquire that has ended"
+LEFT_EXTRA = "an extra queue ticket of a waiter (an add of it was sent twice)"
+
+
+def _nothing() -> None:
+    """No progress to report."""
+
+
+class FairQueue:
+    """One lock object's place in the advisory queue of its lock (see the module docstring).
+
+    The mutex calls :meth:`saw` with each of its fresh reads, :meth:`before_first_add` before the first add
+    of a blocking acquire, :meth:`pause` after each busy add (it returns the delay before the next add, and
+    may wait in the queue first), and :meth:`leave` when the acquire ends, however it ends.
+    """
+
+    def __init__(
+        self,
+        lock: LockAlias,
+        *,
+        label: str,
+        request_lifetime: float,
+        runtime: Runtime,
+        wait: Optional[Callable[[Any, float], None]] = None,
+        looked: Optional[Callable[[Any, CallResult], None]] = None,
+        logger: Optional[logging.Logger] = None,
+        budget: float = LOCK_BUDGET,
+        ticket_lease: float = TICKET_LEASE,
+        holding: Callable[[], Tuple[str, ...]] = tuple,
+    ) -> None:
+        self.lock = lock
+        self.label = label
+        self.budget = budget
+        self.ticket_lease = ticket_lease
+        self.request_lifetime = request_lifetime
+        self.memory = memory_for(lock.api, lock.reservation_id, lock.alias)
+        self.logger = default_logger(logger)
+        self.runtime = runtime
+        self._clock = runtime.clock
+        self._rng = runtime.rng
+        # The pause in line, ``wait(op, seconds)``: the mutex's, which its caller can cancel (a break's own
+        # waits use the runtime's sleep: a break is never left half done).
+        self._wait = wait or (lambda op, seconds: runtime.sleep(seconds))
+        # Each read in line, ``looked(op, result)``: the mutex takes it as its own holder check.
+        self._looked = looked or (lambda op, result: None)
+        # The tokens of what this waiter's thread holds in the reservation, named in its ticket.
+        self._holding = holding
+        self._aliases: Dict[int, TicketAlias] = {}
+        # Tickets ahead whose waiter died are broken as a waiting mutex breaks a stale holder.
+        self._breaker = lease.Breaker(lock.sibling, label, ticket_lease, request_lifetime, runtime)
+        #: The model refused a ticket (no ``Mutex Owner``): this object waits the default way from now on.
+        self.off = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self.token: Optional[str] = None
+        self.ticket: Optional[TicketAlias] = None
+        self.head = False
+        self._beats = 0
+        self._beat_at = -math.inf
+        self._unsettled: List[Tuple[TicketAlias, float, int]] = []  # ticket adds without an answer
+        self._removed: Set[int] = set()  # numbers of ours already removed: never remove one twice
+        self._sent_until: Dict[int, float] = {}  # each number we sent an add for: until when a copy may land
+        self._dropped: List[TicketAlias] = []  # tickets of ours a read did not show (gone, or a lagging read)
+        self._free_seen: Optional[Tuple[float, str]] = None  # (when, head token) the lock was seen free
+        self._hinted = False  # the head slept until shortly before the expected release
+        self._misses = 0  # the head's polls since then
+        self._waiting: Callable[[], None] = _nothing  # called between reads while in line
+        self._holds: Optional[Tuple[str, ...]] = None  # what the ticket names as held (asked at the join)
+        self._looked_at = -math.inf  # the last read in line
+        self._cycles: Optional[waitfor.CycleWatch] = None  # the cycles through our wait (holding others)
+        self._cycle_told = False  # a deadlock another waiter gives up for was logged
+
+    # ---------------------------------------------------------------- the mutex's hooks
+
+    def saw(self, result: CallResult, token: Optional[str] = None) -> Optional[QueueView]:
+        """Take in a fresh read of the lock (the mutex's own, or the queue's): remember who waits."""
+        if not result.ok or result.services is None:
+            return None
+        view = queue_view(result.services, self.lock.alias, result.sent_at)
+        view = self.memory.update(view, token if token is not None else self.token)
+        if self.head and self.token is not None and (view.position(self.token) or 1) > 1:
+            self.head = False  # a ticket ahead of ours after all (a join from an old read): wait in line
+        return view
+
+    def before_first_add(self, op: Any, waiting: Callable[[], None] = _nothing) -> None:
+        """When others were queued at this process's last read of the lock: line up behind them before
+        the first add (a releaser that asks again goes to the back). Otherwise nothing: an uncontended
+        lock costs what it always did. ``waiting`` is called between reads (the lock's progress)."""
+        if self.off or not self.memory.crowded(self._clock()):
+            return
+        self.token, self._waiting = op.token, waiting
+        delay = self._wait_turn(op, first=True)
+        if delay > 0 and not op.deadline.passed():
+            self._wait(op, op.deadline.clip(delay))
+
+    def pause(self, op: Any, default: float, waiting: Callable[[], None] = _nothing) -> float:
+        """After a busy add: the delay before the next add. The head polls every :func:`head_interval`;
+        any other waiter first waits in the queue (taking a ticket if it has none) until it is the head,
+        the deadline comes, or the head seems gone. ``default`` is returned when the queue is off.
+        ``waiting`` is called between reads while in line (the lock's progress messages)."""
+        if self.off:
+            return default
+        self.token, self._waiting = op.token, waiting
+        if self.ticket is not None and self.head:
+            if self._clock() - self._beat_at >= self.ticket_lease / 3 or self._detect_due(op):
+                self._look_and_beat(op)
+            if self.ticket is not None:
+                return self._detecting(op, self._head_delay())
+        return self._wait_turn(op, first=False, default=default)
+
+    def _head_delay(self) -> float:
+        """The head's next poll. With :data:`HOLD_HINT` and a holder whose grant this process saw: sleep
+        until shortly before its expected release, poll fast around it, slower again after each miss past
+        it; else every :func:`head_interval`."""
+        regular = head_interval(self.memory.cadence())
+        release = self.memory.expected_release() if HOLD_HINT else None
+        if release is None:
+            return self._jitter(regular)
+        now = self._clock()
+        hold = self.memory.hold_estimate()
+        early = release - HINT_LEAD * hold
+        if now < early and not self._hinted:
+            # Asleep until then, but never past a heartbeat of our ticket (a long hold would otherwise let
+            # the waiters behind judge it stale): the head wakes, beats and sleeps again.
+            if early - now <= self.ticket_lease / 3:
+                self._hinted = True  # then polls: the hint is an estimate
+            return min(early - now, self.ticket_lease / 3)
+        # Around the expected release: every 1/10 of a hold; past it, slower after each miss.
+        fast = max(HEAD_MIN, min(regular, hold / 10))
+        if now <= release + HINT_LEAD * hold:
+            return self._jitter(fast)
+        self._misses += 1
+        return self._jitter(min(regular, fast * 2 ** min(self._misses, 8)))
+
+    def held_for(self, seconds: float) -> None:
+        """This process held the lock ``seconds`` (from its grant to its release): a sample of the hold time
+        that needs no reads (the others' holds are timed only between reads close enough to tell)."""
+        self.memory.own_hold(seconds)
+
+    def leave(self, granted: bool = False) -> Optional[TicketAlias]:
+        """The acquire ended (the lock granted, a timeout, an error, Ctrl-C): give up our place, and hand
+        every ticket add of ours without an answer to the late-add watcher. Never raises.
+
+        ``granted``: the lock is ours, and the ticket is returned instead of removed, for the release to
+        remove with the lock in one call. It waits no more: every view leaves out the holder's ticket
+        (:func:`~.tickets.queue_view`), so the next ticket is the head from the grant on, as if it were gone.
+        None when there is no ticket, one that an add still on the wire may bring back, or one that names
+        held locks (:mod:`.waitfor`): those are removed now."""
+        ticket, unsettled, dropped, token = self.ticket, self._unsettled, self._dropped, self.token
+        holds, extras, sent_until = self._holds, self._removed, self._sent_until
+        late_adds = self.runtime.late_adds
+        self._reset()
+        if token is None:
+            return None
+        kept: Optional[TicketAlias] = None
+        try:
+            # A ticket that names held locks goes now: should this hold be lost (a lease broken), the ticket
+            # would be a waiter's again in every view, and its claims could make a cycle that is not there.
+            if (
+                ticket is not None
+                and granted
+                and not holds
+                and all(alias is not ticket for alias, _, _ in unsettled)
+            ):
+                kept = ticket
+            elif ticket is not None:
+                # Its number may be the next waiter's once gone: no second remove while one may land.
+                late_adds.remove_or_watch(ticket, token, self.request_lifetime, leftover=LEFT_TICKET)
+            # Each watched until a copy can no longer land, and read at least once (one read that does not
+            # lag): a copy may have landed inside a window that passed while we waited.
+            settle_from = self._clock() + FRESH_READ_LAG
+
+            def settle(alias: TicketAlias, lands_by: float, copies: int = 1, leftover: str = "") -> None:
+                until = max(lands_by, settle_from)
+                late_adds.watch(alias, token, until, self.request_lifetime, copies, leftover=leftover)
+
+            for alias in dropped:  # committed long ago: removed if a read shows our token
+                settle(alias, -math.inf, leftover=LEFT_TICKET)
+            for number in extras:
+                # An extra ticket exists because a copy of an add landed that we did not count on; another
+                # may land after our remove of it, whatever its answer said.
+                settle(self._alias(number), sent_until.get(number, -math.inf), leftover=LEFT_EXTRA)
+            for alias, lands_by, copies in unsettled:  # a copy may land after our remove, even of our ticket
+                settle(alias, lands_by, copies)
+        except Exception:  # a ticket left behind costs speed (others break it later), never safety
+            self.logger.debug("cloudshell-mutex: could not remove the queue ticket", exc_info=True)
+        return kept
+
+    # ---------------------------------------------------------------- waiting in line
+
+    def _wait_turn(self, op: Any, first: bool, default: float = 0.0) -> float:
+        """Read, join, and read again now and then, until this waiter is the head (0: add now), on the
+        engine's loop and the acquisition's deadline."""
+        turn = _Turn(self, op, first, default)
+        acquire_loop(turn, op.deadline, lambda seconds: self._wait(op, seconds))
+        return turn.delay
+
+    def take_turn(self, op: Any, first: bool, default: float) -> Tuple[bool, float]:
+        """One try of :meth:`_wait_turn`: (True, the delay before the next add) once the wait in line is
+        over, else (False, the seconds until the next look)."""
+        if op.deadline.passed():
+            return True, 0.0  # the mutex's loop gives up (or, for the first add, tries once)
+        view = self._recent_view(self._clock()) if self.ticket is None else None
+        view = view or self._look(op)
+        if view is None:
+            return True, default  # the lock's own loop deals with a failing server
+        if view.holder is not None and view.holder.token == op.token:
+            # An add of ours landed late (every view hides the holder's ticket, ours too): the lock is ours,
+            # and the mutex's add and read settle it. Waiting on would hold it for nobody until our timeout.
+            return True, 0.0
+        if first and not view.tickets and view.holder is None:
+            return True, 0.0  # nobody waits and the lock is free: no ticket needed
+        if view.mine(op.token):
+            position = view.position(op.token) or 1
+        else:
+            if not self._join(op, view):
+                return True, default
+            if self.ticket is None:
+                return False, MIN_INTERVAL  # not granted yet (an add without an answer, or numbers taken)
+            mine = ticket_number(self.ticket.alias, self.lock.alias)
+            if mine != view.highest + 1:
+                return False, 0.0  # numbers were taken since that read: read who is ahead of us
+            position = 1 + len(view.tickets)
+        if position == 1:
+            self.head = True
+            self._judge_ahead(op, view, position)  # the tickets it passed still go by the lease
+            # The head's first add: at once when the lock is free (or shows our own add, landed late), else
+            # when the hint expects the release (an add before it would only find the lock busy).
+            free = view.holder is None or view.holder.token == op.token
+            return True, 0.0 if free else self._detecting(op, self._head_delay())
+        if self._head_seems_gone(view):
+            return True, 0.0
+        self._judge_ahead(op, view, position)
+        self._beat(op)
+        self._waiting()
+        waiters = len(view.tickets)
+        interval = self._jitter(wait_interval(position, waiters, self.memory.cadence(), self.budget))
+        wait = self._detecting(op, self._hinted_wait(position, interval))
+        if op.add_can_land(self._clock()):
+            wait = min(wait, LANDING_READ_INTERVAL)  # its landing makes the lock ours: look as the mutex does
+        return False, wait
+
+    def _recent_view(self, now: float) -> Optional[QueueView]:
+        """A read of this process made a moment ago (the mutex's after a busy add, or the release's of the
+        acquisition before): no need to read again to join."""
+        view, self.memory.view = self.memory.view, None
+        return view if view is not None and now - view.at < RECENT else None
+
+    def _hinted_wait(self, position: int, interval: float) -> float:
+        """With :data:`HOLD_HINT`: a waiter becomes the head when the one ahead is granted, about when the
+        holder releases plus (position - 2) periods; it reads right after that instead of every
+        ``interval`` before it. Without a usable estimate (or once it has passed), ``interval``."""
+        release = self.memory.expected_release() if HOLD_HINT else None
+        if release is None:
+            return interval
+        turn = release + (position - 2) * self.memory.cadence() + HINT_LEAD * self.memory.hold_estimate()
+        delay = turn - self._clock()
+        return min(MAX_INTERVAL, delay) if delay > interval else interval
+
+    def _look(self, op: Any) -> Optional[QueueView]:
+        """One fresh read of the reservation: the lock and its queue (None when the read failed)."""
+        result = self.lock.read(paced=op.polling, deadline=op.deadline.at)
+        self._looked_at = self._clock()
+        self._looked(op, result)
+        view = self.saw(result, op.token)
+        if view is None:
+            return None
+        mine = view.mine(op.token)
+        if mine:
+            # The lowest of our tickets is our place; another one (a late add of ours) goes, settled like any
+            # remove (a failed or unanswered one is left to the late-add watcher, which removes it while it
+            # shows our token), and once: a read that lags may still show one we removed, and its number may
+            # be someone else's by now.
+            self.ticket = self._alias(mine[0].number)
+            for extra in mine[1:]:
+                if extra.number not in self._removed:
+                    self._removed.add(extra.number)
+                    self.runtime.late_adds.remove_or_watch(
+                        self._alias(extra.number),
+                        op.token,
+                        self.request_lifetime,
+                        leftover=LEFT_EXTRA,
+                    )
+            if self._holds:
+                self._find_deadlock(op, result)
+        elif self.ticket is not None:
+            # Removed (judged stale by a waiter behind us), or a read that lags: join again, at the back,
+            # and leave the old one to the late-add watcher at the end, which removes it if it is there.
+            self._dropped.append(self.ticket)
+            self.ticket = None
+            self.head = False
+        return view
+
+    def _join(self, op: Any, view: QueueView) -> bool:
+        """Add a ticket after the highest number seen; False when the model refuses tickets."""
+        number = view.highest + 1
+        if self._holds is None:
+            self._holds = tuple(self._holding())
+        value = ticket_value(op.token, self.ticket_lease, 0, self._holds)
+        for tries in range(JOIN_TRIES):
+            alias = self._alias(number)
+            # Interrupted on its way (Ctrl-C), the add may still land: leave() watches it meanwhile.
+            on_the_wire = (alias, self._clock() + self.request_lifetime, 1)
+            self._unsettled.append(on_the_wire)
+            result = alias.try_add(
+                [AttributeNameValue(protocol.ATTR_OWNER, value)], paced=op.polling, deadline=op.deadline.at
+            )
+            self._unsettled.remove(on_the_wire)
+            self._sent_until[number] = self._clock() + self.request_lifetime
+            until = result.unsettled(self.request_lifetime, self._clock())
+            if until is not None:
+                self._unsettled.append((alias, *until))
+            if result.ok:
+                self.ticket, self._beats, self._beat_at = alias, 0, result.sent_at
+                return True
+            if result.status is Status.BUSY:
+                # Others joined at the same moment from the same read: spread out, 4 times wider after
+                # each "already exists" (numbers need not be dense), or N waiters that start together
+                # would make about N^2 adds on the same few numbers.
+                number += 1 + self._rng.randrange(4 ** (tries + 1))
+                continue
+            if result.status is Status.FATAL and result.failure is not None and result.failure.code:
+                # The model takes no Mutex Owner (the attribute-less original package): no queue here.
+                self.off = True
+                self.logger.info(
+                    "cloudshell-mutex: the server refused a queue ticket for %s (%s); waiting without the "
+                    "fair queue",
+                    self.lock.alias,
+                    result.failure.message,
+                )
+                return False
+            return True  # no answer: the next read shows whether it landed (self.ticket stays None)
+        return True  # numbers taken meanwhile: the next read shows the new highest
+
+    def _alias(self, number: int) -> TicketAlias:
+        alias = self._aliases.get(number)
+        if alias is None:
+            alias = self._aliases[number] = self.lock.sibling(
+                ticket_alias(self.lock.alias, number), TicketAlias
+            )
+        return alias
+
+    def _head_seems_gone(self, view: QueueView) -> bool:
+        """The lock free at two reads FALLBACK_AFTER apart, with the same head: add without waiting for it."""
+        if view.holder is not None or not view.tickets:
+            self._free_seen = None
+            return False
+        head = view.tickets[0].token
+        if self._free_seen is None or self._free_seen[1] != head:
+            self._free_seen = (view.at, head)
+            return False
+        return view.at - self._free_seen[0] >= FALLBACK_AFTER
+
+    def _judge_ahead(self, op: Any, view: QueueView, position: int) -> None:
+        """Break the first ticket ahead of ours that this process has seen unchanged for its lease + margin
+        (lease.py's rules, one breaker at a time). The judgement is the process's (:class:`LockMemory`), so
+        it survives this process's acquisitions: a dead ticket at the head is judged even when every waiter
+        passes it (by the fallback) sooner than a lease."""
+        now = self._clock()
+        ahead = view.passed + view.tickets[: position - 1]  # passed tickets too: gone ones go by the lease
+        stale = [t for t in ahead if self.memory.stale(t.alias, now)]
+        if not stale:
+            return
+        dead = stale[0]
+        alias = self._alias(dead.number)
+        result = self._breaker.break_holder(alias, self.memory.watches[dead.alias])
+        if result.broken:
+            self.memory.watches.pop(dead.alias, None)
+            self.logger.info(
+                "cloudshell-mutex: removed the abandoned queue ticket %s (%s)",
+                alias.alias,
+                dead.holder.label,
+            )
+
+    def _look_and_beat(self, op: Any) -> None:
+        view = self._look(op)
+        if view is not None:
+            self._beat(op)
+            if self.head:
+                self._judge_ahead(op, view, 1)  # the tickets the head passed go by the lease
+
+    def _beat(self, op: Any, now: bool = False) -> None:
+        """Rewrite our ticket's heartbeat every lease/3 (``now``: at once, for a deadlock's other members to
+        see us live), right after a read that showed it is ours."""
+        if self.ticket is None or (not now and self._clock() - self._beat_at < self.ticket_lease / 3):
+            return
+        self._beats += 1
+        value = ticket_value(op.token, self.ticket_lease, self._beats, self._holds or ())
+        written = self.ticket.set_attributes([(protocol.ATTR_OWNER, value)], paced=op.polling)
+        if written.ok:
+            self._beat_at = written.sent_at
+
+    # ---------------------------------------------------------------- deadlocks (waitfor.py)
+
+    def _detect_interval(self) -> float:
+        """Seconds between two deadlock checks: sooner while a cycle through our wait awaits confirmation."""
+        pending = self._cycles is not None and self._cycles.pending
+        return waitfor.CONFIRM_INTERVAL if pending else waitfor.DETECT_INTERVAL
+
+    def _detect_due(self, op: Any) -> bool:
+        """True when this waiter names held locks, has waited DETECT_AFTER, and read an interval ago."""
+        now = self._clock()
+        waited, since = now - op.start, now - self._looked_at
+        return bool(self._holds) and waited >= waitfor.DETECT_AFTER and since >= self._detect_interval()
+
+    def _detecting(self, op: Any, seconds: float) -> float:
+        """``seconds`` until the next look, but no later than the next deadlock check is due (a waiter that
+        names held locks: every check's interval, and not before DETECT_AFTER). Others: ``seconds``."""
+        if not self._holds:
+            return seconds
+        due = max(self._jitter(self._detect_interval()), op.start + waitfor.DETECT_AFTER - self._clock())
+        return min(seconds, due)
+
+    def _find_deadlock(self, op: Any, result: CallResult) -> None:
+        """Raise MutexDeadlock when this read confirms a wait-for cycle through our wait whose victim we are;
+        a cycle seen, confirmed or not, makes us rewrite our ticket's heartbeat (a sign of life)."""
+        if self._cycles is None or self._cycles.token != op.token:
+            self._cycles = waitfor.CycleWatch(op.token)
+        cycle = op.cycle = self._cycles.judge(waitfor.wait_for(result.services or {}))
+        if self._cycles.cycle is None:
+            return
+        self._beat(op, now=True)  # seen, confirmed or not: a sign of life for the other members
+        if cycle is None:
+            return
+        if cycle.victim != op.token:
+            if self._cycle_told:
+                return
+            self._cycle_told = True
+            self.logger.info(
+                "cloudshell-mutex: a deadlock through %s (%s); another waiter of it gives up",
+                self.lock.alias,
+                cycle.describe(op.token),
+            )
+            return
+        raise waitfor.deadlock_error(cycle, op.token, self.lock.reservation_id, self.lock.alias)
+
+    def _jitter(self, seconds: float) -> float:
+        return seconds * self._rng.uniform(1 - JITTER, 1 + JITTER)
+
+
+class _Turn:
+    """:meth:`FairQueue._wait_turn` as the engine's attempt: one try is one look at the queue."""
+
+    def __init__(self, queue: FairQueue, op: Any, first: bool, default: float) -> None:
+        self.queue, self.op, self.first, self.default = queue, op, first, default
+        self.delay = 0.0
+
+    def try_once(self) -> Optional[float]:
+        """One look (and join or beat); None once this waiter's turn has come."""
+        done, seconds = self.queue.take_turn(self.op, self.first, self.default)
+        self.first = False
+        if done:
+            self.delay = seconds
+            return None
+        return seconds
+
+    def waiting(self) -> None:
+        """Nothing: the queue writes the lock's progress itself, once per look in line."""
+
+    def give_up(self) -> bool:
+        """The deadline came while in line: the mutex's loop gives up (or tries once)."""
+        self.delay = 0.0
+        return True
