@@ -16,26 +16,16 @@ At the deadline, :meth:`MutexAttempt.give_up` settles with a last read and raise
 from __future__ import annotations
 
 import logging
-from typing import Callable, Optional
+from typing import Optional
 
 from .. import diagnosis, events
 from ..holder import namesake, sanitize_label
 from ..lease import lease
 from ..operation import Operation
-from ..pacing import Protocol
+from ..queue.queue import FairQueue
+from ..queue.waitrecord import WaitRecord
 from ..server.alias import CallResult, Status
 from .parts import UNREAD, LockParts
-
-
-class Line(Protocol):
-    """What an acquire asks of the way it waits after a busy add: a fair queue (:class:`~.queue.FairQueue`),
-    or outside the queue, for a thread that holds other locks, its wait record (:mod:`.waitrecord`)."""
-
-    def before_first_add(self, op: Operation, waiting: Callable[[], None]) -> None:
-        """Line up behind the waiters this process saw at its last read, before the first add."""
-
-    def pause(self, op: Operation, default: float, waiting: Callable[[], None]) -> float:
-        """After a busy add: wait in line if need be, then the delay before the next add."""
 
 
 class MutexAttempt:
@@ -51,29 +41,43 @@ class MutexAttempt:
         parts: LockParts,
         op: Operation,
         blocking: bool,
-        queue: Optional[Line],
         first_beat: str,
+        queue: Optional[FairQueue] = None,
+        record: Optional[WaitRecord] = None,
     ) -> None:
         self.parts = parts
         self.op = op
         self.blocking = blocking
-        self.queue = queue if blocking else None
         self.first_beat = first_beat
+        # How a blocking acquire waits after a busy add: in the fair queue, or (outside it, for a thread that
+        # holds other locks) with a wait record; neither for plain polling.
+        self.queue = queue if blocking else None
+        self.record = record if blocking else None
         self.confirmed_at = float("-inf")
         self.lease_from = op.start
         self.resolved = False
         self._started = False
         self._judged_after: Optional[float] = None  # the read the last stale judgement followed
+        # Waiting in line: each try is one look at the queue instead of an add (``_first_turn``: before the
+        # first add; ``_line_default``: the delay when the queue cannot help).
+        self._in_line = False
+        self._first_turn = False
+        self._line_default = 0.0
 
     # ------------------------------------------------------------------ the engine's attempt
 
     def try_once(self) -> Optional[float]:
-        """One add and what settles it: None when the lock is ours, else the pause before the next add."""
+        """One add and what settles it, or one look while in line: None when the lock is ours, else the
+        pause before the next try."""
         op, parts = self.op, self.parts
-        if not self._started and self.queue is not None:
-            # Others were waiting at our last read: line up behind them (progress written meanwhile).
-            self.queue.before_first_add(op, self.waiting)
-        self._started = True
+        if not self._started:
+            self._started = True
+            # Others were waiting at our last read: line up behind them before the first add.
+            self._in_line = self._first_turn = self.queue is not None and self.queue.lines_up_first()
+        if self._in_line:
+            delay = self._turn()
+            if delay is not None:  # the next look, or (the turn has come) the pause before the add
+                return self._until_stale(delay)
         # Step 1: the add. Its success is the lock; the owner token travels in the same call.
         op.add_sent()
         add = parts.alias.add_owner(
@@ -100,12 +104,15 @@ class MutexAttempt:
             # Freed since the add failed (the read found nobody), or a stale holder broken: retry at once.
             freed = (op.read_since_add and op.holder is None) or self._break_if_stale()
             delay = 0.0 if freed else op.next_pause(parts.pacing, parts.runtime.rng)
-            if self.queue is not None and not freed:
-                delay = self.queue.pause(op, delay, self.waiting)  # wait in line (fair=False: plain polling)
-            # The next add no later than the moment the holder turns stale: judged then, not a poll later.
-            stale_at, now = parts.watch.stale_at(), parts.runtime.clock()
-            if stale_at is not None and stale_at > now:
-                delay = min(delay, stale_at - now)
+            if self.record is not None and not freed:
+                delay = self.record.after_busy(op, delay)
+            elif self.queue is not None and not freed:
+                head = self.queue.after_busy(op, delay)  # fair=False: no queue, plain polling
+                if head is None:  # not the head: wait in line, the first look at once
+                    self._in_line, self._line_default = True, delay
+                    head = self._turn()
+                delay = head
+            delay = self._until_stale(delay)
         elif add.status is Status.TRANSIENT:
             # Step 3: a transient failure. Back off on a separate schedule, then settle with one read.
             if self._on_transient(add):
@@ -205,6 +212,29 @@ class MutexAttempt:
             parts.watch_late_add(op, removing_until)
 
     # ------------------------------------------------------------------ the steps
+
+    def _turn(self) -> Optional[float]:
+        """One look at the queue while in line. Returns the seconds until the next try (a look while still in
+        line; else the add), or None to add in this try: before the first add, which is tried once whatever
+        comes, as the turn comes or the deadline does."""
+        op, first = self.op, self._first_turn
+        self._first_turn = False
+        done, delay = self.queue.step(op, first, 0.0 if first else self._line_default)
+        if first and (done or op.deadline.passed()):
+            self._in_line = False
+            if done and delay > 0 and not op.deadline.passed():
+                self.parts.pause(op, op.deadline.clip(delay))
+            return None
+        self._in_line = not done
+        return delay
+
+    def _until_stale(self, delay: float) -> float:
+        """``delay``, but the next add no later than the moment the holder turns stale: judged then, not a
+        poll later. A waiter in line leaves that to the head."""
+        stale_at, now = self.parts.watch.stale_at(), self.parts.runtime.clock()
+        if self._in_line or stale_at is None or stale_at <= now:
+            return delay
+        return min(delay, stale_at - now)
 
     def _held(self, confirmed_at: float, resolved: bool = False, lease_from: Optional[float] = None) -> None:
         self.confirmed_at, self.resolved = confirmed_at, resolved

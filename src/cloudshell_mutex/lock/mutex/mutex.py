@@ -126,7 +126,6 @@ class ReservationMutex:
                 label=self.owner,
                 request_lifetime=self.options.request_lifetime,
                 runtime=self.runtime,
-                wait=self._parts.pause,
                 looked=self._parts.saw_in_line,
                 logger=self.logger,
                 holding=self._holding,
@@ -374,7 +373,7 @@ class ReservationMutex:
         # Plain polling: a thread that holds other locks of the reservation keeps a wait record, so that its
         # wait is seen in the wait-for graph (in the queue, its ticket is that record).
         record = None if self._queue is not None or not blocking else self._wait_record(op.token)
-        attempt = MutexAttempt(parts, op, blocking, self._queue or record, first_beat)
+        attempt = MutexAttempt(parts, op, blocking, first_beat, queue=self._queue, record=record)
         granted = False  # the hold is in place (Ctrl-C while it was being set up takes the lock back)
         try:
             acquired = acquire_loop(attempt, op.deadline, lambda seconds: parts.pause(op, seconds))

@@ -42,15 +42,15 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from cloudshell.api.cloudshell_api import AttributeNameValue
 
 from .. import protocol
-from ..engine import Runtime, acquire_loop
+from ..engine import Runtime
 from ..lease import lease
 from ..lease.lease import ticket_value
-from ..operation import LANDING_READ_INTERVAL
+from ..operation import LANDING_READ_INTERVAL, Operation
 from ..options import FRESH_READ_LAG, default_logger
 from ..protocol import ticket_alias, ticket_number
 from ..server.alias import CallResult, LockAlias, Status
@@ -87,16 +87,13 @@ LEFT_TICKET = "the queue ticket of an acquire that has ended"
 LEFT_EXTRA = "an extra queue ticket of a waiter (an add of it was sent twice)"
 
 
-def _nothing() -> None:
-    """No progress to report."""
-
-
 class FairQueue:
     """One lock object's place in the advisory queue of its lock (see the module docstring).
 
-    The mutex calls :meth:`saw` with each of its fresh reads, :meth:`before_first_add` before the first add
-    of a blocking acquire, :meth:`pause` after each busy add (it returns the delay before the next add, and
-    may wait in the queue first), and :meth:`leave` when the acquire ends, however it ends.
+    The queue runs no loop of its own: waiting in line is tries of the mutex's attempt. The attempt asks
+    :meth:`lines_up_first` before its first add and :meth:`after_busy` after each busy add; while in line,
+    each of its tries is one :meth:`step`. The mutex calls :meth:`saw` with each of its fresh reads, and
+    :meth:`leave` when the acquire ends, however it ends.
     """
 
     def __init__(
@@ -106,8 +103,7 @@ class FairQueue:
         label: str,
         request_lifetime: float,
         runtime: Runtime,
-        wait: Optional[Callable[[Any, float], None]] = None,
-        looked: Optional[Callable[[Any, CallResult], None]] = None,
+        looked: Optional[Callable[[Operation, CallResult], None]] = None,
         logger: Optional[logging.Logger] = None,
         budget: float = LOCK_BUDGET,
         ticket_lease: float = TICKET_LEASE,
@@ -123,9 +119,6 @@ class FairQueue:
         self.runtime = runtime
         self._clock = runtime.clock
         self._rng = runtime.rng
-        # The pause in line, ``wait(op, seconds)``: the mutex's, which its caller can cancel (a break's own
-        # waits use the runtime's sleep: a break is never left half done).
-        self._wait = wait or (lambda op, seconds: runtime.sleep(seconds))
         # Each read in line, ``looked(op, result)``: the mutex takes it as its own holder check.
         self._looked = looked or (lambda op, result: None)
         # The tokens of what this waiter's thread holds in the reservation, named in its ticket.
@@ -150,7 +143,6 @@ class FairQueue:
         self._free_seen: Optional[Tuple[float, str]] = None  # (when, head token) the lock was seen free
         self._hinted = False  # the head slept until shortly before the expected release
         self._misses = 0  # the head's polls since then
-        self._waiting: Callable[[], None] = _nothing  # called between reads while in line
         self._holds: Optional[Tuple[str, ...]] = None  # what the ticket names as held (asked at the join)
         self._looked_at = -math.inf  # the last read in line
         self._cycles: Optional[waitfor.CycleWatch] = None  # the cycles through our wait (holding others)
@@ -168,31 +160,25 @@ class FairQueue:
             self.head = False  # a ticket ahead of ours after all (a join from an old read): wait in line
         return view
 
-    def before_first_add(self, op: Any, waiting: Callable[[], None] = _nothing) -> None:
-        """When others were queued at this process's last read of the lock: line up behind them before
-        the first add (a releaser that asks again goes to the back). Otherwise nothing: an uncontended
-        lock costs what it always did. ``waiting`` is called between reads (the lock's progress)."""
-        if self.off or not self.memory.crowded(self._clock()):
-            return
-        self.token, self._waiting = op.token, waiting
-        delay = self._wait_turn(op, first=True)
-        if delay > 0 and not op.deadline.passed():
-            self._wait(op, op.deadline.clip(delay))
+    def lines_up_first(self) -> bool:
+        """True when others were queued at this process's last read of the lock: a blocking acquire lines up
+        behind them before its first add (a releaser that asks again goes to the back). Otherwise it adds at
+        once: an uncontended lock costs what it always did."""
+        return not self.off and self.memory.crowded(self._clock())
 
-    def pause(self, op: Any, default: float, waiting: Callable[[], None] = _nothing) -> float:
-        """After a busy add: the delay before the next add. The head polls every :func:`head_interval`;
-        any other waiter first waits in the queue (taking a ticket if it has none) until it is the head,
-        the deadline comes, or the head seems gone. ``default`` is returned when the queue is off.
-        ``waiting`` is called between reads while in line (the lock's progress messages)."""
+    def after_busy(self, op: Operation, default: float) -> Optional[float]:
+        """After a busy add: the delay before the next add when this waiter is the head (it polls every
+        :func:`head_interval`), or ``default`` when the queue is off; None when it must wait in line first
+        (:meth:`step`, taking a ticket if it has none)."""
         if self.off:
             return default
-        self.token, self._waiting = op.token, waiting
+        self.token = op.token
         if self.ticket is not None and self.head:
             if self._clock() - self._beat_at >= self.ticket_lease / 3 or self._detect_due(op):
                 self._look_and_beat(op)
             if self.ticket is not None:
                 return self._detecting(op, self._head_delay())
-        return self._wait_turn(op, first=False, default=default)
+        return None
 
     def _head_delay(self) -> float:
         """The head's next poll. With :data:`HOLD_HINT` and a holder whose grant this process saw: sleep
@@ -274,16 +260,12 @@ class FairQueue:
 
     # ---------------------------------------------------------------- waiting in line
 
-    def _wait_turn(self, op: Any, first: bool, default: float = 0.0) -> float:
-        """Read, join, and read again now and then, until this waiter is the head (0: add now), on the
-        engine's loop and the acquisition's deadline."""
-        turn = _Turn(self, op, first, default)
-        acquire_loop(turn, op.deadline, lambda seconds: self._wait(op, seconds))
-        return turn.delay
-
-    def take_turn(self, op: Any, first: bool, default: float) -> Tuple[bool, float]:
-        """One try of :meth:`_wait_turn`: (True, the delay before the next add) once the wait in line is
-        over, else (False, the seconds until the next look)."""
+    def step(self, op: Operation, first: bool, default: float) -> Tuple[bool, float]:
+        """One look at the queue (a read, and a join or a heartbeat), as one try of the mutex's attempt:
+        (True, the delay before the next add) once the wait in line is over, else (False, the seconds until
+        the next look). ``first``: before the first add (nobody waiting and the lock free: add at once);
+        ``default``: the delay when the queue cannot help (a failing read, tickets refused)."""
+        self.token = op.token
         if op.deadline.passed():
             return True, 0.0  # the mutex's loop gives up (or, for the first add, tries once)
         view = self._recent_view(self._clock()) if self.ticket is None else None
@@ -318,7 +300,6 @@ class FairQueue:
             return True, 0.0
         self._judge_ahead(op, view, position)
         self._beat(op)
-        self._waiting()
         waiters = len(view.tickets)
         interval = self._jitter(wait_interval(position, waiters, self.memory.cadence(), self.budget))
         wait = self._detecting(op, self._hinted_wait(position, interval))
@@ -343,7 +324,7 @@ class FairQueue:
         delay = turn - self._clock()
         return min(MAX_INTERVAL, delay) if delay > interval else interval
 
-    def _look(self, op: Any) -> Optional[QueueView]:
+    def _look(self, op: Operation) -> Optional[QueueView]:
         """One fresh read of the reservation: the lock and its queue (None when the read failed)."""
         result = self.lock.read(paced=op.polling, deadline=op.deadline.at)
         self._looked_at = self._clock()
@@ -377,7 +358,7 @@ class FairQueue:
             self.head = False
         return view
 
-    def _join(self, op: Any, view: QueueView) -> bool:
+    def _join(self, op: Operation, view: QueueView) -> bool:
         """Add a ticket after the highest number seen; False when the model refuses tickets."""
         number = view.highest + 1
         if self._holds is None:
@@ -437,7 +418,7 @@ class FairQueue:
             return False
         return view.at - self._free_seen[0] >= FALLBACK_AFTER
 
-    def _judge_ahead(self, op: Any, view: QueueView, position: int) -> None:
+    def _judge_ahead(self, op: Operation, view: QueueView, position: int) -> None:
         """Break the first ticket ahead of ours that this process has seen unchanged for its lease + margin
         (lease.py's rules, one breaker at a time). The judgement is the process's (:class:`LockMemory`), so
         it survives this process's acquisitions: a dead ticket at the head is judged even when every waiter
@@ -458,14 +439,14 @@ class FairQueue:
                 dead.holder.label,
             )
 
-    def _look_and_beat(self, op: Any) -> None:
+    def _look_and_beat(self, op: Operation) -> None:
         view = self._look(op)
         if view is not None:
             self._beat(op)
             if self.head:
                 self._judge_ahead(op, view, 1)  # the tickets the head passed go by the lease
 
-    def _beat(self, op: Any, now: bool = False) -> None:
+    def _beat(self, op: Operation, now: bool = False) -> None:
         """Rewrite our ticket's heartbeat every lease/3 (``now``: at once, for a deadlock's other members to
         see us live), right after a read that showed it is ours."""
         if self.ticket is None or (not now and self._clock() - self._beat_at < self.ticket_lease / 3):
@@ -483,13 +464,13 @@ class FairQueue:
         pending = self._cycles is not None and self._cycles.pending
         return waitfor.CONFIRM_INTERVAL if pending else waitfor.DETECT_INTERVAL
 
-    def _detect_due(self, op: Any) -> bool:
+    def _detect_due(self, op: Operation) -> bool:
         """True when this waiter names held locks, has waited DETECT_AFTER, and read an interval ago."""
         now = self._clock()
         waited, since = now - op.start, now - self._looked_at
         return bool(self._holds) and waited >= waitfor.DETECT_AFTER and since >= self._detect_interval()
 
-    def _detecting(self, op: Any, seconds: float) -> float:
+    def _detecting(self, op: Operation, seconds: float) -> float:
         """``seconds`` until the next look, but no later than the next deadlock check is due (a waiter that
         names held locks: every check's interval, and not before DETECT_AFTER). Others: ``seconds``."""
         if not self._holds:
@@ -497,7 +478,7 @@ class FairQueue:
         due = max(self._jitter(self._detect_interval()), op.start + waitfor.DETECT_AFTER - self._clock())
         return min(seconds, due)
 
-    def _find_deadlock(self, op: Any, result: CallResult) -> None:
+    def _find_deadlock(self, op: Operation, result: CallResult) -> None:
         """Raise MutexDeadlock when this read confirms a wait-for cycle through our wait whose victim we are;
         a cycle seen, confirmed or not, makes us rewrite our ticket's heartbeat (a sign of life)."""
         if self._cycles is None or self._cycles.token != op.token:
@@ -522,28 +503,3 @@ class FairQueue:
 
     def _jitter(self, seconds: float) -> float:
         return seconds * self._rng.uniform(1 - JITTER, 1 + JITTER)
-
-
-class _Turn:
-    """:meth:`FairQueue._wait_turn` as the engine's attempt: one try is one look at the queue."""
-
-    def __init__(self, queue: FairQueue, op: Any, first: bool, default: float) -> None:
-        self.queue, self.op, self.first, self.default = queue, op, first, default
-        self.delay = 0.0
-
-    def try_once(self) -> Optional[float]:
-        """One look (and join or beat); None once this waiter's turn has come."""
-        done, seconds = self.queue.take_turn(self.op, self.first, self.default)
-        self.first = False
-        if done:
-            self.delay = seconds
-            return None
-        return seconds
-
-    def waiting(self) -> None:
-        """Nothing: the queue writes the lock's progress itself, once per look in line."""
-
-    def give_up(self) -> bool:
-        """The deadline came while in line: the mutex's loop gives up (or tries once)."""
-        self.delay = 0.0
-        return True

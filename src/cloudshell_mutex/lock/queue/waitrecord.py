@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 from cloudshell.api.cloudshell_api import AttributeNameValue
 
@@ -124,10 +124,7 @@ class WaitRecord:
 
     # ------------------------------------------------------------------ as an acquire's way of waiting
 
-    def before_first_add(self, op: Any, waiting: Callable[[], None]) -> None:
-        """Nothing: a wait outside the queue adds at once."""
-
-    def pause(self, op: Any, default: float, waiting: Callable[[], None]) -> float:
+    def after_busy(self, op: Any, default: float) -> float:
         """After a busy add: one look when due (raises MutexDeadlock for the victim); ``default`` (the
         pacing's pause), cut to the next look."""
         self.step(op.deadline.at)
