@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from cloudshell.api.common_cloudshell_api import CloudShellAPIError
 
 from cloudshell_mutex import ReservationMutex, protocol
+from cloudshell_mutex.lock.engine import Runtime
 from cloudshell_mutex.lock.pacing import CallBudget, FixedPacing
 from cloudshell_mutex.lock.server import catalog
 
@@ -197,9 +198,8 @@ def make(api: FakeApi, clock: Clock, warm: bool = True, **kwargs: Any) -> Reserv
     # The steps of one acquisition (adds, reads, removes), counted call by call: plain polling, so that the
     # queue's tickets do not enter the count. The queue's own steps are test_queue.py's.
     kwargs.setdefault("fair", False)
-    mutex = ReservationMutex(
-        api, RES, owner="Router A driver", clock=clock, sleep=clock.sleep, rng=random.Random(1), **kwargs
-    )
+    runtime = Runtime(clock, clock.sleep, random.Random(1), kwargs.pop("late_adds", None))
+    mutex = ReservationMutex(api, RES, owner="Router A driver", runtime=runtime, **kwargs)
     if warm:  # what the model takes is known, as after this process's first add
         names = catalog.FULL if set(api.model_attributes) >= catalog.FULL else catalog.OWNER_ONLY
         catalog.learn(api, protocol.SERVICE_MODEL, names)

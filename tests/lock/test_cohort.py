@@ -14,6 +14,8 @@ from cloudshell_mutex import MutexTimeout, MutexUsageError, protocol
 from cloudshell_mutex.lock.cohort import cohort as cohort_module
 from cloudshell_mutex.lock.cohort.cohort import CohortMutex, CohortPacing
 from cloudshell_mutex.lock.cohort.files import new_file_lock, trust_window
+from cloudshell_mutex.lock.engine import Runtime
+from cloudshell_mutex.lock.mutex import handover
 from cloudshell_mutex.lock.pacing import CallBudget, FixedPacing
 from cloudshell_mutex.lock.server import catalog
 
@@ -33,9 +35,7 @@ def cohort(api, clock, directory, owner="driver", **kwargs) -> CohortMutex:
         RES,
         owner=owner,
         cohort_dir=directory,
-        clock=clock,
-        sleep=clock.sleep,
-        rng=random.Random(1),
+        runtime=Runtime(clock, clock.sleep, random.Random(1)),
         **kwargs,
     )
 
@@ -312,8 +312,8 @@ def test_a_pass_hands_on_the_heartbeats_write_time_not_a_later_read(clock):
     api = FakeApi(attributes=(protocol.ATTR_OWNER, *protocol.LEASE_ATTRIBUTES), clock=clock)
     catalog.learn(api, protocol.SERVICE_MODEL, catalog.FULL)
     mutex = ReservationMutex(
-        api, RES, owner="A", clock=clock, sleep=clock.sleep, lease=60.0, timeout=120.0,
-        budget=CallBudget(rate=1000, burst=1000, clock=clock), late_adds=LateAdds(clock),
+        api, RES, owner="A", runtime=Runtime(clock, clock.sleep, late_adds=LateAdds(clock)), lease=60.0,
+        timeout=120.0, budget=CallBudget(rate=1000, burst=1000, clock=clock),
     )  # fmt: skip
     start = clock.now
 
@@ -330,7 +330,7 @@ def test_a_pass_hands_on_the_heartbeats_write_time_not_a_later_read(clock):
     api.faults["GetReservationDetails"] = [reads_fail_for_40_s] * 1000
     assert mutex.acquire()
     assert clock.now - start >= 40  # settled by a read long after the add
-    passed = mutex.hand_over()
+    passed = handover.hand_over(mutex)
     confirmed, lease_seconds = passed.confirmed_at, passed.lease
     assert lease_seconds == 60.0
     assert confirmed - start < 1.0, "the pass must carry the add's send time, not the settling read's"

@@ -13,6 +13,7 @@ from fakes import RES, FakeApi
 from cloudshell_mutex.lock.cohort import files as cohort_files
 from cloudshell_mutex.lock.cohort.cohort import CohortMutex
 from cloudshell_mutex.lock.cohort.files import new_file_lock, sweep_cohort_dir, sweep_now_and_then
+from cloudshell_mutex.lock.engine import Runtime
 
 pytestmark = pytest.mark.skipif(not cohort_files.cohort_available(), reason="no OS file lock here")
 
@@ -27,7 +28,7 @@ def test_idle_cohorts_files_go_and_a_folder_used_for_months_stays_small(clock, t
     api = FakeApi(clock=clock)
     for number in range(40):  # one lock in each of 40 sandboxes, one after another
         lock = CohortMutex(
-            api, RES, name=f"L{number}", owner="A", cohort_dir=tmp_path, clock=clock, sleep=clock.sleep
+            api, RES, name=f"L{number}", owner="A", cohort_dir=tmp_path, runtime=Runtime(clock, clock.sleep)
         )
         lock.acquire()
         lock.release()
@@ -41,10 +42,12 @@ def test_idle_cohorts_files_go_and_a_folder_used_for_months_stays_small(clock, t
 
 def test_a_cohort_in_use_keeps_its_files(clock, tmp_path):
     api = FakeApi(clock=clock)
-    held = CohortMutex(api, RES, name="HELD", owner="A", cohort_dir=tmp_path, clock=clock, sleep=clock.sleep)
+    held = CohortMutex(
+        api, RES, name="HELD", owner="A", cohort_dir=tmp_path, runtime=Runtime(clock, clock.sleep)
+    )
     held.acquire()
     passed = CohortMutex(
-        api, RES, name="PASSED", owner="B", cohort_dir=tmp_path, clock=clock, sleep=clock.sleep
+        api, RES, name="PASSED", owner="B", cohort_dir=tmp_path, runtime=Runtime(clock, clock.sleep)
     )
     passed.acquire()
     with passed._files.state() as state:
@@ -58,7 +61,7 @@ def test_a_cohort_in_use_keeps_its_files(clock, tmp_path):
 
 def test_recent_files_stay_and_the_folder_is_swept_at_most_once_an_interval(clock, tmp_path):
     api = FakeApi(clock=clock)
-    lock = CohortMutex(api, RES, owner="A", cohort_dir=tmp_path, clock=clock, sleep=clock.sleep)
+    lock = CohortMutex(api, RES, owner="A", cohort_dir=tmp_path, runtime=Runtime(clock, clock.sleep))
     lock.acquire()
     lock.release()
     assert sweep_cohort_dir(tmp_path) == 0  # used a moment ago

@@ -6,7 +6,9 @@ import pytest
 from fakes import RES, FakeApi, http_500, make
 
 from cloudshell_mutex import MutexLostError, MutexUsageError, ReservationMutex, protocol
+from cloudshell_mutex.lock.engine import Runtime
 from cloudshell_mutex.lock.errors import MutexHandleError
+from cloudshell_mutex.lock.mutex import handover
 from cloudshell_mutex.lock.mutex.handle import HandleInfo, make_handle, parse_handle
 from cloudshell_mutex.lock.options import FRESH_READ_LAG
 from cloudshell_mutex.lock.server import catalog
@@ -16,7 +18,7 @@ TOKEN = "Orchestrator@exec-01:77:0123abcd"
 
 
 def adopt(api, clock, handle, **kwargs):
-    return ReservationMutex.adopt(api, handle, owner="driver", clock=clock, sleep=clock.sleep, **kwargs)
+    return ReservationMutex.adopt(api, handle, owner="driver", runtime=Runtime(clock, clock.sleep), **kwargs)
 
 
 def test_a_handle_is_short_and_safe_as_a_command_input():
@@ -136,7 +138,7 @@ def test_an_adopter_never_marks_the_lock_releasing_and_the_exporter_does(clock, 
     orchestrator = make(api, clock, request_lifetime=30)
     orchestrator.acquire()
     token, handle = orchestrator.token, orchestrator.export()
-    assert orchestrator.acquisition.secret.hex() not in handle
+    assert handover.acquisition(orchestrator).secret.hex() not in handle
     driver = adopt(api, clock, handle, request_lifetime=30)
     seen = []
 

@@ -26,6 +26,7 @@ from cloudshell_mutex import (
     ReservationMutex,
     protocol,
 )
+from cloudshell_mutex.lock.engine import Runtime
 from cloudshell_mutex.lock.errors import MutexNotInstalled, MutexPermissionError, ReservationNotActive
 from cloudshell_mutex.lock.holder import parse_token
 from cloudshell_mutex.lock.pacing import CallBudget, FixedPacing
@@ -436,7 +437,7 @@ def test_ended_reservation_raises_reservation_not_active(clock):
 
 def test_unknown_reservation_raises_reservation_not_active(clock):
     api = FakeApi()
-    mutex = ReservationMutex(api, "no-such", clock=clock, sleep=clock.sleep)
+    mutex = ReservationMutex(api, "no-such", runtime=Runtime(clock, clock.sleep))
     with pytest.raises(ReservationNotActive, match="not found"):
         mutex.acquire()
 

@@ -10,6 +10,7 @@ import pytest
 from fakes import RES, FakeApi, make
 
 from cloudshell_mutex import MutexOptions, MutexTimeout, ReservationMutex
+from cloudshell_mutex.lock.engine import Runtime
 
 
 @pytest.mark.parametrize(
@@ -71,7 +72,7 @@ def test_owner_none_and_non_ascii_labels_read_back_as_given(clock):
     assert make(api, clock).owner == "Router A driver"
     unnamed = ReservationMutex(api, RES, owner=None)
     assert unnamed.owner == "cloudshell-mutex"
-    mutex = ReservationMutex(api, RES, owner="Routeur é Köln", clock=clock, sleep=clock.sleep)
+    mutex = ReservationMutex(api, RES, owner="Routeur é Köln", runtime=Runtime(clock, clock.sleep))
     with mutex:
         assert mutex.token.startswith("Routeur é Köln@")
         assert mutex.holder().label.startswith("Routeur é Köln (host")

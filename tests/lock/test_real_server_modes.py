@@ -12,6 +12,7 @@ import time
 import pytest
 
 from cloudshell_mutex import MutexLostError, MutexTimeout, ReservationMutex, protocol
+from cloudshell_mutex.lock.engine import Runtime
 from cloudshell_mutex.lock.errors import MutexNotInstalled, ReservationNotActive
 from cloudshell_mutex.lock.pacing import DefaultPacing
 from cloudshell_mutex.lock.server import catalog
@@ -142,7 +143,7 @@ def test_a_lagging_read_after_an_unsure_add_never_raises_while_the_add_is_in_pla
     rid = emu.create_reservation()
     api = emu.session(max_attempts=1)  # no client re-send: the lock sees the dropped reply itself
     late = LateAdds()
-    lock = mutex(api, rid, late_adds=late, timeout=0.5)
+    lock = mutex(api, rid, runtime=Runtime(late_adds=late), timeout=0.5)
     catalog.learn(api, protocol.SERVICE_MODEL, catalog.OWNER_ONLY)
     emu.control.inject_fault("AddServiceToReservation", "drop_after_commit")
     emu.control.inject_fault("GetReservationDetails", "stale_fresh_read", count=20, ms=5000)

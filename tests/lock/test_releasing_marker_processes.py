@@ -21,6 +21,7 @@ from cloudshell.api.cloudshell_api import AttributeNameValue, CloudShellAPISessi
 from test_rwlock_processes import collect
 
 from cloudshell_mutex import MutexTimeout, ReservationMutex, protocol
+from cloudshell_mutex.lock.engine import Runtime
 from cloudshell_mutex.lock.holder import make_secret, releasing_value
 from cloudshell_mutex.lock.pacing import DefaultPacing
 from cloudshell_mutex.lock.server import catalog
@@ -82,7 +83,9 @@ def attack(emu, rid: str, forgery: str) -> Dict[str, Any]:
 def holder_lock(emu, rid: str, late: Optional[LateAdds] = None, lifetime: float = 30) -> ReservationMutex:
     api = emu.session()
     catalog.learn(api, protocol.SERVICE_MODEL, catalog.OWNER_ONLY)  # the faults below are for the release
-    return ReservationMutex(api, rid, owner="holder", pacing=FAST, request_lifetime=lifetime, late_adds=late)
+    return ReservationMutex(
+        api, rid, owner="holder", pacing=FAST, request_lifetime=lifetime, runtime=Runtime(late_adds=late)
+    )
 
 
 def aliases(emu, rid: str):

@@ -9,6 +9,7 @@ test_rwlock_processes.py.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import random
 from typing import Any, Dict, List
 
@@ -25,6 +26,7 @@ from cloudshell_mutex import (
     ReservationRWLock,
     protocol,
 )
+from cloudshell_mutex.lock.engine import Runtime
 from cloudshell_mutex.lock.holder import is_read_group
 from cloudshell_mutex.lock.pacing import CallBudget, FixedPacing
 from cloudshell_mutex.lock.server import catalog
@@ -64,10 +66,7 @@ def make_rw(api: FakeApi, clock, owner: str = "reader R", **kwargs: Any) -> Rese
         api,
         RES,
         owner=owner,
-        clock=clock,
-        sleep=clock.sleep,
-        rng=random.Random(1),
-        late_adds=LateAdds(clock),
+        runtime=Runtime(clock, clock.sleep, random.Random(1), LateAdds(clock)),
         max_readers=4,
         **kwargs,
     )
@@ -284,7 +283,8 @@ def test_a_group_add_that_lands_after_its_opener_gave_it_up_is_never_removed_bli
     late_adds = LateAdds(clock)
     rw = make_rw(api, clock)
     # What a plain mutex of this process would hand its late adds to.
-    rw._parts.mutex_args["late_adds"] = late_adds
+    args = rw._parts.mutex_args
+    args["runtime"] = dataclasses.replace(args["runtime"], late_adds=late_adds)
     lands_at = clock.now + 3.0
 
     def unanswered(reservation_id, model, alias, attributes):
@@ -351,7 +351,7 @@ def test_a_closer_whose_remove_may_still_land_keeps_the_closer_service_until_rel
     second = make_rw(api, clock, "reader B")
     assert not second.read().acquire(blocking=False)  # no joining while the close is unfinished
     clock.now += 61  # the remove lands
-    writer = ReservationMutex(api, RES, owner="writer W", clock=clock, sleep=clock.sleep, timeout=5.0)
+    writer = ReservationMutex(api, RES, owner="writer W", runtime=Runtime(clock, clock.sleep), timeout=5.0)
     assert writer.acquire()
     assert not second.read().locked()
 
@@ -405,7 +405,7 @@ def _silent_group(api: FakeApi) -> None:
 def _waiter(api: FakeApi, clock, owner: str = "writer W", timeout: float = 30.0) -> ReservationMutex:
     budget = CallBudget(rate=1000, burst=1000, clock=clock)
     return ReservationMutex(
-        api, RES, owner=owner, clock=clock, sleep=clock.sleep, lease=2.0, timeout=timeout, budget=budget
+        api, RES, owner=owner, runtime=Runtime(clock, clock.sleep), lease=2.0, timeout=timeout, budget=budget
     )
 
 

@@ -20,6 +20,7 @@ from cloudshell.api.cloudshell_api import AttributeNameValue, CloudShellAPISessi
 from test_lease_processes import our_package
 
 from cloudshell_mutex import ReservationMutex, ReservationRWLock, protocol
+from cloudshell_mutex.lock.engine import Runtime
 from cloudshell_mutex.lock.holder import make_token
 from cloudshell_mutex.lock.lease import lease
 from cloudshell_mutex.lock.lease.lease import stale_margin
@@ -572,7 +573,13 @@ def wide_reader(addr: Address, rid: str, inside, leave, results) -> None:
     try:
         api = session(addr)
         rw = ReservationRWLock(
-            api, rid, owner="wide reader", max_readers=8, rng=LastChoice(), timeout=60, **FAST
+            api,
+            rid,
+            owner="wide reader",
+            max_readers=8,
+            runtime=Runtime(rng=LastChoice()),
+            timeout=60,
+            **FAST,
         )
         with rw.read() as side:
             journal(api, rid, f"enter|reader|wide|{side.token}")

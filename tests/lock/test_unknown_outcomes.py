@@ -15,6 +15,7 @@ from fakes import RES, FakeApi, http_500, make, other_holds
 from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
 from cloudshell_mutex import MutexLostError, MutexReleaseError, MutexTimeout, ReservationMutex, protocol
+from cloudshell_mutex.lock.engine import Runtime
 from cloudshell_mutex.lock.holder import (
     make_secret,
     make_token,
@@ -513,8 +514,9 @@ def test_a_forged_marker_in_place_while_the_remove_may_land_is_overwritten_by_th
             api.on_call = None
             shown.append(api.services[marker][protocol.ATTR_OWNER])
             waiter = ReservationMutex(
-                api, RES, owner="waiter", fair=False, timeout=0.5, clock=clock, sleep=clock.sleep,
-                late_adds=late, holder_check_interval=0.1,
+                api, RES, owner="waiter", fair=False, timeout=0.5,
+                runtime=Runtime(clock, clock.sleep, late_adds=late),
+                holder_check_interval=0.1,
             )  # fmt: skip
             with pytest.raises(MutexTimeout) as raised:
                 waiter.acquire()

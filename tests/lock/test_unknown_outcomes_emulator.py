@@ -19,6 +19,7 @@ import pytest
 from cloudshell.api.cloudshell_api import AttributeNameValue, CloudShellAPISession
 
 from cloudshell_mutex import MutexTimeout, ReservationMutex, protocol
+from cloudshell_mutex.lock.engine import Runtime
 from cloudshell_mutex.lock.lease.lease import ticket_value
 from cloudshell_mutex.lock.pacing import DefaultPacing
 from cloudshell_mutex.lock.queue import tickets as queue_values
@@ -284,7 +285,7 @@ def test_a_late_add_after_release_is_removed_and_blocks_nobody(emu):
     client's own re-send acquired it). The late add re-creates MUTEX with our token; it is removed."""
     rid = emu.create_reservation()
     late = LateAdds(background=True)  # this test's own watcher: other tests' entries are not its business
-    lock = mutex(emu.session(), rid, owner="late", late_adds=late)
+    lock = mutex(emu.session(), rid, owner="late", runtime=Runtime(late_adds=late))
     emu.control.inject_fault("AddServiceToReservation", "apply_late", delay=None, reset_after=0.05)
     with lock:  # the client re-sends the add 1 s later; that copy grants the lock
         token = lock.token

@@ -10,6 +10,8 @@
   is where a caller's cancellation is heard (:func:`~.pacing.pause`).
 * :class:`Acquisition` is a held acquisition as a value: what one object hands another when a lock passes
   between them without a call (a cohort's pass, a read group's join, an adopt).
+* :class:`LockFace` is what every lock kind shows the same way (Curator's ``InterProcessLock``): a context
+  manager over ``acquire``/``release``, and ``locked``/``owned``.
 * :class:`Runtime` is the one test seam: the clock, the sleep, the random source and the late-add watcher
   that every part of one lock shares (kazoo's ``client.handler``).
 """
@@ -137,36 +139,40 @@ def acquire_loop(attempt: Attempt, deadline: Deadline, pause: Callable[[float], 
         pause(deadline.clip(delay))
 
 
-class HeldLock(Protocol):
-    """What a lock kind built from mutexes asks of each (:class:`~.mutex.ReservationMutex`): the read side
-    of a read-write lock knows its slots, closer and group by this, and so needs no import of the mutex."""
+class LockFace:
+    """What every lock kind shows the same way: ``with lock:`` acquires and releases, ``owned()`` is
+    ``locked()`` (redis-py's name), and ``repr`` names the lock and whether this object holds it. A kind
+    supplies ``acquire``, ``release``, ``locked`` and the ``name`` and ``reservation_id`` it is on."""
 
-    @property
-    def name(self) -> str:
-        """The mutex's alias."""
+    name: str
+    reservation_id: str
 
-    @property
-    def token(self) -> Optional[str]:
-        """The owner token while held, else None."""
+    def acquire(self, blocking: bool = True, timeout: Any = None) -> bool:  # pragma: no cover - each kind's
+        """Take the lock (each kind says how)."""
+        raise NotImplementedError
 
-    @property
-    def calls(self) -> int:
-        """API calls made."""
+    def release(self) -> None:  # pragma: no cover - each kind's
+        """Release the lock (each kind says how)."""
+        raise NotImplementedError
 
-    def acquire(self, blocking: bool = True, timeout: Any = ...) -> bool:
-        """Take it (see ReservationMutex.acquire)."""
+    def locked(self) -> bool:  # pragma: no cover - each kind's
+        """True while *this object* holds the lock, as far as it knows (no call)."""
+        raise NotImplementedError
 
-    def release(self) -> None:
-        """Release it (see ReservationMutex.release)."""
+    def owned(self) -> bool:
+        """The same as :meth:`locked`: True while this object holds the lock (redis-py's name)."""
+        return self.locked()
 
-    def ensure_held(self, read: bool = False) -> None:
-        """Raise MutexLostError unless still held."""
+    def __enter__(self) -> Any:
+        self.acquire()
+        return self
 
-    def detach(self) -> None:
-        """Stop holding without removing the service."""
+    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        # A failed release is raised even when the block raised: a lock that may still be held or was lost
+        # must not go unnoticed. Python chains the block's exception as __context__.
+        self.release()
 
-    def stop_heartbeat(self) -> None:
-        """Stop heartbeating while still held."""
-
-    def join(self, token: str, deadline: Optional[Deadline] = None) -> None:
-        """Hold ``token`` after a read shows it."""
+    def __repr__(self) -> str:
+        token = getattr(self, "token", None)
+        state = f"held as {token!r}" if self.locked() and token else "held" if self.locked() else "not held"
+        return f"<{type(self).__name__} {self.name!r} reservation={self.reservation_id} {state}>"

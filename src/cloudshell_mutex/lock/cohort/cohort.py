@@ -23,14 +23,15 @@ import secrets
 import socket
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Union
+from typing import Any, Dict, Optional, Union
 
 import filelock
 
 from .. import diagnosis
-from ..engine import Acquisition, Deadline, acquire_loop
+from ..engine import Acquisition, Deadline, LockFace, Runtime, acquire_loop
 from ..errors import MutexCancelled, MutexDeadlock, MutexError, MutexLostError, MutexTimeout
 from ..holder import make_token
+from ..mutex import handover
 from ..mutex.mutex import ReservationMutex
 from ..options import UNSET, check_duration
 from ..pacing import CancelledWait, CohortPacing, cancellation_check, pause
@@ -72,7 +73,7 @@ DEFAULT_YIELD_SECONDS = 2.5
 DEFAULT_LOCAL_POLL = 0.005
 
 
-class CohortMutex:
+class CohortMutex(LockFace):
     """A :class:`~.mutex.ReservationMutex` in cohort mode: processes on this machine that lock the same alias
     in the same reservation on the same server pass the server lock among themselves.
 
@@ -115,8 +116,7 @@ class CohortMutex:
         max_pass_seconds: float = DEFAULT_MAX_PASS_SECONDS,
         yield_seconds: float = DEFAULT_YIELD_SECONDS,
         local_poll: float = DEFAULT_LOCAL_POLL,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
+        runtime: Optional[Runtime] = None,
         **options: Any,
     ) -> None:
         if not cohort_available():
@@ -133,16 +133,16 @@ class CohortMutex:
             options.setdefault("pacing", COHORT_PACING)
             options.setdefault("holder_check_interval", COHORT_HOLDER_CHECK_INTERVAL)
         self._mutex = ReservationMutex(
-            api, reservation_id, owner=owner, name=name, logger=logger, clock=clock, sleep=sleep, **options
+            api, reservation_id, owner=owner, name=name, logger=logger, runtime=runtime, **options
         )
         self.logger = self._mutex.logger
-        self._clock = clock
-        self._sleep = sleep
+        self._clock = self._mutex.runtime.clock
+        self._sleep = self._mutex.runtime.sleep
         # The caller's cancellation, asked while this waits for the local lock or yields to other servers.
         self._cancellation = cancellation_check(self._mutex.options.cancellation)
         # The cohort's own calls: a local waiter's progress lines and its wait record.
         self._alias = LockAlias.for_lock(
-            api, self._mutex.reservation_id, name, self._mutex.options, self.logger, clock, sleep
+            api, self._mutex.reservation_id, name, self._mutex.options, self.logger, self._clock, self._sleep
         )
         self._local_record: Optional[WaitRecord] = None  # the last local wait's (a timeout's words)
         self._nested = 0  # acquires counted on top of the one that holds (reentrant)
@@ -210,10 +210,6 @@ class CohortMutex:
     def locked(self) -> bool:
         """True while *this object* holds the lock (no call), as :meth:`ReservationMutex.locked`."""
         return self._held
-
-    def owned(self) -> bool:
-        """The same as :meth:`locked` (redis-py's name)."""
-        return self.locked()
 
     def ensure_held(self, read: bool = False, timeout: Optional[float] = 0.0) -> None:
         """As :meth:`ReservationMutex.ensure_held`."""
@@ -330,7 +326,18 @@ class CohortMutex:
         runtime, lifetime = self._mutex.runtime, self._mutex.options.request_lifetime
         record = WaitRecord.for_wait(self._alias, make_token(self.owner), runtime, lifetime, self.logger)
         self._local_record = record
-        wait = LocalWait(self, deadline.left(), deadline.at, holder, self._cancellation is not None, record)
+        member = (self.name, self.owner, self.options)
+        cancellable = self._cancellation is not None
+        wait = LocalWait(
+            member,
+            self._try_local,
+            self._write_progress,
+            deadline.left(),
+            deadline.at,
+            holder,
+            cancellable,
+            record,
+        )
         what = "cloudshell-mutex: %s in reservation %s is held by %s in cohort mode; waiting for it"
         self.logger.info(what, self.name, self.reservation_id, wait.who)
         cancellation = self._cancellation
@@ -340,7 +347,7 @@ class CohortMutex:
             if record is not None:
                 record.close()
 
-    def try_local(self, seconds: float) -> bool:
+    def _try_local(self, seconds: float) -> bool:
         """Try the local lock for up to ``seconds`` (-1: until it is free); True when this object has it."""
         try:
             self._local.acquire(timeout=seconds, poll_interval=self.local_poll)
@@ -348,7 +355,7 @@ class CohortMutex:
         except filelock.Timeout:
             return False
 
-    def write_progress(self, message: str, deadline: Optional[float], warning: bool = False) -> None:
+    def _write_progress(self, message: str, deadline: Optional[float], warning: bool = False) -> None:
         """One line in the reservation output, progress or a ``warning`` (a courtesy: a failure is logged)."""
         if not self._alias.write_output(message, warning=warning, paced=True, deadline=deadline).ok:
             self.logger.debug("cloudshell-mutex: could not write progress to the reservation output")
@@ -379,7 +386,7 @@ class CohortMutex:
                 self.owner, self.name, self.reservation_id, dead, bool(token), releasing
             )
             self.logger.warning("cloudshell-mutex: %s", note)
-            self.write_progress(
+            self._write_progress(
                 note, deadline.at, warning=True
             )  # the people watching are told, as of a break
         if token is not None and self._join(
@@ -391,7 +398,7 @@ class CohortMutex:
         acquired = self._mutex.acquire(True, deadline.left()) if blocking else self._mutex.acquire(False)
         if acquired:
             self._held = True
-            held = self._mutex.acquisition
+            held = handover.acquisition(self._mutex)
             try:
                 with self._files.state(state_wait(deadline)) as state:
                     state.keep(held)
@@ -438,11 +445,11 @@ class CohortMutex:
         fresh = confirmed_at is not None and self._clock() - confirmed_at < trust_window(lease_seconds)
         try:
             if fresh and not verify:
-                self._mutex.take_over(Acquisition(token, confirmed_at, lease_seconds, secret))
+                handover.take_over(self._mutex, Acquisition(token, confirmed_at, lease_seconds, secret))
             else:
                 # One read (transient failures waited out until the deadline, as the acquire's own reads
                 # are); raises MutexLostError when it is not ours.
-                self._mutex.join(token, deadline, secret)
+                handover.join(self._mutex, token, deadline, secret)
         except MutexLostError:
             wait = state_wait(deadline)
             with contextlib.suppress(CohortStateBusy), self._files.state(wait) as state:
@@ -458,7 +465,7 @@ class CohortMutex:
         if not fresh or verify:
             wait = state_wait(deadline)
             with contextlib.suppress(CohortStateBusy), self._files.state(wait) as state:
-                state.confirmed_at = self._mutex.acquisition.confirmed_at
+                state.confirmed_at = handover.acquisition(self._mutex).confirmed_at
         self.passed = True
         self._held = True
         return True
@@ -536,7 +543,7 @@ class CohortMutex:
         except CohortStateBusy as busy:
             self.logger.warning("cloudshell-mutex: %s; releasing %s to the server", busy, self.name)
             wait = STATE_GRACE  # once is enough: the release goes on without the state
-        passed = self._mutex.hand_over() if waiting and within else None
+        passed = handover.hand_over(self._mutex) if waiting and within else None
         if passed is not None:
             try:
                 with self._files.state(wait) as state:
@@ -588,14 +595,3 @@ class CohortMutex:
         self._held = False
         if self._local.is_locked:
             self._local.release()
-
-    def __enter__(self) -> CohortMutex:
-        self.acquire()
-        return self
-
-    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
-        self.release()
-
-    def __repr__(self) -> str:
-        state = f"held as {self._mutex.token!r}" if self._held else "not held"
-        return f"<CohortMutex {self.name!r} reservation={self.reservation_id} {state}>"

@@ -31,7 +31,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional, Union
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple, Union
 
 import filelock
 
@@ -39,7 +39,8 @@ from .. import diagnosis
 from ..engine import Deadline
 from ..errors import MutexTimeout
 from ..holder import proves_release, sanitize_label
-from ..pacing import CANCEL_SLICE, Protocol
+from ..options import MutexOptions
+from ..pacing import CANCEL_SLICE
 from ..queue.waitrecord import WaitRecord
 from ..server import catalog
 
@@ -463,28 +464,6 @@ def describe_local(state: CohortState, token: Optional[str], now: Optional[float
     return "; ".join(parts)
 
 
-class LocalWaiter(Protocol):
-    """What :class:`LocalWait` asks of the cohort member that waits (:class:`~.cohort.CohortMutex`)."""
-
-    @property
-    def name(self) -> str:
-        """The lock's alias."""
-
-    @property
-    def owner(self) -> str:
-        """The member's label."""
-
-    @property
-    def options(self) -> Any:
-        """The member's :class:`~.options.MutexOptions`."""
-
-    def try_local(self, seconds: float) -> bool:
-        """Try the local lock for up to ``seconds`` (-1: until free); True when taken."""
-
-    def write_progress(self, message: str, deadline: Optional[float], warning: bool = False) -> None:
-        """One line in the reservation output (progress, or a ``warning``)."""
-
-
 class LocalWait:
     """A cohort member's wait for the local lock, as the engine's attempt: one try waits for the local file
     lock until the next progress line, the next cancellation check, the next look for a deadlock (``record``:
@@ -493,14 +472,19 @@ class LocalWait:
 
     def __init__(
         self,
-        cohort: LocalWaiter,
+        member: Tuple[str, str, MutexOptions],
+        try_local: Callable[[float], bool],
+        write_progress: Callable[[str, Optional[float]], None],
         left: Optional[float],
         deadline: Optional[float],
         holder: Optional[Dict[str, Any]],
         cancellable: bool,
         record: Optional[WaitRecord] = None,
     ) -> None:
-        self.cohort = cohort
+        # The member that waits: its alias, its label and its options; how it tries the local lock (for up
+        # to some seconds, -1: until free) and how it writes a line to the reservation output.
+        self.name, self.owner, options = member
+        self.try_local, self.write_progress = try_local, write_progress
         self.cancellable = cancellable
         self.record = record
         self.holder = holder
@@ -509,7 +493,6 @@ class LocalWait:
         if holder:
             here = "this process" if holder.get("pid") == os.getpid() else f"pid {holder.get('pid')}"
             self.who = f"{holder.get('owner')} ({here} on this execution server)"
-        options = cohort.options
         self.start = time.monotonic()
         #: The caller's deadline on real time (the local lock's waits are real).
         self.end = Deadline.after(left)
@@ -524,7 +507,7 @@ class LocalWait:
             until = min(until, now + CANCEL_SLICE)
         if self.record is not None:
             until = min(until, now + self.record.due_in())
-        return None if self.cohort.try_local(-1.0 if math.isinf(until) else max(0.0, until - now)) else 0.0
+        return None if self.try_local(-1.0 if math.isinf(until) else max(0.0, until - now)) else 0.0
 
     def waiting(self) -> None:
         """A look for a deadlock when due (raises MutexDeadlock for its victim), and the progress line."""
@@ -536,11 +519,8 @@ class LocalWait:
         self.next_progress = now + self.interval
         started = float(self.holder.get("started", 0)) if self.holder else 0.0
         held = time.time() - started if started else now - self.start
-        cohort = self.cohort
-        message = (
-            f"{sanitize_label(cohort.owner)}: waiting for {cohort.name} held by {self.who} for {held:.0f} s"
-        )
-        cohort.write_progress(message, self.deadline)
+        message = f"{sanitize_label(self.owner)}: waiting for {self.name} held by {self.who} for {held:.0f} s"
+        self.write_progress(message, self.deadline)
 
     def give_up(self) -> bool:
         """The deadline came: not taken (the caller tidies up and raises the timeout)."""

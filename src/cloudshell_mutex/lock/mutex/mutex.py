@@ -22,12 +22,10 @@ This module is the public face: arguments, nesting, what is held, hand-over. One
 from __future__ import annotations
 
 import logging
-import random
-import time
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 from .. import diagnosis, events, protocol
-from ..engine import Acquisition, Deadline, Runtime, acquire_loop
+from ..engine import Deadline, LockFace, Runtime, acquire_loop
 from ..errors import MutexDeadlock, MutexUsageError
 from ..holder import Holder, make_secret, make_token, releasing_value
 from ..lease import lease
@@ -38,7 +36,7 @@ from ..queue import holdings
 from ..queue.queue import FairQueue
 from ..queue.waitrecord import WaitRecord
 from ..server.alias import LockAlias
-from ..server.late_adds import LateAdds, late_adds_for
+from ..server.late_adds import with_late_adds
 from . import fencing
 from .attempt import MutexAttempt
 from .handle import HandleInfo, make_handle, parse_handle
@@ -47,7 +45,7 @@ from .parts import LockParts
 from .release import ReleaseEnd, ReleaseLoop
 
 
-class ReservationMutex:
+class ReservationMutex(LockFace):
     """A mutual-exclusion lock on one CloudShell reservation, shared by every process that uses
     the same alias (default ``MUTEX``), including code that runs the original snippet.
 
@@ -86,10 +84,7 @@ class ReservationMutex:
         logger: Optional[logging.Logger] = None,
         *,
         options: Optional[MutexOptions] = None,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
-        rng: Optional[random.Random] = None,
-        late_adds: Optional[LateAdds] = None,
+        runtime: Optional[Runtime] = None,
         **tuning: Any,
     ) -> None:
         if options is not None and not isinstance(options, MutexOptions):
@@ -104,13 +99,9 @@ class ReservationMutex:
         self.owner = "cloudshell-mutex" if owner is None else str(owner)
         self.pacing: PacingPolicy = self.options.pacing or DefaultPacing()
         self.backoff: PacingPolicy = self.options.backoff or ExponentialBackoff()
-        #: The clock, sleep, random source and late-add watcher of this lock and all its parts.
-        self.runtime = Runtime(
-            clock,
-            sleep,
-            rng if rng is not None else random.Random(),
-            late_adds if late_adds is not None else late_adds_for(clock, self.logger),
-        )
+        #: The clock, sleep, random source and late-add watcher of this lock and its parts (the test seam).
+        self.runtime = with_late_adds(runtime, self.logger)
+        clock, sleep = self.runtime.clock, self.runtime.sleep
         alias = LockAlias.for_lock(api, reservation_id, name, self.options, self.logger, clock, sleep)
         cancelled = cancellation_check(self.options.cancellation)
         self._parts = LockParts(
@@ -175,10 +166,6 @@ class ReservationMutex:
         ``holder() is not None``.
         """
         return self._held is not None
-
-    def owned(self) -> bool:
-        """The same as :meth:`locked`: True while this object holds the lock (redis-py's name)."""
-        return self.locked()
 
     @property
     def leased(self) -> bool:
@@ -257,23 +244,11 @@ class ReservationMutex:
         kwargs.setdefault("model", info.model)
         kwargs.setdefault("lease", info.lease)
         mutex = cls(api, info.reservation_id, owner=owner or "adopted", name=info.alias, **kwargs)
-        mutex.join(info.token)
+        mutex._join(info.token)
         return mutex
 
-    # ------------------------------------------------------------------ hand-over (cohort, read groups)
-
-    @property
-    def acquisition(self) -> Optional[Acquisition]:
-        """The held acquisition as a value (token, last confirmation that counts for a successor, lease),
-        or None when not held. No call."""
-        return self._held.acquisition() if self._held is not None else None
-
-    def join(self, token: str, deadline: Optional[Deadline] = None, secret: Optional[bytes] = None) -> None:
-        """Hold the acquisition ``token`` after one fresh read shows it (:meth:`adopt`; a cohort member
-        carrying on after a holder that died). With ``deadline``, transient read failures are backed off
-        and read again until it, as an acquire's reads are (None: one read). ``secret``: the one the token
-        commits to, when known (a cohort's state keeps it; an export handle does not). Raises
-        :class:`~.errors.MutexLostError` when the read shows another holder or none."""
+    def _join(self, token: str, deadline: Optional[Deadline] = None, secret: Optional[bytes] = None) -> None:
+        """Hold the acquisition ``token`` after one fresh read shows it (see :func:`.handover.join`)."""
         parts = self._parts
         op = parts.operation(token)
         read = parts.read_until(op, deadline)
@@ -291,38 +266,6 @@ class ReservationMutex:
         parts.news.log(
             logging.INFO, "adopted %s in reservation %s (%s)", self.name, self.reservation_id, token
         )
-
-    def take_over(self, acquisition: Acquisition) -> None:
-        """Hold ``acquisition``, which another process on this machine handed over (:meth:`hand_over`),
-        without a call: a trusted adopt. Its confirmation is recent enough that no waiter can have broken
-        it; the heartbeat goes on from there, keeping the passer's schedule."""
-        held = Held(self._parts, acquisition.token, acquisition.confirmed_at, self._part, acquisition.secret)
-        self._held = held
-        self._register()
-        if acquisition.lease > 0:
-            due = acquisition.confirmed_at + acquisition.lease / 3 - self.runtime.clock()
-            held.start_heartbeat(acquisition.confirmed_at, acquisition.lease, first_delay=due)
-        op = self._parts.operation(acquisition.token)
-        self._parts.news.event(events.ACQUIRED, op, error="passed within the cohort")
-
-    def hand_over(self) -> Optional[Acquisition]:
-        """Stop holding without removing the service, so that another object can :meth:`take_over` it:
-        stops the heartbeat. None when the lock must not be passed (not held, nested, lost, the lease may
-        have lapsed, or a call of ours may still land): then release() it."""
-        held = self._held
-        if held is None or not held.passable():
-            return None
-        beat = held.heartbeat
-        if beat is not None:
-            beat.stop()
-            if beat.lost:  # the round that was running found it taken
-                return None
-        acquisition = held.acquisition()
-        op = self._parts.operation(held.token)
-        held.drop_ticket()  # still held, so still ours: the next holder in the cohort knows nothing of it
-        self.detach()
-        self._parts.news.event(events.RELEASED, op, error="passed within the cohort")
-        return acquisition
 
     def renew(self) -> bool:
         """One heartbeat now (a fresh read, and a write while the lock is ours); True when it was written.
@@ -436,7 +379,7 @@ class ReservationMutex:
             # A read while held (the heartbeat's, or a check's) saw the lock taken: nothing of ours is there
             # to remove, and the loss was told when it was found.
             error = held.lost_notice(held.lost_to)
-            self.detach()
+            self._forget()
             raise error
         if beat is not None:
             # The heartbeat goes on until the release is settled: a remove of ours whose outcome is unknown
@@ -465,34 +408,12 @@ class ReservationMutex:
             self._queue.held_for((op.start + self.runtime.clock()) / 2 - held.since)
         self._ended(op, end)
 
-    def detach(self) -> None:
-        """Stop holding without removing the service (no call): for an acquisition shared with other
-        participants (:meth:`adopt`, a read group of :class:`~.rwlock.ReservationRWLock`) when another
-        participant removes it. The heartbeat stops; an add that may still land goes to the watcher."""
+    def _forget(self) -> None:
+        """Stop holding without removing the service (no call; see :func:`.handover.detach`)."""
         held, self._held = self._held, None
         if held is not None:
             held.forget()
             holdings.unregister(self)
-
-    def stop_heartbeat(self) -> None:
-        """Stop heartbeating (no call) while the lock stays held by this object: for a participant of a
-        shared acquisition whose share ends before the lock is removed (a reader leaving its read group), so
-        that its heartbeat does not report the lock lost when another participant removes it."""
-        if self._held is not None and self._held.heartbeat is not None:
-            self._held.heartbeat.stop()
-
-    def __enter__(self) -> ReservationMutex:
-        self.acquire()
-        return self
-
-    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
-        # A failed release is raised even when the block raised: a lock that may still be held or
-        # was lost must not go unnoticed. Python chains the block's exception as __context__.
-        self.release()
-
-    def __repr__(self) -> str:
-        state = f"held as {self.token!r}" if self._held is not None else "not held"
-        return f"<ReservationMutex {self.name!r} reservation={self.reservation_id} {state}>"
 
     # ------------------------------------------------------------------ the ends of an acquire and a release
 
@@ -543,7 +464,7 @@ class ReservationMutex:
     def _ended(self, op: Operation, end: ReleaseEnd) -> None:
         """The release is settled: forget the hold, and say how it ended (lost: raise)."""
         parts, token = self._parts, op.token
-        self.detach()
+        self._forget()
         if end.lost:
             error = diagnosis.lost_error(op, self.reservation_id, self.name)
             parts.tell_lost(op.holder_label)

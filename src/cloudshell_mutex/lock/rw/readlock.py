@@ -2,25 +2,24 @@
 group on ``MUTEX``; leaving, it gives the slot back and closes the group when no reader is left in it.
 
 :mod:`.rwlock` has the protocol in its docstring (and docs/protocol.md step by step). The read side is
-built from mutexes it asks :class:`RWParts` for; it knows them by what it needs of them
-(:class:`~.engine.HeldLock`),
-so that it sits below the mutex module, beside it.
+built from the mutexes it asks :class:`~.parts.RWParts` for.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 from typing import Any, Callable, Dict, Optional
 
 from .. import diagnosis, protocol
-from ..engine import Deadline, HeldLock, Runtime, acquire_loop
+from ..engine import Deadline, LockFace, acquire_loop
 from ..errors import MutexError, MutexLostError, MutexReleaseError, MutexTimeout
 from ..holder import Holder, is_read_group
 from ..lease import lease
-from ..options import FRESH_READ_LAG, UNSET, MutexOptions, check_duration
-from ..pacing import CancelledWait, DefaultPacing, PacingPolicy, cancellation_check, pause
-from ..server.alias import LockAlias
+from ..mutex import handover
+from ..mutex.mutex import ReservationMutex
+from ..options import FRESH_READ_LAG, UNSET
+from ..pacing import CancelledWait, DefaultPacing, pause
+from .parts import RWParts
 from .readview import ReadView
 
 #: Rounds of "take a slot, read, decide" in one attempt to enter before waiting again.
@@ -40,82 +39,7 @@ RELEASE_CLOSE_WAIT = 5.0
 _UNKNOWN: Any = object()
 
 
-class RWParts:
-    """What both sides of one :class:`ReservationRWLock` share: its options, the runtime, the snapshot
-    reader on ``MUTEX``, and how to make the mutexes on its aliases."""
-
-    def __init__(
-        self,
-        api: Any,
-        reservation_id: str,
-        name: str,
-        owner: str,
-        options: MutexOptions,
-        logger: logging.Logger,
-        runtime: Runtime,
-        kinds: Dict[str, Callable[..., Any]],
-    ) -> None:
-        self.owner = owner
-        #: The mutex classes the lock is built from: "part" (a derived alias), "group" (a read group's
-        #: MUTEX), "writer" (the writer's MUTEX). They are the read-write lock's, so this module needs none.
-        self.kinds = kinds
-        self.options = options
-        self.logger = logger
-        self.runtime = runtime
-        self.pacing: PacingPolicy = options.pacing or DefaultPacing()
-        #: The caller's cancellation (None: none), asked while a reader waits.
-        self.cancelled = cancellation_check(options.cancellation)
-        #: The snapshot reader: checks the reservation id and the name (no call is made here).
-        self.lock_alias = LockAlias.for_lock(
-            api, reservation_id, name, options, logger, runtime.clock, runtime.sleep
-        )
-        #: What every mutex of this lock is made with (its options replaced per alias).
-        self.mutex_args: Dict[str, Any] = {
-            "options": options,
-            "logger": logger,
-            "clock": runtime.clock,
-            "sleep": runtime.sleep,
-            "rng": runtime.rng,
-        }
-
-    @property
-    def name(self) -> str:
-        """The lock's alias: the writer's, and the read group's."""
-        return self.lock_alias.alias
-
-    @property
-    def reservation_id(self) -> str:
-        """The reservation the lock is in."""
-        return self.lock_alias.reservation_id
-
-    def alias(self, alias: str) -> LockAlias:
-        """The calls on ``alias`` of this lock's reservation."""
-        return self.lock_alias.sibling(alias)
-
-    def mutex(self, alias: str, kind: str = "part", **changes: Any) -> HeldLock:
-        """A mutex of ``kind`` on ``alias`` with this lock's options (``changes`` replaced). Only the writer
-        waits in the lock's queue: the parts (slots, markers, the closer) are held for a few calls, and a
-        read group's add is one try, so they poll plainly."""
-        args = self.mutex_args
-        if kind != "writer":
-            changes = {"fair": False, **changes}
-        if changes:
-            args = {**args, "options": self.options.replace(**changes)}
-        make = self.kinds[kind]
-        return make(self.lock_alias.api, self.reservation_id, owner=self.owner, name=alias, **args)
-
-    def deadline(self, blocking: bool, timeout: Any) -> Deadline:
-        """The deadline of one acquire of either side."""
-        if timeout is UNSET:
-            timeout = self.options.timeout
-        elif not blocking:
-            raise ValueError("a non-blocking acquire cannot have a timeout; leave timeout out")
-        check_duration("timeout", timeout, allow_none=True)
-        clock = self.runtime.clock
-        return Deadline.now(clock) if not blocking else Deadline.after(timeout, clock)
-
-
-class ReadLock:
+class ReadLock(LockFace):
     """The shared side of a :class:`ReservationRWLock`: one reader slot, and a share of the read group.
 
     See the module docstring and docs/protocol.md for the protocol; :attr:`calls` counts its API calls.
@@ -135,8 +59,8 @@ class ReadLock:
         )
         # What this reader sees: its snapshots, its judgement of every holder, its breaks of crashed ones.
         self._view = ReadView(rw.lock_alias, rw.owner, rw.options, rw.logger, rw.runtime, self._slot_names)
-        self._slot: Optional[HeldLock] = None
-        self._group: Optional[HeldLock] = None
+        self._slot: Optional[ReservationMutex] = None
+        self._group: Optional[ReservationMutex] = None
         self._extra_calls = 0  # calls of group objects that are gone (joined, then released)
         self._deadline = Deadline(None)
         #: Why the current acquire() waits (None: nothing seen in its way), and since when.
@@ -146,7 +70,7 @@ class ReadLock:
         # A close whose remove of the group's MUTEX kept failing: that remove may still land, so this
         # reader keeps the group object (it remembers the remove) and MUTEX~c (its heartbeat keeps joiners
         # out) until release() or acquire() finishes the close.
-        self._pending_close: Optional[HeldLock] = None
+        self._pending_close: Optional[ReservationMutex] = None
         #: What the current acquire() last waited for besides the snapshot's blocker (its timeout says so).
         self.waited_for: Optional[str] = None
 
@@ -164,9 +88,15 @@ class ReadLock:
         """True while *this side* reads (holds a slot and a share of the group; no call)."""
         return self._group is not None
 
-    def owned(self) -> bool:
-        """The same as :meth:`locked` (redis-py's name)."""
-        return self.locked()
+    @property
+    def name(self) -> str:
+        """The lock's alias (``MUTEX`` unless given)."""
+        return self._rw.name
+
+    @property
+    def reservation_id(self) -> str:
+        """The reservation the lock is in."""
+        return self._rw.reservation_id
 
     @property
     def token(self) -> Optional[str]:
@@ -260,13 +190,13 @@ class ReadLock:
                 self._rw.logger.debug("cloudshell-mutex: could not check the read group: %s", error)
             # Our share ends here: once our slot is given back, another reader may close the group, and our
             # heartbeat must not take that for a loss.
-            group.stop_heartbeat()
+            handover.stop_heartbeat(group)
         self._saw_group = False  # the member closes below, with its share
         close_by = Deadline.after(RELEASE_CLOSE_WAIT, self._rw.runtime.clock)
         self._give_back(close_by)  # raises MutexReleaseError when the slot's remove kept failing: call again
         self._group = None
         if group is not None and self._others_read():
-            group.detach()  # another reader reads: it closes the group when it leaves
+            handover.detach(group)  # another reader reads: it closes the group when it leaves
             self._extra_calls += group.calls
             group = None
         if group is not None:
@@ -296,13 +226,6 @@ class ReadLock:
                 return bool(readers)
         return False
 
-    def __enter__(self) -> ReadLock:
-        self.acquire()
-        return self
-
-    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
-        self.release()
-
     # ------------------------------------------------------------------ entering
 
     def _enter(self, snap: Dict[str, Holder]) -> bool:
@@ -330,7 +253,7 @@ class ReadLock:
         self._group = group
         return True
 
-    def _open_or_join(self, slot: HeldLock, mutex_holder: Any) -> Optional[HeldLock]:
+    def _open_or_join(self, slot: ReservationMutex, mutex_holder: Any) -> Optional[ReservationMutex]:
         rw = self._rw
         rounds = 0
         while rounds < ENTER_ROUNDS:
@@ -380,11 +303,11 @@ class ReadLock:
                 mutex_holder = _UNKNOWN
         return None
 
-    def _join(self, holder: Holder) -> HeldLock:
+    def _join(self, holder: Holder) -> ReservationMutex:
         """Share the group's acquisition (a read, and with a lease one heartbeat of our own)."""
         rw = self._rw
         group = rw.mutex(rw.name, "group", lease=lease.lease_of(holder) or 0.0)
-        group.join(holder.token)
+        handover.join(group, holder.token)
         return group
 
     def _give_back(self, close_by: Deadline) -> None:
@@ -401,7 +324,7 @@ class ReadLock:
 
     # ------------------------------------------------------------------ closing
 
-    def _close(self, group: Optional[HeldLock], close_by: Deadline) -> None:
+    def _close(self, group: Optional[ReservationMutex], close_by: Deadline) -> None:
         """Remove the group's ``MUTEX`` if no reader slot is held, as the only closer at work.
 
         ``group`` is this reader's share (or None). ``MUTEX~c`` is waited for until ``close_by``;
@@ -421,17 +344,17 @@ class ReadLock:
                 error,
             )
             if group is not None:
-                group.detach()
+                handover.detach(group)
             return
         try:
             group = self._close_held(group)
         finally:
             if self._pending_close is None:  # else both stay held until the close is finished
                 if group is not None:
-                    group.detach()  # another reader is in the group: it closes it
+                    handover.detach(group)  # another reader is in the group: it closes it
                 closer.release()
 
-    def _close_held(self, group: Optional[HeldLock]) -> Optional[HeldLock]:
+    def _close_held(self, group: Optional[ReservationMutex]) -> Optional[ReservationMutex]:
         """Under ``MUTEX~c``: returns the share still to detach (None when it was released here)."""
         rw = self._rw
         closer = self._closer
@@ -463,7 +386,7 @@ class ReadLock:
                 return group
             if group is None or group.token != holder.token:
                 if group is not None:
-                    group.detach()
+                    handover.detach(group)
                 try:
                     group = self._join(holder)
                 except MutexLostError:

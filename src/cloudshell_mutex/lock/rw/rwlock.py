@@ -21,78 +21,22 @@ its owner token, lease, heartbeat, unknown-outcome and late-add handling), and f
 from __future__ import annotations
 
 import logging
-import random
-import time
 from typing import Any, Callable, Optional
 
 from .. import diagnosis, protocol
-from ..engine import Runtime
+from ..engine import LockFace, Runtime
 from ..errors import MutexError, MutexTimeout
-from ..mutex.mutex import ReservationMutex
+from ..mutex import handover
 from ..options import UNSET, MutexOptions, default_logger
-from ..server.alias import LockAlias
-from ..server.late_adds import LateAdds, late_adds_for
-from .readlock import ReadLock, RWParts
+from ..server.late_adds import with_late_adds
+from .parts import RWParts
+from .readlock import ReadLock
 
 __all__ = ["DEFAULT_MAX_READERS", "ReadLock", "ReservationRWLock", "WriteLock"]
 
 #: The default number of reader slots: the most readers that read at the same time.
 DEFAULT_MAX_READERS = 8
 MAX_READERS_LIMIT = 64
-
-
-class _GroupAdds:
-    """What a read group does with an add of ``MUTEX`` that may land after its opener gave it up: nothing
-    blind. A plain mutex's watcher removes such an add when it lands, but a group's ``MUTEX`` may have been
-    joined meanwhile, and only a closer (who sees no reader slot) may remove it. A group that lands with no
-    reader is an open group like any other: the next reader joins and closes it, and a waiting writer breaks
-    it once it has seen no heartbeat for its lease + margin."""
-
-    def __init__(self, logger: logging.Logger) -> None:
-        self.logger = logger
-
-    def watch(
-        self,
-        alias: LockAlias,
-        token: str,
-        lands_by: float,
-        lifetime: float,
-        copies: int = 1,
-        removing_until: Optional[float] = None,
-    ) -> None:
-        """Log the add that may still land; it is left to the readers' protocol and the lease. (The
-        signature is :meth:`~.late_adds.LateAdds.watch`'s: every watcher is handed the same.)"""
-        self.logger.info(
-            "cloudshell-mutex: a read group's add of %s (%s) may still land; if it does, readers close it "
-            "and a waiting writer breaks it after its lease",
-            alias.alias,
-            token,
-        )
-
-
-class _PartMutex(ReservationMutex):
-    """A ReservationMutex on an alias this lock derives from its name: a reader slot, the closer, the writer
-    waiting (names no public lock may have)."""
-
-    _derived_name = True
-    _marks_release = False
-
-
-class _GroupMutex(ReservationMutex):
-    """The read group's hold on ``MUTEX``: a ReservationMutex whose tokens carry
-    :data:`~.protocol.READ_GROUP_MARK`, and whose adds that may land late are never removed blindly
-    (:class:`_GroupAdds`)."""
-
-    _token_mark = protocol.READ_GROUP_MARK
-    # After an interrupt inside acquire(): never remove the add, even when a read shows it (a plain mutex
-    # does): a reader may have joined the group in that instant. The opener's slot is given back and the
-    # group closed through MUTEX~c, which removes it only without readers.
-    _removes_abandoned_add = False
-    _marks_release = False
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs["late_adds"] = _GroupAdds(default_logger(kwargs.get("logger")))
-        super().__init__(*args, **kwargs)
 
 
 class ReservationRWLock:
@@ -117,10 +61,7 @@ class ReservationRWLock:
         *,
         max_readers: int = DEFAULT_MAX_READERS,
         options: Optional[MutexOptions] = None,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
-        rng: Optional[random.Random] = None,
-        late_adds: Optional[LateAdds] = None,
+        runtime: Optional[Runtime] = None,
         **tuning: Any,
     ) -> None:
         if isinstance(max_readers, bool) or not isinstance(max_readers, int):
@@ -137,18 +78,13 @@ class ReservationRWLock:
         self.logger = default_logger(logger)
         self.owner = "cloudshell-mutex" if owner is None else str(owner)
         self.max_readers = max_readers
-        # Watches the breaker adds of this lock's breaks (each alias's mutex has its own for its adds).
-        runtime = Runtime(
-            clock,
-            sleep,
-            rng if rng is not None else random.Random(),
-            late_adds if late_adds is not None else late_adds_for(clock, self.logger),
-        )
-        kinds = {"part": _PartMutex, "group": _GroupMutex, "writer": ReservationMutex}
+        # The mutexes of every alias share the clock, sleep and random source; each has its own late-add
+        # watcher unless the runtime names one. The lock's own watches the adds of its breaks.
+        mutex_runtime = runtime if runtime is not None else Runtime()
+        own = with_late_adds(mutex_runtime, self.logger)
         self._parts = RWParts(
-            api, reservation_id, name, self.owner, self.options, self.logger, runtime, kinds
+            api, reservation_id, name, self.owner, self.options, self.logger, own, mutex_runtime
         )
-        self._parts.mutex_args["late_adds"] = late_adds
         self._reader = ReadLock(self._parts, max_readers, writing=lambda: self._writer.locked())
         self._writer = WriteLock(self._parts, reading=self._reader.locked)
 
@@ -185,7 +121,7 @@ class ReservationRWLock:
         return f"<ReservationRWLock {self.name!r} reservation={self.reservation_id} {state}>"
 
 
-class WriteLock:
+class WriteLock(LockFace):
     """The exclusive side of a :class:`ReservationRWLock`: holds ``MUTEX`` alone.
 
     Uncontended it costs what a plain mutex costs (one add; read + remove at release). When ``MUTEX`` is
@@ -205,6 +141,16 @@ class WriteLock:
         return self._mutex.calls + self._waiting.calls
 
     @property
+    def name(self) -> str:
+        """The lock's alias (``MUTEX`` unless given)."""
+        return self._rw.name
+
+    @property
+    def reservation_id(self) -> str:
+        """The reservation the lock is in."""
+        return self._rw.reservation_id
+
+    @property
     def token(self) -> Optional[str]:
         """The owner token of the write hold, or None."""
         return self._mutex.token
@@ -212,10 +158,6 @@ class WriteLock:
     def locked(self) -> bool:
         """True while *this side* holds the lock (no call), as :meth:`ReservationMutex.locked`."""
         return self._mutex.locked()
-
-    def owned(self) -> bool:
-        """The same as :meth:`locked` (redis-py's name)."""
-        return self.locked()
 
     def ensure_held(self, read: bool = False) -> None:
         """As :meth:`ReservationMutex.ensure_held`: raise :class:`MutexLostError` unless still held."""
@@ -254,15 +196,8 @@ class WriteLock:
                 self._waiting.name,
                 error,
             )
-            self._waiting.detach()
+            handover.detach(self._waiting)
 
     def release(self) -> None:
         """Release the write hold (as :meth:`ReservationMutex.release`)."""
         self._mutex.release()
-
-    def __enter__(self) -> WriteLock:
-        self.acquire()
-        return self
-
-    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
-        self.release()

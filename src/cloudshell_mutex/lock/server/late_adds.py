@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import contextvars
+import dataclasses
 import logging
 import sys
 import threading
@@ -21,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 
+from ..engine import Runtime
 from ..holder import named_token
 from ..options import FRESH_READ_LAG, default_logger
 from .alias import LockAlias, Status
@@ -279,6 +281,15 @@ def late_adds_for(clock: Callable[[], float], logger: Optional[logging.Logger] =
     """The watcher a lock uses unless given one: this process's on the real clock; on a virtual clock
     (tests), a watcher of its own that sweeps only when told to."""
     return process_late_adds() if clock is time.monotonic else LateAdds(clock, logger)
+
+
+def with_late_adds(runtime: Optional[Runtime], logger: Optional[logging.Logger] = None) -> Runtime:
+    """``runtime`` (None: the real clock, sleep and a new random source), with the watcher a lock uses
+    unless the runtime names one (:func:`late_adds_for`)."""
+    runtime = runtime if runtime is not None else Runtime()
+    if runtime.late_adds is None:
+        runtime = dataclasses.replace(runtime, late_adds=late_adds_for(runtime.clock, logger))
+    return runtime
 
 
 def started_late_adds() -> Optional[LateAdds]:
