@@ -17,6 +17,7 @@ from cloudshell_mutex import MutexError, MutexLostError, MutexTimeout, protocol
 from cloudshell_mutex.lock.holder import Holder, commitment, releasing_value
 from cloudshell_mutex.lock.lease.lease import parse_ticket, ticket_value
 from cloudshell_mutex.lock.options import FRESH_READ_LAG
+from cloudshell_mutex.lock.pacing import CallBudget
 from cloudshell_mutex.lock.protocol import ticket_alias, ticket_number
 from cloudshell_mutex.lock.queue import queue
 from cloudshell_mutex.lock.queue import tickets as queue_values
@@ -961,3 +962,35 @@ def test_a_holder_first_seen_in_line_is_timed_from_that_read() -> None:
     op.see_holder(Holder(MUTEX, "A@h:1:0000000a", "A", "Mutex Service"))
     op.see_holder(Holder(MUTEX, "B@h:2:0000000b", "B", "Mutex Service"), at=12.0)  # a read in line
     assert op.holder_since == 12.0  # not 0.1: B was not seen before 12 s
+
+
+def test_a_deadline_in_line_before_the_first_add_still_tries_the_add_once(clock) -> None:
+    """Lined up before the first add (others were seen waiting), the deadline comes while in line: the
+    first add is still tried once, as the turn comes or the deadline does (here the lock is free: ours)."""
+    api = RecordingApi()
+    lock = make(api, clock, fair=True, timeout=60)
+    lock.acquire()
+    queue_up(api, 0, HEAD)  # a head that never polls
+    lock.release()  # the release's read shows the queue: the next acquisition lines up first
+    api.adds.clear()
+    again = make(api, clock, fair=True, timeout=FALLBACK_AFTER / 2)  # ends before the fallback
+    start = clock.now
+    assert again.acquire()
+    assert api.adds[0] == (start, ticket_alias(MUTEX, 1))
+    assert mutex_adds(api) and mutex_adds(api)[0] >= start + FALLBACK_AFTER / 2
+    again.release()
+    assert tickets(api) == [ticket_alias(MUTEX, 0)]
+
+
+def test_the_looks_in_line_after_a_busy_add_wait_on_the_call_budget(clock) -> None:
+    """Each look in line is a try of the acquire's loop: after the first busy add it waits on the call
+    budget, as every call of a waiting acquisition does."""
+    api = RecordingApi()
+    lock = make(api, clock, fair=True, timeout=60, budget=CallBudget(rate=0.1, burst=1, clock=clock))
+    other_holds(api, "Holder@host:1:deadbeef")
+    queue_up(api, 0, HEAD)
+    reads: List[float] = []
+    api.on_call = lambda method: reads.append(clock.now) if method == "GetReservationDetails" else None
+    with pytest.raises(MutexTimeout):
+        lock.acquire()
+    assert len(reads) <= 8, reads  # one per 10 s

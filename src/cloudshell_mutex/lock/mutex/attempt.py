@@ -151,6 +151,11 @@ class MutexAttempt:
         fresh read (no sleep) settles whether that add, or an earlier one whose reply was lost, made us the
         owner. ``blocking=False`` answers False only for "busy": a failing API raises, as on timeout."""
         op, parts = self.op, self.parts
+        if op.adds == 0 and self.queue is not None:
+            # The deadline came between two looks in a line before the first add: that add is tried once.
+            self._in_line = False
+            if self.try_once() is None:
+                return True
         # No read when the server could not be reached and nothing of ours may be there: it would only wait on
         # the client's retries past the deadline, to settle nothing.
         nothing_to_settle = op.unreachable and not op.add_pending
@@ -215,12 +220,12 @@ class MutexAttempt:
 
     def _turn(self) -> Optional[float]:
         """One look at the queue while in line. Returns the seconds until the next try (a look while still in
-        line; else the add), or None to add in this try: before the first add, which is tried once whatever
-        comes, as the turn comes or the deadline does."""
+        line; else the add), or None to add in this try: in a line before the first add, that add is tried
+        once whatever comes, as the turn comes or the deadline does."""
         op, first = self.op, self._first_turn
         self._first_turn = False
         done, delay = self.queue.step(op, first, 0.0 if first else self._line_default)
-        if first and (done or op.deadline.passed()):
+        if op.adds == 0 and (done or op.deadline.passed()):
             self._in_line = False
             if done and delay > 0 and not op.deadline.passed():
                 self.parts.pause(op, op.deadline.clip(delay))
