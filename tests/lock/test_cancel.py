@@ -10,7 +10,8 @@ import pytest
 from fakes import Clock, FakeApi, make, other_holds
 
 from cloudshell_mutex import MutexCancelled, MutexError, protocol
-from cloudshell_mutex.lock.pacing import CANCEL_SLICE, CancelledWait, FixedPacing, cancellation_check, pause
+from cloudshell_mutex.lock.engine import Wait
+from cloudshell_mutex.lock.pacing import CANCEL_SLICE, CancelledWait, FixedPacing, cancellation_check
 
 
 class StopAfter:
@@ -41,11 +42,11 @@ def test_every_kind_of_cancellation_is_understood():
 def test_a_pause_is_sliced_and_stops_at_the_first_slice_after_the_cancellation(clock):
     stop = StopAfter(clock, clock() + 1.2)
     with pytest.raises(CancelledWait):
-        pause(30.0, clock.sleep, stop)
+        Wait(None, clock, clock.sleep, stop).pause(30.0)
     assert all(step <= CANCEL_SLICE for step in clock.sleeps)
     assert sum(clock.sleeps) == pytest.approx(1.5)  # the slice in which it was cancelled, and no more
     clock.sleeps.clear()
-    pause(30.0, clock.sleep, None)  # nothing to ask: one sleep, as before
+    Wait(None, clock, clock.sleep).pause(30.0)  # nothing to ask: one sleep, as before
     assert clock.sleeps == [30.0]
 
 

@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from cloudshell_mutex.lock.engine import Wait
 from cloudshell_mutex.lock.pacing import (
     CallBudget,
     DefaultPacing,
@@ -13,7 +14,6 @@ from cloudshell_mutex.lock.pacing import (
     FixedPacing,
     OriginalPacing,
     budget_for,
-    clip,
 )
 
 
@@ -78,11 +78,11 @@ def test_bad_policy_arguments_are_refused(factory):
 
 
 def test_clip_never_sleeps_past_the_deadline():
-    assert clip(5.0, now=10.0, deadline=12.0) == 2.0
-    assert clip(1.0, now=10.0, deadline=12.0) == 1.0
-    assert clip(1.0, now=13.0, deadline=12.0) == 0.0
-    assert clip(-1.0, now=0.0, deadline=None) == 0.0
-    assert clip(7.0, now=0.0, deadline=None) == 7.0
+    assert Wait(12.0, clock=lambda: 10.0).clip(5.0) == 2.0
+    assert Wait(12.0, clock=lambda: 10.0).clip(1.0) == 1.0
+    assert Wait(12.0, clock=lambda: 13.0).clip(1.0) == 0.0
+    assert Wait(None, clock=lambda: 0.0).clip(-1.0) == 0.0
+    assert Wait(None, clock=lambda: 0.0).clip(7.0) == 7.0
 
 
 def test_call_budget_is_a_token_bucket():

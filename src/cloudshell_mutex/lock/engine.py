@@ -1,13 +1,13 @@
 """The engine every lock kind runs on: one deadline, one acquire loop, one hand-over value.
 
-* :class:`Deadline` is the caller's timeout as one value, handed down to every wait below it (kazoo's
-  ``_Watch``): a read group's closer, the cohort's local wait, the fair queue and the mutex's adds all end
-  by it, and none converts between absolute and relative time on its own.
+* :class:`Wait` is one wait as one value: the caller's deadline, its cancellation and the pause (kazoo's
+  ``_Watch``, etcd's ``ctx``), made once per acquire and handed down whole: a read group's closer, the
+  cohort's local wait, the fair queue and the mutex's adds all end and pause by it.
 * :func:`acquire_loop` is the one loop that waits (filelock's ``acquire`` over ``_acquire``, kazoo's
   ``acquire`` over ``_inner_acquire``). A lock kind supplies an :class:`Attempt`: what one try is (the
   mutex's add and what settles it, a reader's snapshot and entry, the queue's read and join, the cohort's
-  local file lock) and what giving up means. The loop owns the deadline and the pause between tries, which
-  is where a caller's cancellation is heard (:func:`~.pacing.pause`).
+  local file lock) and what giving up means. The loop owns the wait between tries, which is where a
+  caller's cancellation is heard (:meth:`Wait.pause`).
 * :class:`Acquisition` is a held acquisition as a value: what one object hands another when a lock passes
   between them without a call (a cohort's pass, a read group's join, an adopt).
 * :class:`LockFace` is what every lock kind shows the same way (Curator's ``InterProcessLock``): a context
@@ -24,7 +24,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from .pacing import Protocol
+from .options import UNSET, check_duration
+from .pacing import CANCEL_SLICE, CancelledWait, Protocol
 
 
 @dataclass
@@ -44,27 +45,58 @@ class Runtime:
         return self.clock is time.monotonic
 
 
-class Deadline:
-    """When a wait must end, on the clock of the lock that waits (``at`` None: never).
-
-    Made once per acquire from the caller's timeout and handed down; every wait asks it what is left.
+class Wait:
+    """One wait as one value (etcd's ``ctx``, kazoo's ``_Watch``): when it must end (``at``, on the clock of
+    the lock that waits; None: never), how it pauses (``sleep``) and its caller's cancellation (``cancelled``,
+    None: none). Made once per acquire by :meth:`for_acquire` and handed down whole: every wait below asks
+    it what is left, and pauses through it.
     """
 
-    __slots__ = ("at", "clock")
+    __slots__ = ("at", "cancelled", "clock", "sleep")
 
-    def __init__(self, at: Optional[float], clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        at: Optional[float],
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        cancelled: Optional[Callable[[], bool]] = None,
+    ) -> None:
         self.at = at
         self.clock = clock
+        self.sleep = sleep
+        self.cancelled = cancelled
 
     @classmethod
-    def after(cls, timeout: Optional[float], clock: Callable[[], float] = time.monotonic) -> Deadline:
+    def after(
+        cls,
+        timeout: Optional[float],
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        cancelled: Optional[Callable[[], bool]] = None,
+    ) -> Wait:
         """``timeout`` seconds from now (None: never)."""
-        return cls(None if timeout is None else clock() + timeout, clock)
+        return cls(None if timeout is None else clock() + timeout, clock, sleep, cancelled)
 
     @classmethod
-    def now(cls, clock: Callable[[], float] = time.monotonic) -> Deadline:
-        """A deadline that has already come: one try, no wait (a non-blocking acquire)."""
+    def now(cls, clock: Callable[[], float] = time.monotonic) -> Wait:
+        """A wait that has already ended: one try, no pause (a non-blocking acquire)."""
         return cls(clock(), clock)
+
+    @classmethod
+    def for_acquire(
+        cls, blocking: bool, timeout: Any, default: Optional[float], runtime: Runtime, cancelled: Any
+    ) -> Wait:
+        """The preamble of every lock kind's ``acquire(blocking, timeout)``: ``timeout`` (``UNSET``: the
+        lock's ``default``) is checked, and refused for a non-blocking acquire, whose wait has already ended
+        and cannot be cancelled. ``cancelled`` is the caller's check (:func:`~.pacing.cancellation_check`)."""
+        if timeout is UNSET:
+            timeout = default
+        elif not blocking:
+            raise ValueError("a non-blocking acquire cannot have a timeout; leave timeout out")
+        check_duration("timeout", timeout, allow_none=True)
+        if not blocking:
+            return cls.now(runtime.clock)
+        return cls.after(timeout, runtime.clock, runtime.sleep, cancelled)
 
     def left(self) -> Optional[float]:
         """Seconds left, never negative (None: no deadline). What a nested acquire takes as its timeout."""
@@ -75,18 +107,39 @@ class Deadline:
         return self.at is not None and self.clock() >= self.at
 
     def clip(self, seconds: float) -> float:
-        """``seconds``, cut so that a wait never runs past the deadline."""
+        """``seconds``, cut so that a wait never runs past the deadline (and never negative)."""
         left = self.left()
         return max(0.0, seconds if left is None else min(seconds, left))
 
-    def sooner(self, seconds: float) -> Deadline:
-        """This deadline, or ``seconds`` from now if that comes first (a bounded step inside a wait)."""
+    def sooner(self, seconds: float) -> Wait:
+        """This wait, ending ``seconds`` from now if that comes first (a bounded step inside a wait)."""
         bound = self.clock() + seconds
-        return Deadline(bound if self.at is None else min(self.at, bound), self.clock)
+        return Wait(bound if self.at is None else min(self.at, bound), self.clock, self.sleep, self.cancelled)
+
+    def on_real_time(self) -> Wait:
+        """The time this wait has left, on this machine's real clock (a wait for a local file lock)."""
+        return Wait.after(self.left(), cancelled=self.cancelled)
+
+    def pause(self, seconds: float) -> None:
+        """Sleep ``seconds``, never past the deadline. With a cancellation: it is checked first (even for
+        0 s) and after every slice of at most :data:`~.pacing.CANCEL_SLICE` seconds, and
+        :class:`~.pacing.CancelledWait` is raised once it is True (no server call)."""
+        left = self.clip(seconds)
+        if self.cancelled is None:
+            self.sleep(left)
+            return
+        while True:
+            if self.cancelled():
+                raise CancelledWait()
+            if left <= 0:
+                return
+            step = min(left, CANCEL_SLICE)
+            self.sleep(step)
+            left -= step
 
     def __repr__(self) -> str:
         left = self.left()
-        return "Deadline(never)" if left is None else f"Deadline(in {left:.3f} s)"
+        return "Wait(never)" if left is None else f"Wait(in {left:.3f} s)"
 
 
 @dataclass(frozen=True)
@@ -123,20 +176,20 @@ class Attempt(Protocol):
         acquire() answers (False: busy, for a non-blocking acquire; True: a last check found it held)."""
 
 
-def acquire_loop(attempt: Attempt, deadline: Deadline, pause: Callable[[float], None]) -> bool:
+def acquire_loop(attempt: Attempt, wait: Wait) -> bool:
     """Try, and pause between tries, until a try is done (True) or the deadline gives up.
 
-    ``pause(seconds)`` sleeps and is where a caller's cancellation raises (:func:`~.pacing.pause`); the
-    pause never runs past the deadline. A try that needs to wait inside itself gets the same deadline.
+    The pause is the wait's (:meth:`Wait.pause`): never past the deadline, and where a caller's cancellation
+    raises. A try that needs to wait inside itself gets the same wait.
     """
     while True:
         delay = attempt.try_once()
         if delay is None:
             return True
-        if deadline.passed():
+        if wait.passed():
             return attempt.give_up()
         attempt.waiting()
-        pause(deadline.clip(delay))
+        wait.pause(delay)
 
 
 class LockFace:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from typing import Any, Optional
 
-from .engine import Deadline
+from .engine import Wait
 from .holder import Holder
 from .pacing import PacingPolicy
 
@@ -27,12 +27,12 @@ class Operation:
     """
 
     def __init__(
-        self, token: str, start: float, deadline: Optional[Deadline] = None, calls_at_start: int = 0
+        self, token: str, start: float, wait: Optional[Wait] = None, calls_at_start: int = 0
     ) -> None:
         self.token = token
         self.start = start
         #: When the operation's waits end (a blocking acquire's; never for a release or a read).
-        self.deadline = deadline if deadline is not None else Deadline(None)
+        self.wait = wait if wait is not None else Wait(None)
         self.calls_at_start = calls_at_start
         #: Seconds the caller waited for this acquisition before it began (a cohort's local lock): counted in
         #: what it reports (its timeout's figures, "acquired after"), so that they tell the whole wait.
@@ -69,7 +69,6 @@ class Operation:
         # Calls wait on the call budget only while polling: never the first add, never a release.
         self.polling = False
         # A blocking acquire: its caller may cancel it while it pauses between tries (never a release).
-        self.cancellable = False
         self.last_read_at: Optional[float] = None  # last successful fresh read
         self.last_read_attempt: Optional[float] = None  # last read tried, successful or not
         self.contended_since: Optional[float] = None

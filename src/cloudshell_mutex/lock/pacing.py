@@ -3,8 +3,8 @@
 CloudShell has no notifications, so a waiter learns that the lock is free only by trying again.
 Short waits shorten the hand-off gap; every try is a call on a server that the whole site shares.
 The policies here trade these off; the lock never sleeps past its caller's deadline whatever a
-policy returns (see :func:`clip`), and a caller that cancels its wait is heard within a second
-(:func:`cancellation_check`, :func:`pause`).
+policy returns, and a caller that cancels its wait is heard within a second (:func:`cancellation_check`;
+the pause is :meth:`~.engine.Wait.pause`).
 
 A policy is any object with ``next_delay(attempt, previous, rng) -> seconds``; ``attempt`` counts
 retries from 1, ``previous`` is the delay this policy returned last time (0.0 before the first).
@@ -239,29 +239,3 @@ def cancellation_check(source: Any) -> Optional[Callable[[], bool]]:
         "cancellation must be the command's CancellationContext (an object with is_cancelled), a "
         f"threading.Event or a callable that returns True once cancelled, got {type(source).__name__}"
     )
-
-
-def pause(seconds: float, sleep: Callable[[float], None], cancelled: Optional[Callable[[], bool]]) -> None:
-    """Sleep ``seconds`` with ``sleep``. With a ``cancelled`` check: check it first (even for 0 s) and after
-    every slice of at most :data:`CANCEL_SLICE` seconds, and raise :class:`CancelledWait` once it is True.
-    No server call: only the caller's own flag is looked at."""
-    if cancelled is None:
-        sleep(seconds)
-        return
-    left = max(0.0, seconds)
-    while True:
-        if cancelled():
-            raise CancelledWait()
-        if left <= 0:
-            return
-        step = min(left, CANCEL_SLICE)
-        sleep(step)
-        left -= step
-
-
-def clip(delay: float, now: float, deadline: Optional[float]) -> float:
-    """Never sleep past the deadline (None = no deadline) and never negative."""
-    delay = max(0.0, delay)
-    if deadline is None:
-        return delay
-    return max(0.0, min(delay, deadline - now))

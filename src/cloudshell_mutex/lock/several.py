@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any, List, Optional, Tuple
 
-from .engine import Deadline
+from .engine import Wait
 from .errors import MutexUsageError
 from .options import LOGGER_NAME, UNSET, check_duration
 from .protocol import check_lock_name
@@ -47,7 +47,7 @@ def acquire_all(*locks: Any, timeout: Optional[float] = UNSET) -> AcquiredLocks:
             "pass each lock once"
         )
     ordered = sorted(locks, key=lambda lock: str(lock.name))
-    deadline = None if timeout is UNSET else Deadline.after(timeout)  # one deadline for the whole
+    deadline = None if timeout is UNSET else Wait.after(timeout)  # one deadline for the whole
     taken: List[Any] = []
     try:
         for lock in ordered:

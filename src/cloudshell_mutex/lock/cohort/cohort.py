@@ -28,13 +28,13 @@ from typing import Any, Dict, Optional, Union
 import filelock
 
 from .. import diagnosis
-from ..engine import Acquisition, Deadline, LockFace, Runtime, acquire_loop
+from ..engine import Acquisition, LockFace, Runtime, Wait, acquire_loop
 from ..errors import MutexCancelled, MutexDeadlock, MutexError, MutexLostError, MutexTimeout
 from ..holder import make_token
 from ..mutex import handover
 from ..mutex.mutex import ReservationMutex
 from ..options import UNSET, check_duration
-from ..pacing import CancelledWait, CohortPacing, cancellation_check, pause
+from ..pacing import CancelledWait, CohortPacing, cancellation_check
 from ..queue.waitrecord import WaitRecord
 from ..server import catalog
 from ..server.alias import LockAlias
@@ -246,20 +246,15 @@ class CohortMutex(LockFace):
         """Take the local lock, then the server lock: from the cohort (no call) when it holds it, else from
         the server as :meth:`ReservationMutex.acquire` does. Same contract: True, False (non-blocking, busy)
         or :class:`~.errors.MutexTimeout`."""
-        if timeout is UNSET:
-            timeout = self._mutex.timeout
-        elif not blocking:
-            raise ValueError("a non-blocking acquire cannot have a timeout; leave timeout out")
-        check_duration("timeout", timeout, allow_none=True)
+        deadline = Wait.for_acquire(
+            blocking, timeout, self._mutex.timeout, self._mutex.runtime, self._cancellation
+        )
         if self._held:
             if self.options.reentrant:
                 self._nested += 1
                 return self._mutex.acquire()  # counted, no call
             raise diagnosis.held_again_error("CohortMutex", self.reservation_id, self.name)
         start = self._clock()
-        deadline = Deadline(
-            start if not blocking else (None if timeout is None else start + timeout), self._clock
-        )
         try:
             if not self._take_local(deadline):
                 self._tidy_orphan()
@@ -295,7 +290,7 @@ class CohortMutex(LockFace):
             self._leave(clear_holder=True, timeout=STATE_GRACE)
         return acquired
 
-    def _take_local(self, deadline: Deadline) -> bool:
+    def _take_local(self, deadline: Wait) -> bool:
         try:  # the common, uncontended case: no registration
             self._local.acquire(timeout=0)
             return True
@@ -318,7 +313,7 @@ class CohortMutex(LockFace):
             with contextlib.suppress(OSError):
                 self._files.waiter_path(waiter).unlink()
 
-    def _wait_local(self, deadline: Deadline, holder: Optional[Dict[str, Any]]) -> bool:
+    def _wait_local(self, deadline: Wait, holder: Optional[Dict[str, Any]]) -> bool:
         """Wait for the local lock (False at the deadline) as a waiter for the server lock does, on the
         engine's loop, on real time: a log line when it begins, progress lines (``progress``), the caller's
         cancellation every half second (``CancelledWait``), and for a thread that holds other locks of the
@@ -327,22 +322,11 @@ class CohortMutex(LockFace):
         record = WaitRecord.for_wait(self._alias, make_token(self.owner), runtime, lifetime, self.logger)
         self._local_record = record
         member = (self.name, self.owner, self.options)
-        cancellable = self._cancellation is not None
-        wait = LocalWait(
-            member,
-            self._try_local,
-            self._write_progress,
-            deadline.left(),
-            deadline.at,
-            holder,
-            cancellable,
-            record,
-        )
+        wait = LocalWait(member, self._try_local, self._write_progress, deadline, holder, record)
         what = "cloudshell-mutex: %s in reservation %s is held by %s in cohort mode; waiting for it"
         self.logger.info(what, self.name, self.reservation_id, wait.who)
-        cancellation = self._cancellation
         try:
-            return acquire_loop(wait, wait.end, lambda seconds: pause(seconds, time.sleep, cancellation))
+            return acquire_loop(wait, wait.end)
         finally:
             if record is not None:
                 record.close()
@@ -355,12 +339,12 @@ class CohortMutex(LockFace):
         except filelock.Timeout:
             return False
 
-    def _write_progress(self, message: str, deadline: Optional[float], warning: bool = False) -> None:
+    def _write_progress(self, message: str, deadline: Optional[Wait], warning: bool = False) -> None:
         """One line in the reservation output, progress or a ``warning`` (a courtesy: a failure is logged)."""
         if not self._alias.write_output(message, warning=warning, paced=True, deadline=deadline).ok:
             self.logger.debug("cloudshell-mutex: could not write progress to the reservation output")
 
-    def _take_server(self, blocking: bool, deadline: Deadline) -> bool:
+    def _take_server(self, blocking: bool, deadline: Wait) -> bool:
         self._holder_written = False
         with self._files.state(state_wait(deadline)) as state:
             self._holder_written = True
@@ -386,9 +370,7 @@ class CohortMutex(LockFace):
                 self.owner, self.name, self.reservation_id, dead, bool(token), releasing
             )
             self.logger.warning("cloudshell-mutex: %s", note)
-            self._write_progress(
-                note, deadline.at, warning=True
-            )  # the people watching are told, as of a break
+            self._write_progress(note, deadline, warning=True)  # the people watching are told, as of a break
         if token is not None and self._join(
             token, lease_seconds, confirmed_at, dead is not None, deadline, secret
         ):
@@ -413,16 +395,16 @@ class CohortMutex(LockFace):
                 )
         return acquired
 
-    def _yield_turn(self, yielded_at: float, deadline: Deadline) -> None:
+    def _yield_turn(self, yielded_at: float, deadline: Wait) -> None:
         """The cohort gave the lock back because of a bound: let other execution servers' waiters in. Wait
         until a read shows that someone else took it (then wait for it like any waiter, at a random phase
         of the pacing, as the others do), or until ``yield_seconds`` passed with nobody taking it (every
         waiter polls within the cohort pacing's cap, so nobody else wants it)."""
         end = yielded_at + self.yield_seconds
-        until = Deadline(end if deadline.at is None else min(end, deadline.at), self._clock)
+        until = deadline.sooner(end - self._clock())
         step = max(self.yield_seconds / 3, 0.05)
         while not until.passed():
-            pause(until.clip(step), self._sleep, self._cancellation)
+            until.pause(step)
             try:
                 if self._mutex.holder() is not None:
                     return
@@ -435,7 +417,7 @@ class CohortMutex(LockFace):
         lease_seconds: float,
         confirmed_at: Optional[float],
         verify: bool,
-        deadline: Deadline,
+        deadline: Wait,
         secret: Optional[bytes],
     ) -> bool:
         """Take the cohort's server lock: without a call when its last confirmation is recent, else after
@@ -487,7 +469,7 @@ class CohortMutex(LockFace):
             self._let_go()
             return
         try:  # the acquire's deadline has passed: each state step waits only STATE_GRACE
-            if self._take_server(False, Deadline.now(self._clock)):
+            if self._take_server(False, Wait.now(self._clock)):
                 self._release(STATE_GRACE)
             else:
                 self._leave(clear_holder=True, timeout=STATE_GRACE)

@@ -36,7 +36,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple, Union
 import filelock
 
 from .. import diagnosis
-from ..engine import Deadline
+from ..engine import Wait
 from ..errors import MutexTimeout
 from ..holder import proves_release, sanitize_label
 from ..options import MutexOptions
@@ -237,7 +237,7 @@ def _write_atomically(path: Path, text: str) -> None:
     os.replace(temporary, path)
 
 
-def state_wait(deadline: Deadline) -> float:
+def state_wait(deadline: Wait) -> float:
     """Seconds to wait for the state lock until ``deadline`` (-1: no deadline), at least STATE_GRACE."""
     left = deadline.left()
     return -1.0 if left is None else max(STATE_GRACE, left)
@@ -474,18 +474,15 @@ class LocalWait:
         self,
         member: Tuple[str, str, MutexOptions],
         try_local: Callable[[float], bool],
-        write_progress: Callable[[str, Optional[float]], None],
-        left: Optional[float],
-        deadline: Optional[float],
+        write_progress: Callable[[str, Optional[Wait]], None],
+        deadline: Wait,
         holder: Optional[Dict[str, Any]],
-        cancellable: bool,
         record: Optional[WaitRecord] = None,
     ) -> None:
         # The member that waits: its alias, its label and its options; how it tries the local lock (for up
         # to some seconds, -1: until free) and how it writes a line to the reservation output.
         self.name, self.owner, options = member
         self.try_local, self.write_progress = try_local, write_progress
-        self.cancellable = cancellable
         self.record = record
         self.holder = holder
         self.deadline = deadline
@@ -494,8 +491,8 @@ class LocalWait:
             here = "this process" if holder.get("pid") == os.getpid() else f"pid {holder.get('pid')}"
             self.who = f"{holder.get('owner')} ({here} on this execution server)"
         self.start = time.monotonic()
-        #: The caller's deadline on real time (the local lock's waits are real).
-        self.end = Deadline.after(left)
+        #: The caller's wait on real time (the local lock's waits are real), with its cancellation.
+        self.end = deadline.on_real_time()
         self.interval = options.progress_interval if options.progress else math.inf
         self.next_progress = self.start + self.interval
 
@@ -503,7 +500,7 @@ class LocalWait:
         """Wait for the local lock until the next thing to do; None once this process has it."""
         now = time.monotonic()
         until = min(math.inf if self.end.at is None else self.end.at, self.next_progress)
-        if self.cancellable:
+        if self.end.cancelled is not None:
             until = min(until, now + CANCEL_SLICE)
         if self.record is not None:
             until = min(until, now + self.record.due_in())

@@ -86,7 +86,7 @@ class MutexAttempt:
             lease=parts.options.lease,
             heartbeat=self.first_beat,
             paced=op.polling,
-            deadline=op.deadline.at,
+            deadline=op.wait,
         )
         op.add_returned()
         if not add.ok and add.may_have_committed:
@@ -140,7 +140,7 @@ class MutexAttempt:
             f"{sanitize_label(self.parts.owner)}: waiting for {self.parts.name} held by "
             f"{op.holder_label or 'another owner'} for {held:.0f} s"
         )
-        result = self.parts.alias.write_output(message, paced=op.polling, deadline=op.deadline.at)
+        result = self.parts.alias.write_output(message, paced=op.polling, deadline=op.wait)
         if not result.ok:
             self.parts.news.log(
                 logging.DEBUG, "could not write progress to the reservation output: %s", result.failure
@@ -225,10 +225,10 @@ class MutexAttempt:
         op, first = self.op, self._first_turn
         self._first_turn = False
         done, delay = self.queue.step(op, first, 0.0 if first else self._line_default)
-        if op.adds == 0 and (done or op.deadline.passed()):
+        if op.adds == 0 and (done or op.wait.passed()):
             self._in_line = False
-            if done and delay > 0 and not op.deadline.passed():
-                self.parts.pause(op, op.deadline.clip(delay))
+            if done and delay > 0 and not op.wait.passed():
+                op.wait.pause(delay)
             return None
         self._in_line = not done
         return delay
@@ -296,7 +296,7 @@ class MutexAttempt:
         parts.news.log(
             logging.WARNING, "transient CloudShell API failure (%s); backing off", add.failure.message
         )
-        parts.pause(op, op.deadline.clip(op.next_backoff(parts.backoff, parts.runtime.rng)))
+        op.wait.pause(op.next_backoff(parts.backoff, parts.runtime.rng))
         if not op.add_pending:
             return False
         holder = parts.poll_read(op, "reading the lock holder")

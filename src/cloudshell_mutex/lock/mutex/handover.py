@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Optional
 
 from .. import events
-from ..engine import Acquisition, Deadline
+from ..engine import Acquisition, Wait
 from .held import Held
 from .mutex import ReservationMutex
 
@@ -23,7 +23,7 @@ def acquisition(mutex: ReservationMutex) -> Optional[Acquisition]:
 
 
 def join(
-    mutex: ReservationMutex, token: str, deadline: Optional[Deadline] = None, secret: Optional[bytes] = None
+    mutex: ReservationMutex, token: str, deadline: Optional[Wait] = None, secret: Optional[bytes] = None
 ) -> None:
     """Make ``mutex`` hold the acquisition ``token`` after one fresh read shows it (``adopt``; a cohort
     member carrying on after a holder that died). With ``deadline``, transient read failures are backed off

@@ -11,7 +11,7 @@ import threading
 from typing import Optional
 
 from .. import diagnosis, events, protocol
-from ..engine import Acquisition, Deadline
+from ..engine import Acquisition, Wait
 from ..errors import MutexLostError
 from ..holder import Holder
 from ..lease import lease
@@ -115,7 +115,7 @@ class Held:
         beat = self.heartbeat
         return beat is None or not (beat.expired or beat.lapsed(self.parts.runtime.clock()))
 
-    def check(self, read: bool, deadline: Optional[Deadline] = None) -> None:
+    def check(self, read: bool, deadline: Optional[Wait] = None) -> None:
         """:meth:`~.mutex.ReservationMutex.ensure_held` for a held lock (``deadline``: until when a read that
         fails transiently is tried again; None: once). A read that shows the lock taken makes the hold lost,
         leased or not: the release then removes nothing, and the sandbox output is told once."""

@@ -25,12 +25,12 @@ import logging
 from typing import Any, Optional, Tuple
 
 from .. import diagnosis, events, protocol
-from ..engine import Deadline, LockFace, Runtime, acquire_loop
+from ..engine import LockFace, Runtime, Wait, acquire_loop
 from ..errors import MutexDeadlock, MutexUsageError
 from ..holder import Holder, make_secret, make_token, releasing_value
 from ..lease import lease
 from ..operation import Operation
-from ..options import UNSET, MutexOptions, check_duration, default_logger
+from ..options import UNSET, MutexOptions, default_logger
 from ..pacing import CancelledWait, DefaultPacing, ExponentialBackoff, PacingPolicy, cancellation_check
 from ..queue import holdings
 from ..queue.queue import FairQueue
@@ -103,9 +103,10 @@ class ReservationMutex(LockFace):
         self.runtime = with_late_adds(runtime, self.logger)
         clock, sleep = self.runtime.clock, self.runtime.sleep
         alias = LockAlias.for_lock(api, reservation_id, name, self.options, self.logger, clock, sleep)
-        cancelled = cancellation_check(self.options.cancellation)
+        # The caller's cancellation, heard while a blocking acquire pauses (its Wait's).
+        self._cancelled = cancellation_check(self.options.cancellation)
         self._parts = LockParts(
-            alias, self.options, self.owner, self.logger, self.runtime, self.pacing, self.backoff, cancelled
+            alias, self.options, self.owner, self.logger, self.runtime, self.pacing, self.backoff
         )
         # Fencing: the counter service (created on first use).
         self._counter = alias.sibling(protocol.generation_alias(name))
@@ -184,7 +185,7 @@ class ReservationMutex(LockFace):
         """
         if self._held is None:
             raise diagnosis.not_held_error("ReservationMutex", self.reservation_id, self.name)
-        self._held.check(read, Deadline.after(timeout, self.runtime.clock))
+        self._held.check(read, Wait.after(timeout, self.runtime.clock, self.runtime.sleep))
 
     @property
     def generation(self) -> int:
@@ -247,7 +248,7 @@ class ReservationMutex(LockFace):
         mutex._join(info.token)
         return mutex
 
-    def _join(self, token: str, deadline: Optional[Deadline] = None, secret: Optional[bytes] = None) -> None:
+    def _join(self, token: str, deadline: Optional[Wait] = None, secret: Optional[bytes] = None) -> None:
         """Hold the acquisition ``token`` after one fresh read shows it (see :func:`.handover.join`)."""
         parts = self._parts
         op = parts.operation(token)
@@ -292,11 +293,7 @@ class ReservationMutex(LockFace):
         With ``blocking=False`` it makes exactly one add attempt and returns False when the lock is
         busy (a timeout cannot be given then). Fatal problems raise at once (see :mod:`.errors`).
         """
-        if timeout is UNSET:
-            timeout = self.timeout
-        elif not blocking:
-            raise ValueError("a non-blocking acquire cannot have a timeout; leave timeout out")
-        check_duration("timeout", timeout, allow_none=True)
+        wait = Wait.for_acquire(blocking, timeout, self.timeout, self.runtime, self._cancelled)
         if self._held is not None:
             if self.options.reentrant:
                 self._held.depth += 1
@@ -305,10 +302,7 @@ class ReservationMutex(LockFace):
         parts, clock = self._parts, self.runtime.clock
         secret = make_secret()  # kept by this acquisition alone: its token commits to it
         op = parts.operation(self._token_mark + make_token(self.owner, secret))
-        op.deadline = Deadline(
-            op.start if not blocking else (None if timeout is None else op.start + timeout), clock
-        )
-        op.cancellable = blocking
+        op.wait = wait
         since, self.waiting_since = self.waiting_since, None  # for this acquisition only
         op.waited_before = 0.0 if since is None else max(0.0, op.start - since)
         beat = lease.heartbeat_value(lease.nonce_of(op.token) or op.token, self._part, 0)
@@ -319,7 +313,7 @@ class ReservationMutex(LockFace):
         attempt = MutexAttempt(parts, op, blocking, first_beat, queue=self._queue, record=record)
         granted = False  # the hold is in place (Ctrl-C while it was being set up takes the lock back)
         try:
-            acquired = acquire_loop(attempt, op.deadline, lambda seconds: parts.pause(op, seconds))
+            acquired = acquire_loop(attempt, wait)
             if acquired:
                 self._acquired(attempt, secret)
                 granted = True

@@ -13,14 +13,14 @@ import logging
 from typing import Any, Callable, Mapping, Optional
 
 from .. import diagnosis, events, protocol
-from ..engine import Deadline, Runtime
+from ..engine import Runtime, Wait
 from ..errors import MutexError
 from ..events import Reporter
 from ..holder import Holder, proves_release, sanitize_label
 from ..lease.lease import Breaker, StaleWatch, breaker_lease
 from ..operation import Operation
 from ..options import FRESH_READ_LAG, MutexOptions
-from ..pacing import PacingPolicy, pause
+from ..pacing import PacingPolicy
 from ..server.alias import CallResult, LockAlias, Status
 from ..server.classify import Classification, ErrorKind
 
@@ -37,7 +37,6 @@ class LockParts:
         runtime: Runtime,
         pacing: PacingPolicy,
         backoff: PacingPolicy,
-        cancelled: Optional[Callable[[], bool]],
     ) -> None:
         self.alias = alias
         self.options = options
@@ -46,8 +45,6 @@ class LockParts:
         self.runtime = runtime
         self.pacing = pacing
         self.backoff = backoff
-        #: The caller's cancellation (None: none), asked only while a blocking acquire pauses.
-        self.cancelled = cancelled
         self.news = Reporter(alias, logger, options.on_event, runtime.clock)
         # The breaker of stale holders (one breaker at a time) and this waiter's judgement of the holder.
         self.breaker = Breaker(
@@ -73,23 +70,18 @@ class LockParts:
         """A new record of one acquire, release or read of this lock, starting now."""
         return Operation(token, self.runtime.clock(), calls_at_start=self.alias.calls)
 
-    def pause(self, op: Operation, seconds: float) -> None:
-        """Sleep between tries. A blocking acquire's caller may cancel meanwhile: checked now and every half
-        second (no call), raising :class:`~.pacing.CancelledWait`."""
-        pause(seconds, self.runtime.sleep, self.cancelled if op.cancellable else None)
-
     def read(self, op: Operation) -> CallResult:
         """One fresh read of the holder, recorded in ``op``."""
-        result = self.alias.read(paced=op.polling, deadline=op.deadline.at)
+        result = self.alias.read(paced=op.polling, deadline=op.wait)
         self._took(op, result)
         self.on_read(result)
         if result.ok:
             op.read_answered(result.sent_at)
         return result
 
-    def read_until(self, op: Operation, deadline: Optional[Deadline]) -> CallResult:
+    def read_until(self, op: Operation, deadline: Optional[Wait]) -> CallResult:
         """One fresh read; a transient failure is backed off and read again until ``deadline`` (a
-        :class:`~.engine.Deadline`; None: one read), as an acquire's reads are."""
+        :class:`~.engine.Wait`; None: one read), as an acquire's reads are."""
         read = self.read(op)
         while not read.ok and read.failure.kind is ErrorKind.TRANSIENT and deadline is not None:
             op.failed(read.failure.message, reached=read.may_have_committed)

@@ -266,7 +266,7 @@ class FairQueue:
         the next look). ``first``: before the first add (nobody waiting and the lock free: add at once);
         ``default``: the delay when the queue cannot help (a failing read, tickets refused)."""
         self.token = op.token
-        if op.deadline.passed():
+        if op.wait.passed():
             return True, 0.0  # the mutex's loop gives up (or, for the first add, tries once)
         view = self._recent_view(self._clock()) if self.ticket is None else None
         view = view or self._look(op)
@@ -326,7 +326,7 @@ class FairQueue:
 
     def _look(self, op: Operation) -> Optional[QueueView]:
         """One fresh read of the reservation: the lock and its queue (None when the read failed)."""
-        result = self.lock.read(paced=op.polling, deadline=op.deadline.at)
+        result = self.lock.read(paced=op.polling, deadline=op.wait)
         self._looked_at = self._clock()
         self._looked(op, result)
         view = self.saw(result, op.token)
@@ -370,7 +370,7 @@ class FairQueue:
             on_the_wire = (alias, self._clock() + self.request_lifetime, 1)
             self._unsettled.append(on_the_wire)
             result = alias.try_add(
-                [AttributeNameValue(protocol.ATTR_OWNER, value)], paced=op.polling, deadline=op.deadline.at
+                [AttributeNameValue(protocol.ATTR_OWNER, value)], paced=op.polling, deadline=op.wait
             )
             self._unsettled.remove(on_the_wire)
             self._sent_until[number] = self._clock() + self.request_lifetime

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any, Deque, Dict, List, Mapping, Optional, Tuple
 
+from ..engine import Wait
 from ..holder import Holder, proves_release
 from ..lease import lease
 from ..lease.lease import parse_ticket, ticket_holder
@@ -59,7 +60,7 @@ class TicketAlias(LockAlias):
         """A ticket's ``Mutex Owner`` starts with its waiter's token (then its lease and heartbeat)."""
         return f"starting with {token + '#'!r}"
 
-    def read(self, *, paced: bool = False, deadline: Optional[float] = None) -> CallResult:
+    def read(self, *, paced: bool = False, deadline: Optional[Wait] = None) -> CallResult:
         """One fresh read; the holder of the ticket alias as :func:`ticket_holder` makes it."""
         result = super().read(paced=paced, deadline=deadline)
         if result.holder is None:

@@ -21,7 +21,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 from cloudshell.api.cloudshell_api import AttributeNameValue
 
 from .. import protocol
-from ..engine import Runtime
+from ..engine import Runtime, Wait
 from ..lease.lease import nonce_of, ticket_value
 from ..server.alias import LockAlias, Status
 from . import holdings, waitfor
@@ -92,10 +92,10 @@ class WaitRecord:
         due = max(self._since + waitfor.DETECT_AFTER, self._looked_at + interval)
         return max(0.0, due - self.runtime.clock())
 
-    def step(self, deadline: Optional[float] = None) -> None:
+    def step(self, deadline: Optional[Wait] = None) -> None:
         """One look when it is due (else nothing): add the record (once), read the reservation, judge it, and
         rewrite the heartbeat when due or when a cycle shows. Raises :class:`~.errors.MutexDeadlock` when
-        this waiter is the victim of a confirmed cycle. ``deadline``: the wait's end (monotonic), which no
+        this waiter is the victim of a confirmed cycle. ``deadline``: the wait, whose end no
         call waits past on the call budget."""
         if self.due_in() > 0:
             return
@@ -127,7 +127,7 @@ class WaitRecord:
     def after_busy(self, op: Any, default: float) -> float:
         """After a busy add: one look when due (raises MutexDeadlock for the victim); ``default`` (the
         pacing's pause), cut to the next look."""
-        self.step(op.deadline.at)
+        self.step(op.wait)
         op.cycle = self.cycle
         return min(default, self.due_in())
 
@@ -146,7 +146,7 @@ class WaitRecord:
     def _value(self) -> str:
         return ticket_value(self.token, TICKET_LEASE, self._beats, self.holds)
 
-    def _add(self, deadline: Optional[float]) -> None:
+    def _add(self, deadline: Optional[Wait]) -> None:
         owner = [AttributeNameValue(protocol.ATTR_OWNER, self._value())]
         clock, lifetime = self.runtime.clock, self.request_lifetime
         # Interrupted on its way (Ctrl-C), the add may still land: close() watches it meanwhile.
@@ -172,7 +172,7 @@ class WaitRecord:
                 result.failure.message,
             )
 
-    def _beat(self, deadline: Optional[float]) -> None:
+    def _beat(self, deadline: Optional[Wait]) -> None:
         self._beats += 1
         written = self.alias.set_attributes(
             [(protocol.ATTR_OWNER, self._value())], paced=True, deadline=deadline

@@ -13,9 +13,9 @@ import logging
 from typing import Any, Dict, Optional, Type
 
 from .. import protocol
-from ..engine import Deadline, Runtime
+from ..engine import Runtime, Wait
 from ..mutex.mutex import ReservationMutex
-from ..options import UNSET, MutexOptions, check_duration, default_logger
+from ..options import MutexOptions, default_logger
 from ..pacing import DefaultPacing, PacingPolicy, cancellation_check
 from ..server.alias import LockAlias
 
@@ -124,6 +124,10 @@ class RWParts:
         """The calls on ``alias`` of this lock's reservation."""
         return self.lock_alias.sibling(alias)
 
+    def wait(self, blocking: bool, timeout: Any) -> Wait:
+        """The wait of one acquire of either side (:meth:`~..engine.Wait.for_acquire`)."""
+        return Wait.for_acquire(blocking, timeout, self.options.timeout, self.runtime, self.cancelled)
+
     def mutex(self, alias: str, kind: str = "part", **changes: Any) -> ReservationMutex:
         """A mutex of ``kind`` on ``alias`` with this lock's options (``changes`` replaced). Only the writer
         waits in the lock's queue: the parts (slots, markers, the closer) are held for a few calls, and a
@@ -135,16 +139,6 @@ class RWParts:
             args = {**args, "options": self.options.replace(**changes)}
         make = _KINDS[kind]
         return make(self.lock_alias.api, self.reservation_id, owner=self.owner, name=alias, **args)
-
-    def deadline(self, blocking: bool, timeout: Any) -> Deadline:
-        """The deadline of one acquire of either side."""
-        if timeout is UNSET:
-            timeout = self.options.timeout
-        elif not blocking:
-            raise ValueError("a non-blocking acquire cannot have a timeout; leave timeout out")
-        check_duration("timeout", timeout, allow_none=True)
-        clock = self.runtime.clock
-        return Deadline.now(clock) if not blocking else Deadline.after(timeout, clock)
 
 
 _KINDS: Dict[str, Type[ReservationMutex]] = {

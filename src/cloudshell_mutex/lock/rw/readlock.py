@@ -11,14 +11,14 @@ import contextlib
 from typing import Any, Callable, Dict, Optional
 
 from .. import diagnosis, protocol
-from ..engine import Deadline, LockFace, acquire_loop
+from ..engine import LockFace, Wait, acquire_loop
 from ..errors import MutexError, MutexLostError, MutexReleaseError, MutexTimeout
 from ..holder import Holder, is_read_group
 from ..lease import lease
 from ..mutex import handover
 from ..mutex.mutex import ReservationMutex
 from ..options import FRESH_READ_LAG, UNSET
-from ..pacing import CancelledWait, DefaultPacing, pause
+from ..pacing import CancelledWait, DefaultPacing
 from .parts import RWParts
 from .readview import ReadView
 
@@ -62,7 +62,7 @@ class ReadLock(LockFace):
         self._slot: Optional[ReservationMutex] = None
         self._group: Optional[ReservationMutex] = None
         self._extra_calls = 0  # calls of group objects that are gone (joined, then released)
-        self._deadline = Deadline(None)
+        self._deadline = Wait(None)
         #: Why the current acquire() waits (None: nothing seen in its way), and since when.
         self.blocker: Optional[str] = None
         self.blocker_since = 0.0
@@ -121,7 +121,7 @@ class ReadLock(LockFace):
         this reader is left behind); with ``blocking=False`` one attempt, False when a writer holds or
         waits for the lock or every slot is taken."""
         rw = self._rw
-        deadline = rw.deadline(blocking, timeout)
+        deadline = rw.wait(blocking, timeout)
         if self._group is not None:
             raise diagnosis.rw_side_error("reading again", rw.reservation_id, rw.name)
         if self._writing():
@@ -135,9 +135,7 @@ class ReadLock(LockFace):
             self._give_back(self._close_by(deadline))
         entry = _Entry(self, rw, blocking, deadline)
         try:
-            return acquire_loop(
-                entry, deadline, lambda seconds: pause(seconds, rw.runtime.sleep, rw.cancelled)
-            )
+            return acquire_loop(entry, deadline)
         except CancelledWait:  # between tries: this reader holds nothing here
             what = f"{entry.blocker}; " if entry.blocker else ""
             waited = rw.runtime.clock() - entry.start
@@ -192,7 +190,7 @@ class ReadLock(LockFace):
             # heartbeat must not take that for a loss.
             handover.stop_heartbeat(group)
         self._saw_group = False  # the member closes below, with its share
-        close_by = Deadline.after(RELEASE_CLOSE_WAIT, self._rw.runtime.clock)
+        close_by = Wait.after(RELEASE_CLOSE_WAIT, self._rw.runtime.clock)
         self._give_back(close_by)  # raises MutexReleaseError when the slot's remove kept failing: call again
         self._group = None
         if group is not None and self._others_read():
@@ -310,7 +308,7 @@ class ReadLock(LockFace):
         handover.join(group, holder.token)
         return group
 
-    def _give_back(self, close_by: Deadline) -> None:
+    def _give_back(self, close_by: Wait) -> None:
         """Release the slot held (if any); after seeing a group, try to close it (this slot may be what
         a closer saw when it decided to leave the group open), waiting for ``MUTEX~c`` until ``close_by``."""
         slot = self._slot
@@ -324,7 +322,7 @@ class ReadLock(LockFace):
 
     # ------------------------------------------------------------------ closing
 
-    def _close(self, group: Optional[ReservationMutex], close_by: Deadline) -> None:
+    def _close(self, group: Optional[ReservationMutex], close_by: Wait) -> None:
         """Remove the group's ``MUTEX`` if no reader slot is held, as the only closer at work.
 
         ``group`` is this reader's share (or None). ``MUTEX~c`` is waited for until ``close_by``;
@@ -440,7 +438,7 @@ class ReadLock(LockFace):
     def _close_error(self, error: MutexReleaseError) -> MutexReleaseError:
         return diagnosis.close_error(error, self._rw.reservation_id, self._rw.name)
 
-    def _close_by(self, deadline: Deadline) -> Deadline:
+    def _close_by(self, deadline: Wait) -> Wait:
         """Until when a close inside ``acquire()`` waits for ``MUTEX~c``: the caller's deadline, and at most
         long enough to break a crashed closer's ``MUTEX~c`` (lease + margin). A live closer may hold it
         longer (its remove of the group may land up to request_lifetime later); giving up on it is safe: it
@@ -453,7 +451,7 @@ class _Entry:
     """:meth:`ReadLock.acquire` as the engine's attempt: one try is one snapshot and, if it lets readers
     in, one try to take a slot and open or join the group."""
 
-    def __init__(self, reader: ReadLock, rw: RWParts, blocking: bool, deadline: Deadline) -> None:
+    def __init__(self, reader: ReadLock, rw: RWParts, blocking: bool, deadline: Wait) -> None:
         self.reader = reader
         self.rw = rw
         self.blocking = blocking

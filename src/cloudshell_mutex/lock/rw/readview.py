@@ -11,7 +11,7 @@ import logging
 from typing import Any, Dict, List, Optional, Tuple
 
 from .. import diagnosis, protocol
-from ..engine import Deadline, Runtime
+from ..engine import Runtime, Wait
 from ..errors import MutexError
 from ..holder import Holder, is_read_group
 from ..lease import lease
@@ -58,9 +58,9 @@ class ReadView:
         """API calls of this view's breaks (its snapshots are the lock alias's)."""
         return sum(target.calls for target in self._targets.values()) + self._breaker.calls
 
-    def snapshot(self, paced: bool, deadline: Deadline) -> Optional[Dict[str, Holder]]:
+    def snapshot(self, paced: bool, deadline: Wait) -> Optional[Dict[str, Holder]]:
         """One fresh read of every service (None after a transient failure); feeds the stale watches."""
-        result = self.lock_alias.read(paced=paced, deadline=deadline.at)
+        result = self.lock_alias.read(paced=paced, deadline=deadline)
         if not result.ok:
             if result.status is Status.TRANSIENT:
                 self.logger.debug(

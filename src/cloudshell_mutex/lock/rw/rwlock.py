@@ -166,7 +166,7 @@ class WriteLock(LockFace):
     def acquire(self, blocking: bool = True, timeout: Optional[float] = UNSET) -> bool:
         """Take the lock alone. Blocking, returns True or raises :class:`MutexTimeout`; with
         ``blocking=False`` one attempt, False when busy."""
-        deadline = self._rw.deadline(blocking, timeout)
+        deadline = self._rw.wait(blocking, timeout)
         if self._reading():
             raise diagnosis.rw_side_error("reading", self._rw.reservation_id, self._rw.name)
         try:

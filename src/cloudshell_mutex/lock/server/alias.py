@@ -21,9 +21,10 @@ from typing import Any, Callable, FrozenSet, List, Mapping, Optional, Sequence, 
 from cloudshell.api.cloudshell_api import AttributeNameValue
 
 from .. import protocol
+from ..engine import Wait
 from ..holder import Holder, holders_in, sanitize_label
 from ..options import FRESH_READ_LAG
-from ..pacing import CallBudget, budget_for, clip
+from ..pacing import CallBudget, budget_for
 from ..text import output_line
 from . import catalog
 from .classify import (
@@ -213,7 +214,7 @@ class LockAlias:
         lease: float = 0.0,
         heartbeat: str = "",
         paced: bool = False,
-        deadline: Optional[float] = None,
+        deadline: Optional[Wait] = None,
     ) -> CallResult:
         """The lock's add: ``Mutex Owner`` = ``token``, plus our attributes while the model takes them:
         the label, the lease (seconds; 0 = none) and the first heartbeat value.
@@ -294,7 +295,7 @@ class LockAlias:
     # ---------------------------------------------------------------- the calls
 
     def try_add(
-        self, attributes: Sequence[Any], *, paced: bool = False, deadline: Optional[float] = None
+        self, attributes: Sequence[Any], *, paced: bool = False, deadline: Optional[Wait] = None
     ) -> CallResult:
         """``AddServiceToReservation`` of the alias: DONE means the lock is ours (the alias is unique),
         BUSY that it is taken. After a failure, ``may_have_committed`` says whether our add may be in
@@ -307,7 +308,7 @@ class LockAlias:
             busy=ErrorKind.CONTENTION,
         )
 
-    def read(self, *, paced: bool = False, deadline: Optional[float] = None) -> CallResult:
+    def read(self, *, paced: bool = False, deadline: Optional[Wait] = None) -> CallResult:
         """Who holds the alias now: one ``GetReservationDetails`` with the cache disabled.
 
         The server caches that call for 5 seconds, and a cached answer must never decide who owns a
@@ -320,7 +321,7 @@ class LockAlias:
         )
 
     def remove_once(
-        self, *, also: Sequence[str] = (), paced: bool = False, deadline: Optional[float] = None
+        self, *, also: Sequence[str] = (), paced: bool = False, deadline: Optional[Wait] = None
     ) -> CallResult:
         """``RemoveServicesFromReservation`` of the alias (and of the aliases ``also``, in the same call),
         sent exactly once.
@@ -345,7 +346,7 @@ class LockAlias:
         return result
 
     def set_attributes(
-        self, values: Sequence[Tuple[str, str]], *, paced: bool = False, deadline: Optional[float] = None
+        self, values: Sequence[Tuple[str, str]], *, paced: bool = False, deadline: Optional[Wait] = None
     ) -> CallResult:
         """``SetServiceAttributesValues`` on the alias's service: overwrite ``(name, value)`` pairs.
 
@@ -362,7 +363,7 @@ class LockAlias:
         )
 
     def write_output(
-        self, message: str, *, warning: bool = False, paced: bool = False, deadline: Optional[float] = None
+        self, message: str, *, warning: bool = False, paced: bool = False, deadline: Optional[Wait] = None
     ) -> CallResult:
         """``WriteMessageToReservationOutput``: a line in the sandbox output that people watch.
 
@@ -404,7 +405,7 @@ class LockAlias:
         method: str,
         args: tuple,
         paced: bool,
-        deadline: Optional[float],
+        deadline: Optional[Wait],
         *,
         busy: Optional[ErrorKind] = None,
         missing: Optional[ErrorKind] = None,
@@ -414,7 +415,7 @@ class LockAlias:
         if paced:
             wait = self.budget.reserve()
             if wait > 0:
-                self._sleep(clip(wait, self._clock(), deadline))
+                self._sleep(max(0.0, wait) if deadline is None else deadline.clip(wait))
         self.calls += 1
         sent_at = self._clock()
         with copies_sent(self.api) as copies:
