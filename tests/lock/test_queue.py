@@ -933,7 +933,7 @@ def test_a_releaser_that_passed_a_live_head_still_goes_behind_it() -> None:
 def test_the_head_adds_at_once_when_the_lock_shows_its_own_late_add(clock) -> None:
     api = RecordingApi()
     lock = make(api, clock, fair=True, timeout=60)
-    op = lock._parts.operation("Ours@host:9:0000abcd")
+    op = lock._core.operation("Ours@host:9:0000abcd")
     api.services[MUTEX] = {protocol.ATTR_OWNER: op.token}  # an add of ours without an answer landed
     done, delay = lock._queue.step(op, first=False, default=0.0)
     # Our ticket is the holder's, so we join again, at the head: the add comes at once (it settles that the

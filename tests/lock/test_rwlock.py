@@ -283,7 +283,7 @@ def test_a_group_add_that_lands_after_its_opener_gave_it_up_is_never_removed_bli
     late_adds = LateAdds(clock)
     rw = make_rw(api, clock)
     # What a plain mutex of this process would hand its late adds to.
-    args = rw._parts.mutex_args
+    args = rw._core.mutex_args
     args["runtime"] = dataclasses.replace(args["runtime"], late_adds=late_adds)
     lands_at = clock.now + 3.0
 

@@ -13,7 +13,7 @@
 * :class:`LockFace` is what every lock kind shows the same way (Curator's ``InterProcessLock``): a context
   manager over ``acquire``/``release``, and ``locked``/``owned``.
 * :class:`Runtime` is the one test seam: the clock, the sleep, the random source and the late-add watcher
-  that every part of one lock shares (kazoo's ``client.handler``).
+  that every step of one lock shares (kazoo's ``client.handler``).
 """
 
 from __future__ import annotations

@@ -221,7 +221,7 @@ class Operation:
 
     def read_due(self, now: float, interval: float) -> bool:
         """True when a holder read is due after a contention: the first one (unless the fair queue read the
-        lock meanwhile: :meth:`.LockParts.saw_in_line`), after an unknown outcome, or ``interval``
+        lock meanwhile: :meth:`.LockCore.saw_in_line`), after an unknown outcome, or ``interval``
         after the last read tried (at most a second while an add of ours may still
         land, so that its landing is noticed: the alias is then ours)."""
         if self.add_can_land(now):

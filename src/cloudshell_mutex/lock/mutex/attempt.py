@@ -25,7 +25,7 @@ from ..operation import Operation
 from ..queue.queue import FairQueue
 from ..queue.waitrecord import WaitRecord
 from ..server.alias import CallResult, Status
-from .parts import UNREAD, LockParts
+from .core import UNREAD, LockCore
 
 
 class MutexAttempt:
@@ -38,14 +38,14 @@ class MutexAttempt:
 
     def __init__(
         self,
-        parts: LockParts,
+        core: LockCore,
         op: Operation,
         blocking: bool,
         first_beat: str,
         queue: Optional[FairQueue] = None,
         record: Optional[WaitRecord] = None,
     ) -> None:
-        self.parts = parts
+        self.core = core
         self.op = op
         self.blocking = blocking
         self.first_beat = first_beat
@@ -69,7 +69,7 @@ class MutexAttempt:
     def try_once(self) -> Optional[float]:
         """One add and what settles it, or one look while in line: None when the lock is ours, else the
         pause before the next try."""
-        op, parts = self.op, self.parts
+        op, core = self.op, self.core
         if not self._started:
             self._started = True
             # Others were waiting at our last read: line up behind them before the first add.
@@ -80,10 +80,10 @@ class MutexAttempt:
                 return self._until_stale(delay)
         # Step 1: the add. Its success is the lock; the owner token travels in the same call.
         op.add_sent()
-        add = parts.alias.add_owner(
+        add = core.alias.add_owner(
             op.token,
-            parts.owner,
-            lease=parts.options.lease,
+            core.owner,
+            lease=core.options.lease,
             heartbeat=self.first_beat,
             paced=op.polling,
             deadline=op.wait,
@@ -92,18 +92,18 @@ class MutexAttempt:
         if not add.ok and add.may_have_committed:
             op.add_unknown(add.sent_at)
         if add.may_land_later:
-            op.add_in_flight(add.lands_by(parts.options.request_lifetime), add.unanswered_copies)
+            op.add_in_flight(add.lands_by(core.options.request_lifetime), add.unanswered_copies)
         if add.ok:
-            if not parts.options.verify or self._verified():
+            if not core.options.verify or self._verified():
                 return self._held(add.sent_at, lease_from=add.sent_at)
-            delay = op.next_pause(parts.pacing, parts.runtime.rng)
+            delay = op.next_pause(core.pacing, core.runtime.rng)
         elif add.status is Status.BUSY:
             # Step 2: contention (maybe our own add, re-sent by the client after it had committed).
             if self._on_contention(add):
                 return self._held(op.last_read_at or add.sent_at, resolved=True)
             # Freed since the add failed (the read found nobody), or a stale holder broken: retry at once.
             freed = (op.read_since_add and op.holder is None) or self._break_if_stale()
-            delay = 0.0 if freed else op.next_pause(parts.pacing, parts.runtime.rng)
+            delay = 0.0 if freed else op.next_pause(core.pacing, core.runtime.rng)
             if self.record is not None and not freed:
                 delay = self.record.after_busy(op, delay)
             elif self.queue is not None and not freed:
@@ -124,25 +124,25 @@ class MutexAttempt:
             op.add_may_be_pending(add.may_have_committed)
             if op.add_pending and self._settled_as_ours():
                 return self._held(op.last_read_at or add.sent_at, resolved=True)
-            raise parts.fatal(op, add.failure, "adding the lock service", probe=True)
+            raise core.fatal(op, add.failure, "adding the lock service", probe=True)
         op.start_polling()  # from here on, this acquisition's calls wait on the call budget
         return delay
 
     def waiting(self) -> None:
         """Progress in the reservation output (when ``progress`` is on), at most every progress_interval.
         A courtesy: the next add reports real problems."""
-        op, options = self.op, self.parts.options
-        now = self.parts.runtime.clock()
+        op, options = self.op, self.core.options
+        now = self.core.runtime.clock()
         if not options.progress or not op.progress_due(now, options.progress_interval):
             return
         held = now - (op.holder_since if op.holder_since is not None else op.start)
         message = (
-            f"{sanitize_label(self.parts.owner)}: waiting for {self.parts.name} held by "
+            f"{sanitize_label(self.core.owner)}: waiting for {self.core.name} held by "
             f"{op.holder_label or 'another owner'} for {held:.0f} s"
         )
-        result = self.parts.alias.write_output(message, paced=op.polling, deadline=op.wait)
+        result = self.core.alias.write_output(message, paced=op.polling, deadline=op.wait)
         if not result.ok:
-            self.parts.news.log(
+            self.core.news.log(
                 logging.DEBUG, "could not write progress to the reservation output: %s", result.failure
             )
 
@@ -150,7 +150,7 @@ class MutexAttempt:
         """The deadline came. Never raise while holding: if nothing was read since the last add, one final
         fresh read (no sleep) settles whether that add, or an earlier one whose reply was lost, made us the
         owner. ``blocking=False`` answers False only for "busy": a failing API raises, as on timeout."""
-        op, parts = self.op, self.parts
+        op, core = self.op, self.core
         if op.adds == 0 and self.queue is not None:
             # The deadline came between two looks in a line before the first add: that add is tried once.
             self._in_line = False
@@ -160,25 +160,25 @@ class MutexAttempt:
         # the client's retries past the deadline, to settle nothing.
         nothing_to_settle = op.unreachable and not op.add_pending
         if not op.read_since_add and not nothing_to_settle:
-            holder = parts.poll_read(op, "reading the lock holder")
+            holder = core.poll_read(op, "reading the lock holder")
             if holder is not UNREAD:
                 if op.settled_by(holder):
-                    self._held(op.last_read_at or parts.runtime.clock(), resolved=True)
+                    self._held(op.last_read_at or core.runtime.clock(), resolved=True)
                     return True
-                parts.note_holder(op, holder)
+                core.note_holder(op, holder)
         busy = op.contentions > 0 or op.holder is not None
         if not self.blocking and busy and not op.add_pending:
-            parts.news.log(logging.DEBUG, "%s is busy; not waiting (blocking=False)", parts.name)
+            core.news.log(logging.DEBUG, "%s is busy; not waiting (blocking=False)", core.name)
             return False
         unleased = op.holder is not None and lease.lease_of(op.holder) is None
         # A holder whose remove got no answer keeps the lock until that remove lands or can no longer land.
         since = op.releasing_since if op.holder is not None else None
-        releasing = None if since is None else since + parts.options.request_lifetime
-        now = parts.runtime.clock()
+        releasing = None if since is None else since + core.options.request_lifetime
+        now = core.runtime.clock()
         error = diagnosis.timeout_error(
-            op, now, parts.reservation_id, parts.name, unleased_holder=unleased, releasing_until=releasing
+            op, now, core.reservation_id, core.name, unleased_holder=unleased, releasing_until=releasing
         )
-        raise parts.news.error(error, op, events.TIMEOUT, logging.WARNING, holder=error.holder)
+        raise core.news.error(error, op, events.TIMEOUT, logging.WARNING, holder=error.holder)
 
     # ------------------------------------------------------------------ after an interrupt
 
@@ -186,10 +186,10 @@ class MutexAttempt:
         """After an interrupt inside acquire() (Ctrl-C, or the caller's cancellation): remove our add if a
         read shows it (``remove``; a read group never removes blindly: a reader may have joined it), and
         hand an add that may still land to the late-add watcher (it warns at exit if it cannot settle it)."""
-        op, parts = self.op, self.parts
+        op, core = self.op, self.core
         if op.adds == 0:
             return
-        clock, lifetime = parts.runtime.clock, parts.options.request_lifetime
+        clock, lifetime = core.runtime.clock, core.options.request_lifetime
         if op.awaiting_add:  # interrupted before the add answered: it may land any time now
             op.add_in_flight(clock() + lifetime)
         # Our remove of it, while it may still land: the watcher sends no second one before then (it would
@@ -197,14 +197,14 @@ class MutexAttempt:
         removing_until: Optional[float] = None
         try:
             if remove:
-                read = parts.alias.read()
+                read = core.alias.read()
                 if read.ok and op.settled_by(read.holder):  # one copy landed: the others land after it
                     removing_until = clock() + lifetime  # until the remove has answered
-                    removed = parts.alias.remove_once()
+                    removed = core.alias.remove_once()
                     removing_until = removed.lands_by(lifetime) if removed.may_land_later else None
                     if removed.ok:
-                        parts.news.log(
-                            logging.WARNING, "acquire interrupted; removed its add of %s", parts.name
+                        core.news.log(
+                            logging.WARNING, "acquire interrupted; removed its add of %s", core.name
                         )
                     else:  # the watcher reads again and removes it
                         op.add_in_flight(clock() + lifetime)
@@ -214,7 +214,7 @@ class MutexAttempt:
             op.add_in_flight(clock() + lifetime)
             raise
         finally:
-            parts.watch_late_add(op, removing_until)
+            core.watch_late_add(op, removing_until)
 
     # ------------------------------------------------------------------ the steps
 
@@ -236,7 +236,7 @@ class MutexAttempt:
     def _until_stale(self, delay: float) -> float:
         """``delay``, but the next add no later than the moment the holder turns stale: judged then, not a
         poll later. A waiter in line leaves that to the head."""
-        stale_at, now = self.parts.watch.stale_at(), self.parts.runtime.clock()
+        stale_at, now = self.core.watch.stale_at(), self.core.runtime.clock()
         if self._in_line or stale_at is None or stale_at <= now:
             return delay
         return min(delay, stale_at - now)
@@ -253,26 +253,26 @@ class MutexAttempt:
 
     def _on_contention(self, add: CallResult) -> bool:
         """Handle "already exists"; True when the holder turns out to be this acquisition."""
-        op, parts = self.op, self.parts
+        op, core = self.op, self.core
         op.contended(add.sent_at)
-        now = parts.runtime.clock()
-        if add.resent or op.read_due(now, parts.options.holder_check_interval) or self._turned_stale(now):
-            holder = parts.poll_read(op, "reading the lock holder")
+        now = core.runtime.clock()
+        if add.resent or op.read_due(now, core.options.holder_check_interval) or self._turned_stale(now):
+            holder = core.poll_read(op, "reading the lock holder")
             if holder is UNREAD:
                 return False  # read again later
             if op.settled_by(holder):
                 return True
             if holder is None:
                 self._refuse_namesake()
-            parts.note_holder(op, holder)
-            parts.watch.observe(holder, op.last_read_at)  # the lease judgement: this waiter's own clock
+            core.note_holder(op, holder)
+            core.watch.observe(holder, op.last_read_at)  # the lease judgement: this waiter's own clock
         if op.contentions == 1:
-            parts.news.event(events.CONTENDED, op, holder=op.holder_label)
-            parts.news.log(
+            core.news.event(events.CONTENDED, op, holder=op.holder_label)
+            core.news.log(
                 logging.INFO,
                 "%s in reservation %s is held by %s; waiting",
-                parts.name,
-                parts.reservation_id,
+                core.name,
+                core.reservation_id,
                 op.holder_label or "another owner",
             )
         return False
@@ -280,39 +280,39 @@ class MutexAttempt:
     def _refuse_namesake(self) -> None:
         """The add said "already exists" and a read shows no service under our alias: if it shows one under
         another spelling, the server takes them alike (case-blind), and waiting would never end."""
-        parts = self.parts
-        other = namesake(parts.last_services, parts.name)
+        core = self.core
+        other = namesake(core.last_services, core.name)
         if other is not None:
-            error = diagnosis.namesake_error(parts.reservation_id, parts.name, other)
-            raise parts.news.error(error, self.op)
+            error = diagnosis.namesake_error(core.reservation_id, core.name, other)
+            raise core.news.error(error, self.op)
 
     def _on_transient(self, add: CallResult) -> bool:
         """Back off after a transient failure, then settle an unknown outcome with one fresh read."""
-        op, parts = self.op, self.parts
+        op, core = self.op, self.core
         op.failed(add.failure.message, reached=add.may_have_committed)
         # "Never sent" describes the client's last copy only; an earlier, re-sent one may have committed.
         op.add_may_be_pending(add.may_have_committed)
-        parts.news.event(events.TRANSIENT, op, error=add.failure.message)
-        parts.news.log(
+        core.news.event(events.TRANSIENT, op, error=add.failure.message)
+        core.news.log(
             logging.WARNING, "transient CloudShell API failure (%s); backing off", add.failure.message
         )
-        op.wait.pause(op.next_backoff(parts.backoff, parts.runtime.rng))
+        op.wait.pause(op.next_backoff(core.backoff, core.runtime.rng))
         if not op.add_pending:
             return False
-        holder = parts.poll_read(op, "reading the lock holder")
+        holder = core.poll_read(op, "reading the lock holder")
         if holder is UNREAD:
             return False  # still unknown: the next add (or the final read) will tell
         if op.settled_by(holder):
             return True
         if holder is not None:
             op.saw_contention(add.sent_at)
-            parts.note_holder(op, holder)
+            core.note_holder(op, holder)
         return False
 
     def _settled_as_ours(self) -> bool:
         """Before raising a fatal error: one fresh read, its own failure ignored. True when it shows our
         token (an earlier add committed after all); a read showing anything else ends the doubt."""
-        read = self.parts.read(self.op)
+        read = self.core.read(self.op)
         if not read.ok:
             self.op.last_error = read.failure.message
             return False
@@ -321,29 +321,29 @@ class MutexAttempt:
     def _verified(self) -> bool:
         """verify=True: read the owner back after a successful add (the original v2's defence against a
         server that grants twice). One more call per acquisition."""
-        op, parts = self.op, self.parts
-        holder = parts.poll_read(op, "verifying the lock owner")
+        op, core = self.op, self.core
+        holder = core.poll_read(op, "verifying the lock owner")
         if holder is UNREAD:  # the add succeeded, which is the protocol's definition of holding the lock
-            parts.news.log(
+            core.news.log(
                 logging.WARNING, "could not verify the owner (%s); the add succeeded", op.last_error
             )
             return True
         if op.is_ours(holder):
             return True
-        parts.news.log(
+        core.news.log(
             logging.WARNING,
             "the add of %s succeeded but the owner read back is %s; not treating the lock as held",
-            parts.name,
+            core.name,
             holder.label if holder else "nobody",
         )
-        op.saw_contention(parts.runtime.clock())
-        parts.note_holder(op, holder)
+        op.saw_contention(core.runtime.clock())
+        core.note_holder(op, holder)
         return False
 
     def _turned_stale(self, now: float) -> bool:
         """True when the holder seen turned stale since this waiter last judged it: read it at once (its
         judgement waits for no holder check; a judgement that did not break it waits for the next one)."""
-        stale_at = self.parts.watch.stale_at()
+        stale_at = self.core.watch.stale_at()
         judged = self._judged_after
         return stale_at is not None and now >= stale_at and (judged is None or judged < stale_at)
 
@@ -352,23 +352,23 @@ class MutexAttempt:
         own holder checks and its reads in line alike: a waiter that holds other locks reads only in line);
         when it is stale, break it as the only breaker (:class:`~.lease.Breaker`, which reads it again
         first). True when the stale holder is gone (add at once)."""
-        op, parts = self.op, self.parts
-        watch = parts.watch
+        op, core = self.op, self.core
+        watch = core.watch
         if watch.holder is None or op.last_read_attempt == self._judged_after:
             return False  # nobody seen, or nothing read since the last judgement (a break costs calls)
         self._judged_after = op.last_read_attempt
-        now = parts.runtime.clock()
+        now = core.runtime.clock()
         if not watch.stale(now):
             return False
         stale, seen = watch.holder, watch.unchanged_for(now)
-        result = parts.breaker.break_holder(parts.alias, watch)
+        result = core.breaker.break_holder(core.alias, watch)
         if not result.broken:
-            parts.news.log(logging.DEBUG, "did not break %s: %s", parts.name, result.why)
+            core.news.log(logging.DEBUG, "did not break %s: %s", core.name, result.why)
             return result.why == "the holder went away by itself"
         message = diagnosis.broke_stale(
-            parts.owner, "lock", parts.name, stale, lease.lease_of(stale) or 0, seen
+            core.owner, "lock", core.name, stale, lease.lease_of(stale) or 0, seen
         )
-        parts.news.event(events.BROKEN, op, holder=stale.label, error=message)
-        parts.news.log(logging.WARNING, "%s", message)
-        parts.tell_output(message, "the break")
+        core.news.event(events.BROKEN, op, holder=stale.label, error=message)
+        core.news.log(logging.WARNING, "%s", message)
+        core.tell_output(message, "the break")
         return True

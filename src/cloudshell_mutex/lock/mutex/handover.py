@@ -37,14 +37,14 @@ def take_over(mutex: ReservationMutex, passed: Acquisition) -> None:
     """Make ``mutex`` hold ``passed``, which another object on this machine handed over (:func:`hand_over`),
     without a call: a trusted adopt. Its confirmation is recent enough that no waiter can have broken it;
     the heartbeat goes on from there, keeping the passer's schedule."""
-    parts = mutex._parts
-    held = Held(parts, passed.token, passed.confirmed_at, mutex._part, passed.secret)
+    core = mutex._core
+    held = Held(core, passed.token, passed.confirmed_at, mutex._part, passed.secret)
     mutex._held = held
     mutex._register()
     if passed.lease > 0:
-        due = passed.confirmed_at + passed.lease / 3 - parts.runtime.clock()
+        due = passed.confirmed_at + passed.lease / 3 - core.runtime.clock()
         held.start_heartbeat(passed.confirmed_at, passed.lease, first_delay=due)
-    parts.news.event(events.ACQUIRED, parts.operation(passed.token), error="passed within the cohort")
+    core.news.event(events.ACQUIRED, core.operation(passed.token), error="passed within the cohort")
 
 
 def hand_over(mutex: ReservationMutex) -> Optional[Acquisition]:
@@ -60,10 +60,10 @@ def hand_over(mutex: ReservationMutex) -> Optional[Acquisition]:
         if beat.lost:  # the round that was running found it taken
             return None
     passed = held.acquisition()
-    op = mutex._parts.operation(held.token)
+    op = mutex._core.operation(held.token)
     held.drop_ticket()  # still held, so still ours: the next holder in the cohort knows nothing of it
     mutex._forget()
-    mutex._parts.news.event(events.RELEASED, op, error="passed within the cohort")
+    mutex._core.news.event(events.RELEASED, op, error="passed within the cohort")
     return passed
 
 

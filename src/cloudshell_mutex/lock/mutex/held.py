@@ -19,7 +19,7 @@ from ..lease.heartbeat import Heartbeat
 from ..operation import Operation
 from ..options import FRESH_READ_LAG
 from ..server.alias import CallResult, LockAlias
-from .parts import LockParts
+from .core import LockCore
 
 #: How many times an adopted lock tries its first heartbeat of its own before leaving it to the thread.
 ADOPTED_BEAT_TRIES = 3
@@ -36,9 +36,9 @@ class Held:
     """
 
     def __init__(
-        self, parts: LockParts, token: str, confirmed_at: float, part: str, secret: Optional[bytes] = None
+        self, core: LockCore, token: str, confirmed_at: float, part: str, secret: Optional[bytes] = None
     ) -> None:
-        self.parts = parts
+        self.core = core
         self.token = token
         self.secret = secret
         self.confirmed_at = confirmed_at
@@ -113,31 +113,31 @@ class Held:
         if self.depth != 1 or self.late_add_by is not None or self.release_op is not None or self.lost:
             return False
         beat = self.heartbeat
-        return beat is None or not (beat.expired or beat.lapsed(self.parts.runtime.clock()))
+        return beat is None or not (beat.expired or beat.lapsed(self.core.runtime.clock()))
 
     def check(self, read: bool, deadline: Optional[Wait] = None) -> None:
         """:meth:`~.mutex.ReservationMutex.ensure_held` for a held lock (``deadline``: until when a read that
         fails transiently is tried again; None: once). A read that shows the lock taken makes the hold lost,
         leased or not: the release then removes nothing, and the sandbox output is told once."""
-        parts, beat = self.parts, self.heartbeat
+        core, beat = self.core, self.heartbeat
         if self.lost:
             raise self.lost_notice(self.lost_to)
         if beat is not None and beat.expired:
             raise self.expired_notice()
-        if beat is not None and beat.lapsed(parts.runtime.clock()):
-            silent = parts.runtime.clock() - beat.confirmed_at
-            raise diagnosis.lapsed_error(silent, beat.lease, parts.reservation_id, parts.name)
+        if beat is not None and beat.lapsed(core.runtime.clock()):
+            silent = core.runtime.clock() - beat.confirmed_at
+            raise diagnosis.lapsed_error(silent, beat.lease, core.reservation_id, core.name)
         if not read:
             return
-        op = parts.operation(self.token)
-        result = parts.read_until(op, deadline)
+        op = core.operation(self.token)
+        result = core.read_until(op, deadline)
         if result.ok and (result.holder is None or result.holder.token != self.token):
             # A fresh read may lag and show the lock as it was before it was ours: ask once more,
             # FRESH_READ_LAG later, before calling it lost (as release() does).
-            parts.runtime.sleep(FRESH_READ_LAG)
-            result = parts.read_until(op, deadline)
+            core.runtime.sleep(FRESH_READ_LAG)
+            result = core.read_until(op, deadline)
         if not result.ok:
-            raise parts.diagnose(result.failure, "checking the lock owner")
+            raise core.diagnose(result.failure, "checking the lock owner")
         if result.holder is None or result.holder.token != self.token:
             self.found_lost(result.holder)
             raise self.lost_notice(result.holder)
@@ -153,7 +153,7 @@ class Held:
         if beat is not None:
             beat.lost, beat.lost_to = True, holder
         self.lost_notice(holder, report=True)
-        self.parts.tell_lost(holder.label if holder is not None else None)
+        self.core.tell_lost(holder.label if holder is not None else None)
 
     # ------------------------------------------------------------------ the lease
 
@@ -162,38 +162,38 @@ class Held:
     ) -> None:
         """With a lease on a model that takes it: heartbeat (a daemon thread on the real clock; on a virtual
         clock, tests call renew()). ``lease_seconds``: the service's lease when it is not our option's."""
-        parts = self.parts
-        max_hold = parts.options.max_hold
+        core = self.core
+        max_hold = core.options.max_hold
         if lease_seconds is None:
-            if parts.options.lease <= 0 or not parts.alias.takes(protocol.ATTR_HEARTBEAT):
+            if core.options.lease <= 0 or not core.alias.takes(protocol.ATTR_HEARTBEAT):
                 if max_hold is not None:
-                    parts.news.log(
+                    core.news.log(
                         logging.WARNING,
                         "max_hold (%g s) has no effect on %s: the server's Mutex Service model has no lease "
                         "attributes (the original package), so nobody can break the lock; import "
                         "cloudshell-mutex's Mutex_Package.zip",
                         max_hold,
-                        parts.name,
+                        core.name,
                     )
                 return
-            lease_seconds = parts.options.lease
-        clock = parts.runtime.clock
+            lease_seconds = core.options.lease
+        clock = core.runtime.clock
         self.heartbeat = Heartbeat(
-            parts.alias,
+            core.alias,
             self.token,
             lease_seconds,
             confirmed_at,
             part=self.part,
             clock=clock,
-            rng=parts.runtime.rng,
+            rng=core.runtime.rng,
             on_lost=self._on_heartbeat_lost,
             on_danger=self._on_danger,
-            logger=parts.logger,
+            logger=core.logger,
             renew_until=None if max_hold is None else clock() + max_hold,
             on_expired=self._on_expired,
         )
         self.heartbeat.count = 0
-        if parts.runtime.real_time:
+        if core.runtime.real_time:
             self.heartbeat.start(first_delay)
 
     def adopt_lease(self, holder: Holder) -> None:
@@ -213,7 +213,7 @@ class Held:
             result = beat.beat()
             if result.ok or result.lost:
                 return
-            self.parts.runtime.sleep(pause)
+            self.core.runtime.sleep(pause)
             pause *= 2
 
     def drop_ticket(self) -> None:
@@ -224,34 +224,32 @@ class Held:
         if ticket is None:
             return
         try:
-            lifetime = self.parts.options.request_lifetime
-            self.parts.runtime.late_adds.remove_or_watch(
+            lifetime = self.core.options.request_lifetime
+            self.core.runtime.late_adds.remove_or_watch(
                 ticket, self.token, lifetime, leftover="the queue ticket of a hold passed on or exported"
             )
         except Exception:  # a ticket left behind costs speed (waiters pass it, then break it), never safety
-            self.parts.news.log(logging.DEBUG, "could not remove the queue ticket %s", ticket.alias)
+            self.core.news.log(logging.DEBUG, "could not remove the queue ticket %s", ticket.alias)
 
     def forget(self) -> None:
         """The hold has ended (released, lost, passed on, or an acquire abandoned). An add of it that may
         still land is handed to the late-add watcher first, and so is a queue ticket still kept: the hold
         may have been lost long ago, the ticket removed by waiters as abandoned and its number taken by a
         newcomer, so it goes only while a read shows it ours. The heartbeat stops."""
-        parts = self.parts
+        core = self.core
         ticket, self.ticket = self.ticket, None
         if ticket is not None:
-            lifetime = parts.options.request_lifetime
-            parts.runtime.late_adds.watch(
+            lifetime = core.options.request_lifetime
+            core.runtime.late_adds.watch(
                 ticket,
                 self.token,
-                parts.runtime.clock() + FRESH_READ_LAG,
+                core.runtime.clock() + FRESH_READ_LAG,
                 lifetime,
                 leftover="the queue ticket of a hold that has ended",
             )
         if self.late_add_by is not None:
-            lifetime = parts.options.request_lifetime
-            parts.runtime.late_adds.watch(
-                parts.alias, self.token, self.late_add_by, lifetime, self.late_copies
-            )
+            lifetime = core.options.request_lifetime
+            core.runtime.late_adds.watch(core.alias, self.token, self.late_add_by, lifetime, self.late_copies)
         if self.heartbeat is not None:
             self.heartbeat.stop()
 
@@ -260,21 +258,21 @@ class Held:
     def lost_notice(self, holder: Optional[Holder], report: bool = False) -> MutexLostError:
         """The error that says a read while held (the heartbeat's, or a check's) found the lock taken by
         ``holder`` (reported if ``report``)."""
-        parts = self.parts
-        op = parts.operation(self.token)
+        core = self.core
+        op = core.operation(self.token)
         op.see_holder(holder)
         found_by = "read" if self._lost_by_read else "heartbeat"
-        error = diagnosis.lost_error(op, parts.reservation_id, parts.name, found_by)
+        error = diagnosis.lost_error(op, core.reservation_id, core.name, found_by)
         if report:
-            parts.news.error(error, op, events.LOST, logging.WARNING, holder=op.holder_label)
+            core.news.error(error, op, events.LOST, logging.WARNING, holder=op.holder_label)
         return error
 
     def expired_notice(self) -> MutexLostError:
         """The error that says ``max_hold`` passed and the lease is no longer renewed."""
-        parts, beat = self.parts, self.heartbeat
-        lease_seconds = beat.lease if beat is not None else parts.options.lease
-        max_hold = parts.options.max_hold or 0.0
-        return diagnosis.expired_error(max_hold, lease_seconds, parts.reservation_id, parts.name)
+        core, beat = self.core, self.heartbeat
+        lease_seconds = beat.lease if beat is not None else core.options.lease
+        max_hold = core.options.max_hold or 0.0
+        return diagnosis.expired_error(max_hold, lease_seconds, core.reservation_id, core.name)
 
     def _on_heartbeat_lost(self, holder: Optional[Holder]) -> None:
         first = self._first_news_of_loss(
@@ -282,24 +280,24 @@ class Held:
         )  # a check may have found it first, and told already
         error = self.lost_notice(holder, report=first)
         if first:
-            self.parts.tell_lost(holder.label if holder is not None else None)
-        if self.parts.options.on_lost is not None:
-            self.parts.options.on_lost(error)
+            self.core.tell_lost(holder.label if holder is not None else None)
+        if self.core.options.on_lost is not None:
+            self.core.options.on_lost(error)
 
     def _on_expired(self) -> None:
         """max_hold passed (the heartbeat thread): say so in the log, the events, the sandbox output and
         ``on_lost``: the holder's command may be stuck, and waiters break the lock soon."""
-        parts = self.parts
+        core = self.core
         error = self.expired_notice()
-        parts.news.error(error, parts.operation(self.token), events.EXPIRED, logging.WARNING)
-        parts.tell_output(parts.labelled(f": {error}"), "the expired lease")
-        if parts.options.on_lost is not None:
-            parts.options.on_lost(error)
+        core.news.error(error, core.operation(self.token), events.EXPIRED, logging.WARNING)
+        core.tell_output(core.labelled(f": {error}"), "the expired lease")
+        if core.options.on_lost is not None:
+            core.options.on_lost(error)
 
     def _on_danger(self, silent: float) -> None:
-        parts = self.parts
-        message = diagnosis.danger_message(silent, parts.options.lease, parts.name)
-        parts.news.event(events.DANGER, parts.operation(self.token), error=message)
-        parts.news.log(logging.WARNING, "%s", message)
-        if parts.options.on_danger is not None:
-            parts.options.on_danger(silent)
+        core = self.core
+        message = diagnosis.danger_message(silent, core.options.lease, core.name)
+        core.news.event(events.DANGER, core.operation(self.token), error=message)
+        core.news.log(logging.WARNING, "%s", message)
+        if core.options.on_danger is not None:
+            core.options.on_danger(silent)

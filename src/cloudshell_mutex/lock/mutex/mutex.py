@@ -15,8 +15,8 @@ Compatible with the original snippet (QualiSystemsLab/Reservation-Mutex-Lock): s
 
 This module is the public face: arguments, nesting, what is held, hand-over. One try of an acquire is
 :class:`~.attempt.MutexAttempt`'s, run on the engine's loop (:func:`~.engine.acquire_loop`); a release is
-:class:`~.release.ReleaseLoop`'s; what is held is a :class:`~.held.Held`; the parts they share are
-:class:`~.parts.LockParts`.
+:class:`~.release.ReleaseLoop`'s; what is held is a :class:`~.held.Held`; what they share is
+:class:`~.core.LockCore`.
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ from ..server.alias import LockAlias
 from ..server.late_adds import with_late_adds
 from . import fencing
 from .attempt import MutexAttempt
+from .core import LockCore
 from .handle import HandleInfo, make_handle, parse_handle
 from .held import Held
-from .parts import LockParts
 from .release import ReleaseEnd, ReleaseLoop
 
 
@@ -71,7 +71,7 @@ class ReservationMutex(LockFace):
     #: removed blindly, even when a read shows it, since another may have joined it in that instant.
     _removes_abandoned_add = True
     #: While a release waits for a remove of ours that may still land, add ``~releasing`` (a waiter's timeout
-    #: says why the lock stays held). Not for the parts of a read-write lock, nor for a read group.
+    #: says why the lock stays held). Not for the derived mutexes of a read-write lock, nor for a read group.
     _marks_release = True
 
     def __init__(
@@ -99,13 +99,13 @@ class ReservationMutex(LockFace):
         self.owner = "cloudshell-mutex" if owner is None else str(owner)
         self.pacing: PacingPolicy = self.options.pacing or DefaultPacing()
         self.backoff: PacingPolicy = self.options.backoff or ExponentialBackoff()
-        #: The clock, sleep, random source and late-add watcher of this lock and its parts (the test seam).
+        #: The clock, sleep, random source and late-add watcher of this lock and its steps (the test seam).
         self.runtime = with_late_adds(runtime, self.logger)
         clock, sleep = self.runtime.clock, self.runtime.sleep
         alias = LockAlias.for_lock(api, reservation_id, name, self.options, self.logger, clock, sleep)
         # The caller's cancellation, heard while a blocking acquire pauses (its Wait's).
         self._cancelled = cancellation_check(self.options.cancellation)
-        self._parts = LockParts(
+        self._core = LockCore(
             alias, self.options, self.owner, self.logger, self.runtime, self.pacing, self.backoff
         )
         # Fencing: the counter service (created on first use).
@@ -118,11 +118,11 @@ class ReservationMutex(LockFace):
                 label=self.owner,
                 request_lifetime=self.options.request_lifetime,
                 runtime=self.runtime,
-                looked=self._parts.saw_in_line,
+                looked=self._core.saw_in_line,
                 logger=self.logger,
                 holding=self._holding,
             )
-            self._parts.on_read = self._queue.saw  # who waits, remembered for this process's next acquire
+            self._core.on_read = self._queue.saw  # who waits, remembered for this process's next acquire
         self._part = lease.new_part()
         self._held: Optional[Held] = None
         #: When the caller began waiting for the next acquisition, if earlier than the acquire (a cohort's
@@ -132,17 +132,17 @@ class ReservationMutex(LockFace):
     @property
     def api(self) -> Any:
         """The API session the lock makes its calls with."""
-        return self._parts.alias.api
+        return self._core.alias.api
 
     @property
     def reservation_id(self) -> str:
         """The reservation this lock is in."""
-        return self._parts.reservation_id
+        return self._core.reservation_id
 
     @property
     def name(self) -> str:
         """The lock's service alias (``MUTEX`` unless given)."""
-        return self._parts.name
+        return self._core.name
 
     @property
     def timeout(self) -> Optional[float]:
@@ -152,7 +152,7 @@ class ReservationMutex(LockFace):
     @property
     def calls(self) -> int:
         """API calls made by this object in total (catalog detection included)."""
-        return self._parts.alias.calls
+        return self._core.alias.calls
 
     @property
     def token(self) -> Optional[str]:
@@ -207,9 +207,9 @@ class ReservationMutex(LockFace):
                 number = fencing.bump_generation(self._counter, self.name)
             except fencing.CounterRefused as refused:
                 error = MutexUsageError(str(refused), reservation_id=self.reservation_id, alias=self.name)
-                raise self._parts.news.error(error, self._parts.operation(held.token)) from None
+                raise self._core.news.error(error, self._core.operation(held.token)) from None
             except fencing.CounterFailed as failed:
-                raise self._parts.diagnose(failed.failure, failed.doing) from None
+                raise self._core.diagnose(failed.failure, failed.doing) from None
             self.ensure_held()  # the number is worth something only if we still held the lock meanwhile
             held.generation = number
         return held.generation
@@ -250,21 +250,21 @@ class ReservationMutex(LockFace):
 
     def _join(self, token: str, deadline: Optional[Wait] = None, secret: Optional[bytes] = None) -> None:
         """Hold the acquisition ``token`` after one fresh read shows it (see :func:`.handover.join`)."""
-        parts = self._parts
-        op = parts.operation(token)
-        read = parts.read_until(op, deadline)
+        core = self._core
+        op = core.operation(token)
+        read = core.read_until(op, deadline)
         if not read.ok:
-            raise parts.diagnose(read.failure, "reading the lock to adopt it")
+            raise core.diagnose(read.failure, "reading the lock to adopt it")
         holder = read.holder
         if holder is None or holder.token != token:
             op.see_holder(holder)
             error = diagnosis.adopt_lost_error(self.reservation_id, self.name, token, op.holder_label)
-            raise parts.news.error(error, op, events.LOST, logging.WARNING, holder=op.holder_label)
-        self._held = Held(parts, token, read.sent_at, self._part, secret)
+            raise core.news.error(error, op, events.LOST, logging.WARNING, holder=op.holder_label)
+        self._held = Held(core, token, read.sent_at, self._part, secret)
         self._held.adopt_lease(holder)
         self._register()
-        parts.news.event(events.ACQUIRED, op, error="adopted")
-        parts.news.log(
+        core.news.event(events.ACQUIRED, op, error="adopted")
+        core.news.log(
             logging.INFO, "adopted %s in reservation %s (%s)", self.name, self.reservation_id, token
         )
 
@@ -277,12 +277,12 @@ class ReservationMutex(LockFace):
     def holder(self) -> Optional[Holder]:
         """Who holds the lock now, this object or anyone else (one fresh, uncached read), or None when it is
         free: ``holder() is not None`` is what threading's and redis-py's ``locked()`` answer."""
-        op = self._parts.operation(self.token or "")
-        result = self._parts.read(op)
+        op = self._core.operation(self.token or "")
+        result = self._core.read(op)
         if self._held is not None:
             self._held.confirm(result)
         if not result.ok:
-            raise self._parts.diagnose(result.failure, "reading the lock holder")
+            raise self._core.diagnose(result.failure, "reading the lock holder")
         return result.holder
 
     def acquire(self, blocking: bool = True, timeout: Optional[float] = UNSET) -> bool:
@@ -299,9 +299,9 @@ class ReservationMutex(LockFace):
                 self._held.depth += 1
                 return True
             raise diagnosis.held_again_error("ReservationMutex", self.reservation_id, self.name)
-        parts, clock = self._parts, self.runtime.clock
+        core, clock = self._core, self.runtime.clock
         secret = make_secret()  # kept by this acquisition alone: its token commits to it
-        op = parts.operation(self._token_mark + make_token(self.owner, secret))
+        op = core.operation(self._token_mark + make_token(self.owner, secret))
         op.wait = wait
         since, self.waiting_since = self.waiting_since, None  # for this acquisition only
         op.waited_before = 0.0 if since is None else max(0.0, op.start - since)
@@ -310,7 +310,7 @@ class ReservationMutex(LockFace):
         # Plain polling: a thread that holds other locks of the reservation keeps a wait record, so that its
         # wait is seen in the wait-for graph (in the queue, its ticket is that record).
         record = None if self._queue is not None or not blocking else self._wait_record(op.token)
-        attempt = MutexAttempt(parts, op, blocking, first_beat, queue=self._queue, record=record)
+        attempt = MutexAttempt(core, op, blocking, first_beat, queue=self._queue, record=record)
         granted = False  # the hold is in place (Ctrl-C while it was being set up takes the lock back)
         try:
             acquired = acquire_loop(attempt, wait)
@@ -323,16 +323,14 @@ class ReservationMutex(LockFace):
             if op.add_pending or op.add_can_land(clock()):
                 attempt.abandon(self._removes_abandoned_add)
             else:
-                parts.watch_late_add(op)
+                core.watch_late_add(op)
             error = diagnosis.cancelled_error(op, clock(), self.reservation_id, self.name)
-            raise parts.news.error(
-                error, op, events.CANCELLED, logging.WARNING, holder=error.holder
-            ) from None
+            raise core.news.error(error, op, events.CANCELLED, logging.WARNING, holder=error.holder) from None
         except MutexDeadlock as error:
-            parts.watch_late_add(op)  # as on timeout: an add of ours that may still land is removed then
-            raise parts.news.error(error, op, events.DEADLOCK, logging.WARNING) from None
+            core.watch_late_add(op)  # as on timeout: an add of ours that may still land is removed then
+            raise core.news.error(error, op, events.DEADLOCK, logging.WARNING) from None
         except Exception:
-            parts.watch_late_add(op)
+            core.watch_late_add(op)
             raise
         except BaseException:
             # Ctrl-C (or SystemExit) while an add was on the wire, or just after it: the add may have
@@ -348,7 +346,7 @@ class ReservationMutex(LockFace):
                 if kept is not None and self._held is not None:
                     self._held.ticket = kept
         if not acquired:
-            parts.watch_late_add(op)
+            core.watch_late_add(op)
         return acquired
 
     def release(self) -> None:
@@ -360,7 +358,7 @@ class ReservationMutex(LockFace):
         """
         held = self._held
         if held is None:
-            self._parts.news.log(
+            self._core.news.log(
                 logging.DEBUG, "release of %s: not held by this object, nothing to do", self.name
             )
             return
@@ -383,13 +381,13 @@ class ReservationMutex(LockFace):
         # A release() after a failed one continues it: what the first learned (a remove of ours that may
         # still land) must not be forgotten, or the next remove could delete a successor's lock.
         first = held.release_op is None
-        op = held.release_op or self._parts.operation(held.token)
+        op = held.release_op or self._core.operation(held.token)
         held.release_op = op
         # The ~releasing marker proves itself with the secret: a holder that does not know it (an adopter)
         # never marks, since waiters would not believe it.
         marks = self._marks_release and held.secret is not None
         marker = releasing_value(held.token, held.secret) if marks else None
-        loop = ReleaseLoop(self._parts, op, held.confirmed_at, held.confirm, marker, held.ticket)
+        loop = ReleaseLoop(self._core, op, held.confirmed_at, held.confirm, marker, held.ticket)
         try:
             end = loop.run()
         finally:
@@ -412,20 +410,20 @@ class ReservationMutex(LockFace):
     # ------------------------------------------------------------------ the ends of an acquire and a release
 
     def _acquired(self, attempt: MutexAttempt, secret: bytes) -> None:
-        op, parts = attempt.op, self._parts
+        op, core = attempt.op, self._core
         if attempt.resolved:  # the read that showed our add tells what the model took (a lease among it)
-            parts.alias.learn_from(parts.last_services.get(self.name), op.token)
-        held = Held(parts, op.token, attempt.confirmed_at, self._part, secret)
+            core.alias.learn_from(core.last_services.get(self.name), op.token)
+        held = Held(core, op.token, attempt.confirmed_at, self._part, secret)
         held.start_heartbeat(attempt.lease_from)
         held.late_add_by = op.add_lands_by if op.add_can_land(self.runtime.clock()) else None
         held.late_copies = op.add_unanswered
         self._held = held
         self._register()
         if attempt.resolved:
-            parts.news.event(events.RESOLVED, op)
-            parts.news.log(logging.INFO, "an earlier add of %s turned out to have succeeded", self.name)
-        parts.news.event(events.ACQUIRED, op)
-        parts.news.log(
+            core.news.event(events.RESOLVED, op)
+            core.news.log(logging.INFO, "an earlier add of %s turned out to have succeeded", self.name)
+        core.news.event(events.ACQUIRED, op)
+        core.news.log(
             logging.INFO,
             "acquired %s in reservation %s as %s after %.2f s (%d adds, %d calls)",
             self.name,
@@ -433,21 +431,21 @@ class ReservationMutex(LockFace):
             op.token,
             self.runtime.clock() - op.start + op.waited_before,
             op.adds,
-            parts.news.calls_of(op),
+            core.news.calls_of(op),
         )
 
     # ------------------------------------------------------------------ what the thread holds (deadlocks)
 
     def _register(self) -> None:
-        """Named locks of one's own (not a read-write lock's parts, nor a read group) are what a fair-mode
-        waiter's ticket names as held by its thread (:mod:`.holdings`, :mod:`.waitfor`)."""
+        """Named locks of one's own (not a read-write lock's derived mutexes, nor a read group) are what a
+        fair-mode waiter's ticket names as held by its thread (:mod:`.holdings`, :mod:`.waitfor`)."""
         if not self._derived_name and not self._token_mark and self._held is not None:
             holdings.register(self, self._held.token)
 
     def _wait_record(self, token: str) -> Optional[WaitRecord]:
-        parts = self._parts
+        core = self._core
         lifetime = self.options.request_lifetime
-        return WaitRecord.for_wait(parts.alias, token, self.runtime, lifetime, self.logger)
+        return WaitRecord.for_wait(core.alias, token, self.runtime, lifetime, self.logger)
 
     def _holding(self) -> Tuple[str, ...]:
         """The tokens of the other locks this thread holds in this lock's reservation, for the queue's ticket
@@ -457,14 +455,14 @@ class ReservationMutex(LockFace):
 
     def _ended(self, op: Operation, end: ReleaseEnd) -> None:
         """The release is settled: forget the hold, and say how it ended (lost: raise)."""
-        parts, token = self._parts, op.token
+        core, token = self._core, op.token
         self._forget()
         if end.lost:
             error = diagnosis.lost_error(op, self.reservation_id, self.name)
-            parts.tell_lost(op.holder_label)
-            raise parts.news.error(error, op, events.LOST, logging.WARNING, holder=op.holder_label)
-        parts.news.event(events.RELEASED, op, error=end.note)
-        parts.news.log(
+            core.tell_lost(op.holder_label)
+            raise core.news.error(error, op, events.LOST, logging.WARNING, holder=op.holder_label)
+        core.news.event(events.RELEASED, op, error=end.note)
+        core.news.log(
             logging.INFO,
             "released %s in reservation %s (%s)%s",
             self.name,

@@ -21,7 +21,7 @@ from ..operation import Operation
 from ..options import FRESH_READ_LAG
 from ..server.alias import CallResult, LockAlias, Status
 from ..server.classify import Classification, ErrorKind
-from .parts import LockParts
+from .core import LockCore
 
 
 @dataclass(frozen=True)
@@ -40,14 +40,14 @@ class ReleaseLoop:
 
     def __init__(
         self,
-        parts: LockParts,
+        core: LockCore,
         op: Operation,
         confirmed_at: float,
         confirm: Callable[[CallResult], None],
         marker: Optional[str] = None,
         ticket: Optional[LockAlias] = None,
     ) -> None:
-        self.parts = parts
+        self.core = core
         self.op = op
         self.confirmed_at = confirmed_at  # when the lock was last confirmed ours, before this release
         self.confirm = confirm  # told of every read: one that shows our token confirms the hold
@@ -84,10 +84,10 @@ class ReleaseLoop:
         """Add ``MUTEX~releasing`` with our token and secret, once per release: only waiters' messages depend
         on it, so a refusal or a failure changes nothing else (an add without an answer is watched, and
         removed)."""
-        parts, op = self.parts, self.op
+        core, op = self.core, self.op
         if op.releasing_mark is not None or self.marker is None:
             return
-        mark = parts.alias.sibling(protocol.releasing_alias(parts.name))
+        mark = core.alias.sibling(protocol.releasing_alias(core.name))
         added = mark.try_add([AttributeNameValue(protocol.ATTR_OWNER, self.marker)])
         if added.status is Status.BUSY:
             # An earlier release's marker, whose remove may still land and so is not sent again: we hold the
@@ -96,36 +96,36 @@ class ReleaseLoop:
         if added.ok or added.may_have_committed or added.may_land_later:
             op.releasing_mark = mark
             if not added.ok:
-                op.releasing_mark_lands_by = added.lands_by(parts.options.request_lifetime)
+                op.releasing_mark_lands_by = added.lands_by(core.options.request_lifetime)
         else:
-            parts.news.log(logging.DEBUG, "could not mark %s as releasing: %s", parts.name, added.failure)
+            core.news.log(logging.DEBUG, "could not mark %s as releasing: %s", core.name, added.failure)
 
     def _unmark(self, remove: bool = True) -> None:
         """Take the marker away (``remove``), or leave it to the late-add watcher, which removes it while it
         shows our token; an add of it that got no answer is watched too. A marker of our token that we did not
         add goes the same way (one remove: only one service can have the alias)."""
-        parts, op = self.parts, self.op
+        core, op = self.core, self.op
         mark, lands_by = op.releasing_mark or self.stray_mark, op.releasing_mark_lands_by
         self.stray_mark = None
         if mark is None:
             return
         op.releasing_mark = op.releasing_mark_lands_by = None
-        late_adds, lifetime = parts.runtime.late_adds, parts.options.request_lifetime
+        late_adds, lifetime = core.runtime.late_adds, core.options.request_lifetime
         if lands_by is not None:
             late_adds.watch(mark, op.token, lands_by, lifetime)
         if remove:
             late_adds.remove_or_watch(mark, op.token, lifetime)
         else:
-            late_adds.watch(mark, op.token, parts.runtime.clock() + FRESH_READ_LAG, lifetime)
+            late_adds.watch(mark, op.token, core.runtime.clock() + FRESH_READ_LAG, lifetime)
 
     def _settle(self) -> ReleaseEnd:
-        parts, op = self.parts, self.op
-        clock, sleep = parts.runtime.clock, parts.runtime.sleep
-        check_after = parts.options.release_check_after
+        core, op = self.core, self.op
+        clock, sleep = core.runtime.clock, core.runtime.sleep
+        check_after = core.options.release_check_after
         check = check_after <= 0 or op.start - self.confirmed_at >= check_after or op.remove_may_have_landed
         while True:
             if check:
-                read = parts.read(op)
+                read = core.read(op)
                 self.confirm(read)
                 if not read.ok:
                     end = self._failed(read.failure, "checking the lock owner")
@@ -164,7 +164,7 @@ class ReleaseLoop:
                     # Still ours, but our earlier remove may still land: a second remove now could land
                     # after a waiter took the lock, and delete the waiter's. Read again later, and say why.
                     self._mark_releasing()
-                    sleep(op.next_poll(parts.pacing, parts.runtime.rng))
+                    sleep(op.next_poll(core.pacing, core.runtime.rng))
                     continue
                 op.still_ours_at(now)
             # With it, in the same call, the queue ticket we waited with (one call less per acquisition): when
@@ -173,11 +173,11 @@ class ReleaseLoop:
             # The remove, sent once: the client's own re-send could delete a successor's lock.
             op.remove_sent_at = clock()
             try:
-                result = parts.alias.remove_once(also=() if ticket is None else (ticket.alias,))
+                result = core.alias.remove_once(also=() if ticket is None else (ticket.alias,))
             except BaseException:
                 # Ctrl-C (or SystemExit) while the remove was on its way: it may still land. A release()
                 # after this one continues this operation, so it waits for that instead of removing again.
-                op.remove_unsettled(True, clock() + parts.options.request_lifetime)
+                op.remove_unsettled(True, clock() + core.options.request_lifetime)
                 if ticket is not None:
                     self._ticket_unsettled(ticket, op.remove_lands_by)
                 raise
@@ -195,7 +195,7 @@ class ReleaseLoop:
             if ticket is not None:
                 # Gone or not, now or later: the watcher removes it while it shows our token (a second remove
                 # could take a newcomer's ticket of the same number).
-                lifetime = parts.options.request_lifetime
+                lifetime = core.options.request_lifetime
                 self._ticket_unsettled(ticket, result.lands_by(lifetime) if result.may_land_later else None)
             if result.status is Status.MISSING:
                 # "Not found" after a re-send of ours: our remove took effect. Otherwise the alias was gone
@@ -206,7 +206,7 @@ class ReleaseLoop:
                 return ReleaseEnd(lost=True)
             check = True  # never remove again before a fresh read shows the alias is still ours
             if result.may_land_later:
-                op.remove_unsettled(True, clock() + parts.options.request_lifetime)
+                op.remove_unsettled(True, clock() + core.options.request_lifetime)
                 continue  # not a failure yet: the reads above tell whether it lands
             op.remove_unsettled(result.may_have_committed)
             end = self._failed(result.failure, "removing the lock service")
@@ -215,18 +215,18 @@ class ReleaseLoop:
 
     def _see_stray_mark(self, read: CallResult) -> None:
         """Remember a ``MUTEX~releasing`` that ``read`` shows naming our token when we added none."""
-        parts, op = self.parts, self.op
-        alias = protocol.releasing_alias(parts.name)
+        core, op = self.core, self.op
+        alias = protocol.releasing_alias(core.name)
         shown = (read.services or {}).get(alias)
         if op.releasing_mark is None and shown is not None and named_token(shown.token) == op.token:
-            self.stray_mark = self.stray_mark or parts.alias.sibling(alias)
+            self.stray_mark = self.stray_mark or core.alias.sibling(alias)
 
     def _ticket_unsettled(self, ticket: LockAlias, lands_by: Optional[float]) -> None:
         """A remove of the lock with our ticket failed or got no answer: the ticket goes to the late-add
         watcher, never to a second remove while the first may land (its number may be a newcomer's)."""
         self.ticket = None
-        lifetime = self.parts.options.request_lifetime
-        late_adds, now = self.parts.runtime.late_adds, self.parts.runtime.clock()
+        lifetime = self.core.options.request_lifetime
+        late_adds, now = self.core.runtime.late_adds, self.core.runtime.clock()
         late_adds.watch(
             ticket,
             self.op.token,
@@ -239,20 +239,20 @@ class ReleaseLoop:
     def _failed(self, failure: Classification, doing: str) -> Optional[ReleaseEnd]:
         """A failed call: back off and return None to try again (transient, within ``release_attempts``);
         released when the reservation has ended (the lock went with it); raise otherwise."""
-        parts, op = self.parts, self.op
+        core, op = self.core, self.op
         self.failures += 1
-        if failure.kind is ErrorKind.TRANSIENT and self.failures < parts.options.release_attempts:
+        if failure.kind is ErrorKind.TRANSIENT and self.failures < core.options.release_attempts:
             op.failed(failure.message)
-            parts.news.event(events.TRANSIENT, op, error=failure.message)
-            parts.runtime.sleep(op.next_backoff(parts.backoff, parts.runtime.rng))
+            core.news.event(events.TRANSIENT, op, error=failure.message)
+            core.runtime.sleep(op.next_backoff(core.backoff, core.runtime.rng))
             return None
         # Whatever the server's words: a reservation that has ended took the lock with it.
-        if diagnosis.needs_state(failure) and parts.alias.reservation_state() in ("ended", "missing"):
+        if diagnosis.needs_state(failure) and core.alias.reservation_state() in ("ended", "missing"):
             return ReleaseEnd(note="the reservation has ended; the lock went with it")
         if failure.kind is ErrorKind.TRANSIENT:
             doing = f"{doing} ({self.failures} failed calls)"
-        error = diagnosis.release_error(op, failure, doing, parts.reservation_id, parts.name)
-        raise parts.news.error(error, op)
+        error = diagnosis.release_error(op, failure, doing, core.reservation_id, core.name)
+        raise core.news.error(error, op)
 
 
 def _shows(read: CallResult, ticket: Optional[LockAlias], token: str) -> bool:

@@ -2,7 +2,7 @@
 group on ``MUTEX``; leaving, it gives the slot back and closes the group when no reader is left in it.
 
 :mod:`.rwlock` has the protocol in its docstring (and docs/protocol.md step by step). The read side is
-built from the mutexes it asks :class:`~.parts.RWParts` for.
+built from the mutexes it asks :class:`~.core.RWCore` for.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from ..mutex import handover
 from ..mutex.mutex import ReservationMutex
 from ..options import FRESH_READ_LAG, UNSET
 from ..pacing import CancelledWait, DefaultPacing
-from .parts import RWParts
+from .core import RWCore
 from .readview import ReadView
 
 #: Rounds of "take a slot, read, decide" in one attempt to enter before waiting again.
@@ -45,7 +45,7 @@ class ReadLock(LockFace):
     See the module docstring and docs/protocol.md for the protocol; :attr:`calls` counts its API calls.
     """
 
-    def __init__(self, rw: RWParts, max_readers: int, writing: Callable[[], bool]) -> None:
+    def __init__(self, rw: RWCore, max_readers: int, writing: Callable[[], bool]) -> None:
         self._rw = rw
         self._writing = writing  # does the write side of the same lock object hold the lock?
         self.max_readers = max_readers
@@ -451,7 +451,7 @@ class _Entry:
     """:meth:`ReadLock.acquire` as the engine's attempt: one try is one snapshot and, if it lets readers
     in, one try to take a slot and open or join the group."""
 
-    def __init__(self, reader: ReadLock, rw: RWParts, blocking: bool, deadline: Wait) -> None:
+    def __init__(self, reader: ReadLock, rw: RWCore, blocking: bool, deadline: Wait) -> None:
         self.reader = reader
         self.rw = rw
         self.blocking = blocking

@@ -29,7 +29,7 @@ from ..errors import MutexError, MutexTimeout
 from ..mutex import handover
 from ..options import UNSET, MutexOptions, default_logger
 from ..server.late_adds import with_late_adds
-from .parts import RWParts
+from .core import RWCore
 from .readlock import ReadLock
 
 __all__ = ["DEFAULT_MAX_READERS", "ReadLock", "ReservationRWLock", "WriteLock"]
@@ -82,31 +82,31 @@ class ReservationRWLock:
         # watcher unless the runtime names one. The lock's own watches the adds of its breaks.
         mutex_runtime = runtime if runtime is not None else Runtime()
         own = with_late_adds(mutex_runtime, self.logger)
-        self._parts = RWParts(
+        self._core = RWCore(
             api, reservation_id, name, self.owner, self.options, self.logger, own, mutex_runtime
         )
-        self._reader = ReadLock(self._parts, max_readers, writing=lambda: self._writer.locked())
-        self._writer = WriteLock(self._parts, reading=self._reader.locked)
+        self._reader = ReadLock(self._core, max_readers, writing=lambda: self._writer.locked())
+        self._writer = WriteLock(self._core, reading=self._reader.locked)
 
     @property
     def api(self) -> Any:
         """The API session the lock makes its calls with."""
-        return self._parts.lock_alias.api
+        return self._core.lock_alias.api
 
     @property
     def reservation_id(self) -> str:
         """The reservation this lock is in."""
-        return self._parts.reservation_id
+        return self._core.reservation_id
 
     @property
     def name(self) -> str:
         """The lock's alias (``MUTEX`` unless given): the writer's, and the read group's."""
-        return self._parts.name
+        return self._core.name
 
     @property
     def calls(self) -> int:
         """API calls made by this object in total (both sides, every alias)."""
-        return self._parts.lock_alias.calls + self._reader.calls + self._writer.calls
+        return self._core.lock_alias.calls + self._reader.calls + self._writer.calls
 
     def read(self) -> ReadLock:
         """The shared side: ``with rw.read(): ...`` reads alongside other readers, never with a writer."""
@@ -128,7 +128,7 @@ class WriteLock(LockFace):
     busy it holds ``MUTEX~w`` while it waits, so that no new read group opens and the current one drains.
     """
 
-    def __init__(self, rw: RWParts, reading: Callable[[], bool]) -> None:
+    def __init__(self, rw: RWCore, reading: Callable[[], bool]) -> None:
         self._rw = rw
         self._reading = reading  # does the read side of the same lock object read?
         self._mutex = rw.mutex(rw.name, "writer")

@@ -1,9 +1,9 @@
 """What both sides of one :class:`~.rwlock.ReservationRWLock` share, and the mutexes it is built from.
 
 Every alias the read-write lock adds is held by a :class:`~..mutex.mutex.ReservationMutex` of one of three
-kinds: a part (a reader slot, the closer, the writer-waiting marker, on aliases derived from the lock's name),
-the read group's hold on ``MUTEX``, and the writer's. They differ by class flags, as kazoo's ``ReadLock`` and
-``WriteLock`` differ from its ``Lock``.
+kinds: a derived mutex (a reader slot, the closer, the writer-waiting marker: aliases derived from the lock's
+name), the read group's hold on ``MUTEX``, and the writer's. They differ by class flags, as kazoo's
+``ReadLock`` and ``WriteLock`` differ from its ``Lock``.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class GroupAdds:
         )
 
 
-class PartMutex(ReservationMutex):
+class DerivedMutex(ReservationMutex):
     """A ReservationMutex on an alias this lock derives from its name: a reader slot, the closer, the writer
     waiting (names no public lock may have)."""
 
@@ -77,7 +77,7 @@ class GroupMutex(ReservationMutex):
         super().__init__(*args, **kwargs)
 
 
-class RWParts:
+class RWCore:
     """What both sides of one :class:`ReservationRWLock` share: its options, the runtime, the snapshot
     reader on ``MUTEX``, and how to make the mutexes on its aliases."""
 
@@ -128,10 +128,10 @@ class RWParts:
         """The wait of one acquire of either side (:meth:`~..engine.Wait.for_acquire`)."""
         return Wait.for_acquire(blocking, timeout, self.options.timeout, self.runtime, self.cancelled)
 
-    def mutex(self, alias: str, kind: str = "part", **changes: Any) -> ReservationMutex:
+    def mutex(self, alias: str, kind: str = "derived", **changes: Any) -> ReservationMutex:
         """A mutex of ``kind`` on ``alias`` with this lock's options (``changes`` replaced). Only the writer
-        waits in the lock's queue: the parts (slots, markers, the closer) are held for a few calls, and a
-        read group's add is one try, so they poll plainly."""
+        waits in the lock's queue: the derived mutexes (slots, markers, the closer) are held for a few calls,
+        and a read group's add is one try, so they poll plainly."""
         args = self.mutex_args
         if kind != "writer":
             changes = {"fair": False, **changes}
@@ -142,7 +142,7 @@ class RWParts:
 
 
 _KINDS: Dict[str, Type[ReservationMutex]] = {
-    "part": PartMutex,
+    "derived": DerivedMutex,
     "group": GroupMutex,
     "writer": ReservationMutex,
 }

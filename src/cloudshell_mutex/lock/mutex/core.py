@@ -1,6 +1,6 @@
-"""The parts one exclusive lock on one alias is made of, and the steps its acquire and release share.
+"""The core of one exclusive lock on one alias: what its acquire and release steps share.
 
-:class:`LockParts` is built once per :class:`~.mutex.ReservationMutex`; the acquire try
+:class:`LockCore` is built once per :class:`~.mutex.ReservationMutex`; the acquire try
 (:mod:`.attempt`), the release loop (:mod:`.release`) and the held acquisition (:mod:`.held`) all work
 through it: the alias's calls, the options, the news (events and log), the runtime and the breaker. It
 holds no state of an acquisition: that is the :class:`~.operation.Operation`'s (what one acquire or
@@ -25,7 +25,7 @@ from ..server.alias import CallResult, LockAlias, Status
 from ..server.classify import Classification, ErrorKind
 
 
-class LockParts:
+class LockCore:
     """What every step of one lock uses: see the module docstring."""
 
     def __init__(
@@ -194,5 +194,5 @@ class LockParts:
         return f"{sanitize_label(self.owner)}{text}"
 
 
-#: :meth:`LockParts.poll_read`'s answer when the read failed transiently (None means "read: it is free").
+#: :meth:`LockCore.poll_read`'s answer when the read failed transiently (None means "read: it is free").
 UNREAD: Any = object()
