@@ -193,12 +193,27 @@ def acquire_loop(attempt: Attempt, wait: Wait) -> bool:
 
 
 class LockFace:
-    """What every lock kind shows the same way: ``with lock:`` acquires and releases, ``owned()`` is
-    ``locked()`` (redis-py's name), and ``repr`` names the lock and whether this object holds it. A kind
-    supplies ``acquire``, ``release``, ``locked`` and the ``name`` and ``reservation_id`` it is on."""
+    """What every lock kind shows the same way: where it is (``api``, ``reservation_id``, ``name``), ``with
+    lock:`` acquires and releases, ``owned()`` is ``locked()`` (redis-py's name), and ``repr`` names the lock
+    and whether this object holds it. A kind supplies ``acquire``, ``release``, ``locked`` and
+    ``_lock_alias``, the calls on its lock's alias (a :class:`~.server.alias.LockAlias`)."""
 
-    name: str
-    reservation_id: str
+    _lock_alias: Any
+
+    @property
+    def api(self) -> Any:
+        """The API session the lock makes its calls with."""
+        return self._lock_alias.api
+
+    @property
+    def reservation_id(self) -> str:
+        """The reservation this lock is in."""
+        return str(self._lock_alias.reservation_id)
+
+    @property
+    def name(self) -> str:
+        """The lock's service alias (``MUTEX`` unless given)."""
+        return str(self._lock_alias.alias)
 
     def acquire(self, blocking: bool = True, timeout: Any = None) -> bool:  # pragma: no cover - each kind's
         """Take the lock (each kind says how)."""

@@ -141,7 +141,7 @@ class CohortMutex(LockFace):
         # The caller's cancellation, asked while this waits for the local lock or yields to other servers.
         self._cancellation = cancellation_check(self._mutex.options.cancellation)
         # The cohort's own calls: a local waiter's progress lines and its wait record.
-        self._alias = LockAlias.for_lock(
+        self._lock_alias = LockAlias.for_lock(
             api, self._mutex.reservation_id, name, self._mutex.options, self.logger, self._clock, self._sleep
         )
         self._local_record: Optional[WaitRecord] = None  # the last local wait's (a timeout's words)
@@ -163,11 +163,6 @@ class CohortMutex(LockFace):
         return self._mutex
 
     @property
-    def api(self) -> Any:
-        """The API session the lock makes its calls with."""
-        return self._mutex.api
-
-    @property
     def owner(self) -> str:
         """The label of this process's acquisitions."""
         return self._mutex.owner
@@ -183,16 +178,6 @@ class CohortMutex(LockFace):
         return self._held and self._mutex.leased
 
     @property
-    def name(self) -> str:
-        """The lock's service alias."""
-        return self._mutex.name
-
-    @property
-    def reservation_id(self) -> str:
-        """The reservation this lock is in."""
-        return self._mutex.reservation_id
-
-    @property
     def options(self) -> Any:
         """The :class:`~.options.MutexOptions` of the server lock."""
         return self._mutex.options
@@ -200,7 +185,7 @@ class CohortMutex(LockFace):
     @property
     def calls(self) -> int:
         """API calls made by this object in total."""
-        return self._mutex.calls + self._alias.calls
+        return self._mutex.calls + self._lock_alias.calls
 
     @property
     def token(self) -> Optional[str]:
@@ -319,7 +304,7 @@ class CohortMutex(LockFace):
         cancellation every half second (``CancelledWait``), and for a thread that holds other locks of the
         reservation a wait record, so that the wait is seen in the wait-for graph (MutexDeadlock)."""
         runtime, lifetime = self._mutex.runtime, self._mutex.options.request_lifetime
-        record = WaitRecord.for_wait(self._alias, make_token(self.owner), runtime, lifetime, self.logger)
+        record = WaitRecord.for_wait(self._lock_alias, make_token(self.owner), runtime, lifetime, self.logger)
         self._local_record = record
         member = (self.name, self.owner, self.options)
         wait = LocalWait(member, self._try_local, self._write_progress, deadline, holder, record)
@@ -341,7 +326,7 @@ class CohortMutex(LockFace):
 
     def _write_progress(self, message: str, deadline: Optional[Wait], warning: bool = False) -> None:
         """One line in the reservation output, progress or a ``warning`` (a courtesy: a failure is logged)."""
-        if not self._alias.write_output(message, warning=warning, paced=True, deadline=deadline).ok:
+        if not self._lock_alias.write_output(message, warning=warning, paced=True, deadline=deadline).ok:
             self.logger.debug("cloudshell-mutex: could not write progress to the reservation output")
 
     def _take_server(self, blocking: bool, deadline: Wait) -> bool:

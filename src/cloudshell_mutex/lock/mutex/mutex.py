@@ -103,6 +103,7 @@ class ReservationMutex(LockFace):
         self.runtime = with_late_adds(runtime, self.logger)
         clock, sleep = self.runtime.clock, self.runtime.sleep
         alias = LockAlias.for_lock(api, reservation_id, name, self.options, self.logger, clock, sleep)
+        self._lock_alias = alias
         # The caller's cancellation, heard while a blocking acquire pauses (its Wait's).
         self._cancelled = cancellation_check(self.options.cancellation)
         self._core = LockCore(
@@ -128,21 +129,6 @@ class ReservationMutex(LockFace):
         #: When the caller began waiting for the next acquisition, if earlier than the acquire (a cohort's
         #: local lock; clock time): that acquisition's timeout and "acquired after" count from then.
         self.waiting_since: Optional[float] = None
-
-    @property
-    def api(self) -> Any:
-        """The API session the lock makes its calls with."""
-        return self._core.alias.api
-
-    @property
-    def reservation_id(self) -> str:
-        """The reservation this lock is in."""
-        return self._core.reservation_id
-
-    @property
-    def name(self) -> str:
-        """The lock's service alias (``MUTEX`` unless given)."""
-        return self._core.name
 
     @property
     def timeout(self) -> Optional[float]:

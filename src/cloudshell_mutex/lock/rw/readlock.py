@@ -47,6 +47,7 @@ class ReadLock(LockFace):
 
     def __init__(self, rw: RWCore, max_readers: int, writing: Callable[[], bool]) -> None:
         self._rw = rw
+        self._lock_alias = rw.lock_alias
         self._writing = writing  # does the write side of the same lock object hold the lock?
         self.max_readers = max_readers
         name = rw.name
@@ -87,16 +88,6 @@ class ReadLock(LockFace):
     def locked(self) -> bool:
         """True while *this side* reads (holds a slot and a share of the group; no call)."""
         return self._group is not None
-
-    @property
-    def name(self) -> str:
-        """The lock's alias (``MUTEX`` unless given)."""
-        return self._rw.name
-
-    @property
-    def reservation_id(self) -> str:
-        """The reservation the lock is in."""
-        return self._rw.reservation_id
 
     @property
     def token(self) -> Optional[str]:

@@ -130,6 +130,7 @@ class WriteLock(LockFace):
 
     def __init__(self, rw: RWCore, reading: Callable[[], bool]) -> None:
         self._rw = rw
+        self._lock_alias = rw.lock_alias
         self._reading = reading  # does the read side of the same lock object read?
         self._mutex = rw.mutex(rw.name, "writer")
         # Held while the writer waits, however long: never stopped by max_hold (that bounds holding MUTEX).
@@ -139,16 +140,6 @@ class WriteLock(LockFace):
     def calls(self) -> int:
         """API calls made by this side."""
         return self._mutex.calls + self._waiting.calls
-
-    @property
-    def name(self) -> str:
-        """The lock's alias (``MUTEX`` unless given)."""
-        return self._rw.name
-
-    @property
-    def reservation_id(self) -> str:
-        """The reservation the lock is in."""
-        return self._rw.reservation_id
 
     @property
     def token(self) -> Optional[str]:
