@@ -1,4 +1,4 @@
-"""The engine every lock kind runs on: one deadline, one acquire loop, one hand-over value.
+"""The engine every lock kind runs on: one wait value, one acquire loop, one face, one hand-over value.
 
 * :class:`Wait` is one wait as one value: the caller's deadline, its cancellation and the pause (kazoo's
   ``_Watch``, etcd's ``ctx``), made once per acquire and handed down whole: a read group's closer, the

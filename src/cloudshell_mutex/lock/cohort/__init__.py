@@ -1,1 +1,1 @@
-"""cohort."""
+"""CohortMutex: the processes of one execution server pass the server lock among themselves, with no call."""

@@ -1,1 +1,1 @@
-"""lease."""
+"""Liveness: leases and heartbeats, a waiter's judgement of a holder, and the one breaker of stale holders."""
