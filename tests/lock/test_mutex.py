@@ -14,7 +14,7 @@ from typing import Any, List
 
 import pytest
 from cloudshell.api.common_cloudshell_api import UnauthorizedError
-from fakes import RES, FakeApi, api_error, http_500, make, other_holds
+from fakes import RES, Clock, FakeApi, api_error, http_500, make, other_holds
 from urllib3.exceptions import NewConnectionError, ProtocolError
 
 from cloudshell_mutex import (
@@ -776,3 +776,36 @@ def test_call_budget_slows_a_waiter(clock):
         mutex.acquire(timeout=10.0)
     calls = len(api.calls)
     assert calls <= 1 + 1 + 2 + 2 * 10 + 1, calls  # the first add and read, the burst, 2/s, the final read
+
+
+class TickingClock(Clock):
+    """Virtual time that also moves a little on every reading (as time.monotonic does between two calls)."""
+
+    def __call__(self) -> float:
+        self.now += 0.001
+        return self.now
+
+
+def test_the_timeout_message_names_the_timeout_given_on_a_clock_that_moves():
+    """The message names the caller's timeout, not the deadline less the moments the preamble took."""
+    clock = TickingClock()
+    api = FakeApi()
+    api.services["MUTEX"] = {"Mutex Owner": "Other@host:1:deadbeef"}
+    mutex = make(api, clock)
+    with pytest.raises(MutexTimeout, match=r"timed out after 2 s waiting"):
+        mutex.acquire(timeout=2)
+
+
+def test_a_non_blocking_acquire_backs_off_a_transient_failure_on_the_runtime_sleep(clock):
+    """runtime= is the one seam: a non-blocking acquire's (0 s) back-off sleeps with the runtime's sleep,
+    never time.sleep."""
+    api = FakeApi()
+
+    def fail(*_):
+        raise http_500()
+
+    api.faults["AddServiceToReservation"] = [fail]
+    mutex = make(api, clock)
+    with pytest.raises(MutexTimeout, match="kept failing"):  # the add's outcome stayed unknown
+        mutex.acquire(blocking=False)
+    assert clock.sleeps == [0.0]

@@ -166,7 +166,7 @@ def timeout_error(
     if releasing_until is not None:
         note = releasing_note(releasing_until - now) + note
     waited = now - op.start + op.waited_before
-    limit = waited if op.wait.at is None else op.wait.at - op.start + op.waited_before
+    limit = waited if op.wait.timeout is None else op.wait.timeout + op.waited_before
     holder = op.holder_label
     held_for = op.held_for(now)
     waiting = f"timed out after {limit:g} s waiting for {alias!r} in reservation {reservation_id}"

@@ -52,7 +52,7 @@ class Wait:
     it what is left, and pauses through it.
     """
 
-    __slots__ = ("at", "cancelled", "clock", "sleep")
+    __slots__ = ("at", "cancelled", "clock", "sleep", "timeout")
 
     def __init__(
         self,
@@ -65,6 +65,8 @@ class Wait:
         self.clock = clock
         self.sleep = sleep
         self.cancelled = cancelled
+        #: The caller's timeout in seconds, for a wait made from one (None: never, or not made so).
+        self.timeout: Optional[float] = None
 
     @classmethod
     def after(
@@ -75,12 +77,16 @@ class Wait:
         cancelled: Optional[Callable[[], bool]] = None,
     ) -> Wait:
         """``timeout`` seconds from now (None: never)."""
-        return cls(None if timeout is None else clock() + timeout, clock, sleep, cancelled)
+        wait = cls(None if timeout is None else clock() + timeout, clock, sleep, cancelled)
+        wait.timeout = timeout
+        return wait
 
     @classmethod
-    def now(cls, clock: Callable[[], float] = time.monotonic) -> Wait:
+    def now(
+        cls, clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep
+    ) -> Wait:
         """A wait that has already ended: one try, no pause (a non-blocking acquire)."""
-        return cls(clock(), clock)
+        return cls.after(0.0, clock, sleep)
 
     @classmethod
     def for_acquire(
@@ -95,7 +101,7 @@ class Wait:
             raise ValueError("a non-blocking acquire cannot have a timeout; leave timeout out")
         check_duration("timeout", timeout, allow_none=True)
         if not blocking:
-            return cls.now(runtime.clock)
+            return cls.now(runtime.clock, runtime.sleep)
         return cls.after(timeout, runtime.clock, runtime.sleep, cancelled)
 
     def left(self) -> Optional[float]:
