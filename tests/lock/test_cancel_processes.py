@@ -195,6 +195,7 @@ def _waiter_whose_add_gets_no_reply(emu, request_lifetime: float):
         go,
         request_lifetime=request_lifetime,
         pacing=FixedPacing(30.0),
+        fair=False,  # plain polling sits in its 30 s pause; in line it would read, see its add land and hold
     )
     time.sleep(2.5)  # the reset, the client's re-send 1 s later ("already exists"), a read: now it pauses
     return rid, holder, go, process, stop, out
