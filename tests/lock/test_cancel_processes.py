@@ -23,6 +23,7 @@ from test_lease_processes import FAST, Address, address, session
 from cloudshell_mutex import MutexCancelled, ReservationMutex, ReservationRWLock, protocol
 from cloudshell_mutex.lock.cohort.cohort import CohortMutex
 from cloudshell_mutex.lock.pacing import FixedPacing
+from cloudshell_mutex.lock.queue.queue import SPIN_MAX
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -144,16 +145,24 @@ def test_a_waiter_stops_within_a_second_of_cancellation_and_leaves_nothing(emu, 
     assert services(emu, rid) == {}
 
 
+def _until_tickets(emu, rid: str, count: int) -> None:
+    """Until ``count`` waiters have parked (their tickets show): each spins a few seconds first."""
+    deadline = time.monotonic() + SPIN_MAX + 10
+    while sum(alias.startswith("MUTEX~q") for alias in services(emu, rid)) < count:
+        assert time.monotonic() < deadline, services(emu, rid)
+        time.sleep(0.2)
+    time.sleep(0.5)  # its first look in line after the ticket's add
+
+
 def test_fair_waiters_in_line_behind_the_head_stop_and_take_their_tickets_back(emu):
     """The second fair waiter waits in the queue's own loop (not the mutex's): it too stops at once."""
     rid = emu.create_reservation()
     holder = ReservationMutex(emu.session(), rid, owner="holder")
     holder.acquire()
     head = spawn_waiter(emu, rid, "mutex", "event", fair=True)
-    time.sleep(1.0)  # the first takes ticket 1 and becomes the head
+    _until_tickets(emu, rid, 1)  # the first spins, then parks with ticket 1: the head
     second = spawn_waiter(emu, rid, "mutex", "cancellation_context", fair=True)
-    time.sleep(1.5)
-    assert sum(alias.startswith("MUTEX~q") for alias in services(emu, rid)) == 2, services(emu, rid)
+    _until_tickets(emu, rid, 2)
     for process, stop, out in (second, head):
         report = cancel_and_report(process, stop, out, wait_first=0.0)
         assert 0 <= report["latency"] < WITHIN

@@ -15,8 +15,10 @@ from cloudshell_mutex.lock.cohort import cohort as cohort_module
 from cloudshell_mutex.lock.cohort.cohort import CohortMutex, CohortPacing
 from cloudshell_mutex.lock.cohort.files import new_file_lock, trust_window
 from cloudshell_mutex.lock.engine import Runtime
+from cloudshell_mutex.lock.lease.lease import ticket_value
 from cloudshell_mutex.lock.mutex import handover
 from cloudshell_mutex.lock.pacing import CallBudget, FixedPacing
+from cloudshell_mutex.lock.protocol import ticket_alias
 from cloudshell_mutex.lock.server import catalog
 
 LEASED_MODEL = (protocol.ATTR_OWNER, *protocol.LEASE_ATTRIBUTES)
@@ -86,9 +88,33 @@ def test_a_releaser_with_a_local_waiter_passes_the_server_lock_without_a_call(cl
     assert not api.services
 
 
-def test_at_most_k_passes_in_a_row_then_the_lock_goes_back_to_the_server_and_local_waiters_yield(
-    clock, tmp_path
-):
+def test_past_its_bounds_a_cohort_with_nobody_seen_waiting_passes_on_then_yields_blindly(clock, tmp_path):
+    api = FakeApi(clock=clock)
+    blind = 2 * cohort_module.BLIND_BOUNDS  # passes before it yields whoever waits (K = 2)
+    locks = [cohort(api, clock, tmp_path, f"P{i}", max_passes=2, yield_seconds=1.5) for i in range(blind + 2)]
+    locks[0].acquire()
+    with local_waiter(locks[0]):
+        for index, (current, following) in enumerate(zip(locks, locks[1 : blind + 1])):
+            api.calls.clear()
+            current.release()
+            following.acquire()
+            assert following.passed
+            # Within K passes no call; past them one read, which shows nobody in the queue: passed on.
+            assert api.calls == ([] if index < 2 else ["GetReservationDetails"])
+        api.calls.clear()
+        locks[blind].release()  # BLIND_BOUNDS x K passes: released whoever waits, seen or not
+    assert api.calls == ["GetReservationDetails", "RemoveServicesFromReservation"]
+    assert locks[blind].local_state().yielded_at is not None
+    clock.sleeps.clear()
+    api.calls.clear()
+    locks[blind + 1].acquire()
+    # Held back for yield_seconds (reading now and then) so that other servers' waiters get in; nobody did.
+    assert not locks[blind + 1].passed and sum(clock.sleeps) == pytest.approx(1.5)
+    assert api.calls == ["GetReservationDetails"] * 3 + ["AddServiceToReservation"]
+    locks[blind + 1].release()
+
+
+def test_past_its_bounds_a_cohort_yields_to_a_waiter_seen_elsewhere_and_lines_up_behind_it(clock, tmp_path):
     api = FakeApi(clock=clock)
     locks = [cohort(api, clock, tmp_path, f"P{i}", max_passes=2, yield_seconds=1.5) for i in range(4)]
     locks[0].acquire()
@@ -97,16 +123,33 @@ def test_at_most_k_passes_in_a_row_then_the_lock_goes_back_to_the_server_and_loc
             current.release()
             following.acquire()
             assert following.passed
+        # A waiter on another execution server parks in the queue.
+        elsewhere = ticket_alias(protocol.DEFAULT_ALIAS, 0)
+        api.services[elsewhere] = {protocol.ATTR_OWNER: ticket_value("Elsewhere@other:1:0000000e", 120, 0)}
         api.calls.clear()
-        locks[2].release()  # the third holder: 2 passes already
-    assert api.calls == ["GetReservationDetails", "RemoveServicesFromReservation"]
-    assert locks[2].local_state().yielded_at is not None
+        locks[2].release()  # past K: the read shows the waiter elsewhere, so the lock goes back to the server
+    assert api.calls == ["GetReservationDetails"] * 2 + ["RemoveServicesFromReservation"]
+    assert locks[2].local_state().yielded_to_queue
     clock.sleeps.clear()
     api.calls.clear()
+    # The waiter elsewhere takes its turn a moment later.
+    api.later(
+        clock.now + 0.3, lambda: api.services.update({protocol.DEFAULT_ALIAS: {protocol.ATTR_OWNER: "E"}})
+    )
+    api.later(
+        clock.now + 0.6, lambda: [api.services.pop(a, None) for a in (protocol.DEFAULT_ALIAS, elsewhere)]
+    )
+    added = []
+    add = api.AddServiceToReservation
+    api.AddServiceToReservation = lambda rid, model, alias, attributes=(): (
+        added.append(alias) or add(rid, model, alias, attributes)
+    )
+    start = clock.now
     locks[3].acquire()
-    # Held back for yield_seconds (reading now and then) so that other servers' waiters get in; nobody did.
-    assert not locks[3].passed and sum(clock.sleeps) == pytest.approx(1.5)
-    assert api.calls == ["GetReservationDetails"] * 3 + ["AddServiceToReservation"]
+    # The next local holder did not hold back with the lock free: it lined up first (a ticket behind the
+    # waiter seen, taken by the release's read a moment ago), and was served after that waiter.
+    assert added[0] == ticket_alias(protocol.DEFAULT_ALIAS, 1), added
+    assert not locks[3].passed and clock.now >= start + 0.6 and sum(clock.sleeps) < 1.5
     locks[3].release()
 
 
@@ -132,10 +175,14 @@ def test_no_passes_after_max_pass_seconds(clock, tmp_path):
     a, b = cohort(api, clock, tmp_path, "A", max_pass_seconds=5), cohort(api, clock, tmp_path, "B")
     a.acquire()
     clock.sleep(6)
+    # Someone on another execution server waits in the queue (nobody seen: test_past_its_bounds_...).
+    elsewhere = ticket_alias(protocol.DEFAULT_ALIAS, 0)
+    api.services[elsewhere] = {protocol.ATTR_OWNER: ticket_value("Elsewhere@other:1:0000000e", 120, 0)}
     api.calls.clear()
     with local_waiter(a):
         a.release()
-    assert api.calls == ["GetReservationDetails", "RemoveServicesFromReservation"]
+    assert api.calls == ["GetReservationDetails"] * 2 + ["RemoveServicesFromReservation"]
+    del api.services[elsewhere]
     b.acquire()
     assert not b.passed
     b.release()

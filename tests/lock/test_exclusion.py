@@ -79,9 +79,15 @@ def worker(
         for round_ in range(rounds):
             if kind == "unlocked":  # negative control: the checks must catch work done without the lock
                 report["intervals"].append(_critical_section(api, rid, f"unlocked:{index}:{round_}"))
-            elif kind in ("ours", "fair", "plain"):
-                # "ours": the defaults (waiting in the queue); "fair": the same, said; "plain": plain polling.
-                queue = {"ours": {}, "fair": {"fair": True}, "plain": {"fair": False}}[kind]
+            elif kind in ("ours", "fair", "parked", "plain"):
+                # "ours": the defaults (spin, then park in the queue); "fair": the same, said; "parked": a
+                # waiter that parks at its first busy add (this process's spin set to none); "plain": plain
+                # polling.
+                queue = {"ours": {}, "fair": {"fair": True}, "parked": {}, "plain": {"fair": False}}[kind]
+                if kind == "parked":
+                    from cloudshell_mutex.lock.queue import queue as fair_queue
+
+                    fair_queue.SPIN_MIN = fair_queue.SPIN_MAX = 0.0
                 lock = ReservationMutex(
                     api,
                     rid,

@@ -49,6 +49,7 @@ def test_on_a_racy_add_two_locks_are_held_at_once(emulator, mode: str, holders: 
     assert got.count(True) == holders
 
 
+@pytest.mark.usefixtures("parked_at_once")  # the parked queue's steps
 @pytest.mark.parametrize("mode", ["refuse_all", "remove_found", "ignore"])
 def test_a_release_whose_merged_remove_names_a_gone_ticket_is_settled_on_every_remove_answer(emulator, mode):
     """The holder keeps its queue ticket and removes it with the lock in one call; if the ticket is gone by

@@ -208,6 +208,7 @@ def test_ticket_numbers_of_any_length_are_tickets_and_only_as_the_queue_writes_t
         assert ticket_number(other, "MUTEX") is None, other
 
 
+@pytest.mark.usefixtures("parked_at_once")  # the parked queue's steps
 @pytest.mark.integration
 def test_a_fair_waiter_behind_a_ten_digit_ticket_sees_its_own_ticket_and_leaves_none(
     cloudshell_emulator_factory, original_package_zip

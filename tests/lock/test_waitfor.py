@@ -231,6 +231,7 @@ def _wait_behind_a_holder(clock, holding: bool, detect_after: float) -> List[str
     return api.calls, reads
 
 
+@pytest.mark.usefixtures("parked_at_once")  # the parked queue's steps
 def test_a_waiter_that_holds_nothing_makes_no_extra_reads_and_one_that_holds_reads_every_few_seconds(
     clock,
 ) -> None:

@@ -6,8 +6,11 @@ lock, one per (server, reservation, alias) on this machine (an OS file lock thro
 the OS when its process dies, on Windows too), and only the local holder deals with the CloudShell server.
 A releaser that sees local waiters *passes* the server lock (its ``MUTEX`` stays in place, its heartbeat
 goes on in the next holder) instead of removing it, at most ``max_passes`` times in a row and for at most
-``max_pass_seconds``; then it removes it, and the local waiters hold back ``yield_seconds`` so that other
-execution servers get their turn. docs/protocol.md ("Cohort mode") gives the steps and the guarantees.
+``max_pass_seconds``. Past those bounds it reads the queue: when someone elsewhere waits in it, it removes
+the lock and the next local holder lines up behind them (no pause); when nobody is seen, it passes on, up
+to BLIND_BOUNDS times the bounds, and then yields to anyone (the local waiters hold back ``yield_seconds``:
+plain pollers and the original code leave no trace to see). docs/protocol.md ("Cohort mode") gives the
+steps and the guarantees.
 
 The cohort's files on this machine (the local lock, the state, the waiters, the releasing record) are
 :mod:`.cohort_files`'s.
@@ -68,6 +71,9 @@ COHORT_HOLDER_CHECK_INTERVAL = 15.0
 #: After giving the lock back because of a bound, local waiters wait up to this long before their add:
 #: about the cohort pacing's longest interval, so every waiting execution server has polled meanwhile.
 DEFAULT_YIELD_SECONDS = 2.5
+#: Past its bounds, a cohort passes on while a read shows nobody in the queue, up to this many times the
+#: bounds; then it yields to anyone (``yield_seconds``), for waiters that leave no ticket to see.
+BLIND_BOUNDS = 6
 #: How often a local waiter tries the local lock (filelock polls); the local hand-off gap is about this
 #: divided by the number of waiters plus one.
 DEFAULT_LOCAL_POLL = 0.005
@@ -90,10 +96,13 @@ class CohortMutex(LockFace):
       read every 15 s.
     * ``max_passes`` (K, default 32) and ``max_pass_seconds`` (T, default 10): a releaser passes the server
       lock to a local waiter only while the cohort has passed it fewer than K times in a row and took it
-      from the server less than T seconds ago; otherwise it releases it to the server.
-    * ``yield_seconds`` (default 2.5, the cohort pacing's longest interval): after such a bounded release,
-      local waiters hold back until a read shows that another execution server took the lock, or for this
-      long, so that waiters on other execution servers get their turn.
+      from the server less than T seconds ago. Past them, one read tells whether anyone elsewhere waits in
+      the queue: then it releases it to the server and the next local holder lines up behind them; if not,
+      it passes on, up to :data:`BLIND_BOUNDS` times K and T.
+    * ``yield_seconds`` (default 2.5, the cohort pacing's longest interval): past BLIND_BOUNDS times the
+      bounds the cohort releases the lock whoever waits, and local waiters hold back until a read shows
+      that another execution server took the lock, or for this long, so that waiters that leave no ticket
+      (plain polling, the original code) get their turn.
     * ``local_poll``: seconds between a local waiter's tries of the local lock (default 5 ms).
 
     After an acquire, :attr:`passed` tells whether the lock came from a local pass (no server call) and
@@ -337,6 +346,7 @@ class CohortMutex(LockFace):
             dead = state.holder  # a live holder clears it before it lets go of the local lock
             token, lease_seconds, confirmed_at = state.token, state.lease, state.confirmed_at
             yielded_at, secret = state.yielded_at, state.token_secret()
+            to_queue = state.yielded_to_queue
             state.holder = {
                 "pid": os.getpid(),
                 "host": socket.gethostname(),
@@ -360,7 +370,9 @@ class CohortMutex(LockFace):
             token, lease_seconds, confirmed_at, dead is not None, deadline, secret
         ):
             return True
-        if yielded_at is not None and blocking:
+        if yielded_at is not None and to_queue:
+            handover.line_up(self._mutex)  # behind the waiters it was yielded to: no pause, no free lock
+        elif yielded_at is not None and blocking:
             self._yield_turn(yielded_at, deadline)
         acquired = self._mutex.acquire(True, deadline.left()) if blocking else self._mutex.acquire(False)
         if acquired:
@@ -373,6 +385,7 @@ class CohortMutex(LockFace):
                     state.since = self._clock()
                     state.passes = 0
                     state.yielded_at = None
+                    state.yielded_to_queue = False
             except CohortStateBusy as busy:
                 # Held all the same; unrecorded, it is never passed on (release() finds another token there).
                 self.logger.warning(
@@ -497,19 +510,30 @@ class CohortMutex(LockFace):
             self._mutex.release()  # nested: counted down, no call
             return
         token = self._mutex.token
-        waiting, within = 0, False
+        waiting, within, unseen = 0, False, False
         try:
             with self._files.state(wait) as state:
                 waiting = self._files.live_waiters(state)
                 now = self._clock()
+                held_for = 0.0 if state.since is None else now - state.since
                 # Only a lock the state records as the cohort's is passed on (not one whose record failed).
-                within = state.token == token and (
-                    state.passes < self.max_passes
-                    and (state.since is None or now - state.since < self.max_pass_seconds)
+                ours = state.token == token
+                within = ours and state.passes < self.max_passes and held_for < self.max_pass_seconds
+                # Past the bounds the cohort yields to waiters it can see, for up to BLIND_BOUNDS times the
+                # bounds; beyond, to anyone, blindly (plain pollers and the original code leave no trace).
+                unseen = (
+                    ours
+                    and not within
+                    and state.passes < self.max_passes * BLIND_BOUNDS
+                    and held_for < self.max_pass_seconds * BLIND_BOUNDS
                 )
         except CohortStateBusy as busy:
             self.logger.warning("cloudshell-mutex: %s; releasing %s to the server", busy, self.name)
             wait = STATE_GRACE  # once is enough: the release goes on without the state
+        seen = False
+        if waiting and unseen:
+            seen = handover.others_waiting(self._mutex)  # one read
+            within = not seen
         passed = handover.hand_over(self._mutex) if waiting and within else None
         if passed is not None:
             try:
@@ -535,13 +559,20 @@ class CohortMutex(LockFace):
                 raise
             self._leave(clear_holder=True, clear_token=True, timeout=wait)
             raise
-        self._leave(clear_holder=True, clear_token=True, yielded=bool(waiting) and not within, timeout=wait)
+        self._leave(
+            clear_holder=True,
+            clear_token=True,
+            yielded=bool(waiting) and not within,
+            to_queue=seen,
+            timeout=wait,
+        )
 
     def _leave(
         self,
         clear_holder: bool,
         clear_token: bool = False,
         yielded: bool = False,
+        to_queue: bool = False,
         timeout: float = STATE_WAIT,
     ) -> None:
         try:
@@ -552,6 +583,7 @@ class CohortMutex(LockFace):
                     state.token = state.confirmed_at = state.since = state.secret = None
                     state.passes = 0
                     state.yielded_at = self._clock() if yielded else None
+                    state.yielded_to_queue = yielded and to_queue
         except CohortStateBusy as busy:
             # Left as it was: the next local holder finds this process's holder record (a holder that died)
             # and, for a released token, the releasing record, so it acquires from the server.

@@ -101,6 +101,7 @@ class CohortState:
     holder: Optional[Dict[str, Any]] = None  # the local holder: pid, started, owner
     waiters: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # waiter id -> pid, since
     yielded_at: Optional[float] = None  # when the cohort last gave the lock back because of a bound
+    yielded_to_queue: bool = False  # ... to waiters a read showed in the queue: the next holder lines up
     version: int = STATE_VERSION
     #: The secret ``token`` commits to (hex; see Acquisition.secret), so that whoever holds it next may mark
     #: it ``~releasing``. On this machine's disk only: never shown (not in ``status``), never logged.

@@ -77,7 +77,7 @@ class MutexAttempt:
         if self._in_line:
             delay = self._turn()
             if delay is not None:  # the next look, or (the turn has come) the pause before the add
-                return self._until_stale(delay)
+                return self._until_progress(self._until_stale(delay))
         # Step 1: the add. Its success is the lock; the owner token travels in the same call.
         op.add_sent()
         add = core.alias.add_owner(
@@ -112,7 +112,7 @@ class MutexAttempt:
                     self._in_line, self._line_default = True, delay
                     head = self._turn()
                 delay = head
-            delay = self._until_stale(delay)
+            delay = self._until_progress(self._until_stale(delay))
         elif add.status is Status.TRANSIENT:
             # Step 3: a transient failure. Back off on a separate schedule, then settle with one read.
             if self._on_transient(add):
@@ -240,6 +240,16 @@ class MutexAttempt:
         if self._in_line or stale_at is None or stale_at <= now:
             return delay
         return min(delay, stale_at - now)
+
+    def _until_progress(self, delay: float) -> float:
+        """``delay``, but with ``progress`` on, the next try no later than the next progress line is due: a
+        waiter that polls rarely (a spinning cohort polls every 2.5 s) still writes one every interval."""
+        options, op = self.core.options, self.op
+        if not options.progress:
+            return delay
+        interval = options.progress_interval
+        due = op.start + interval if op.last_progress is None else op.last_progress + interval
+        return min(delay, max(0.0, due - self.core.runtime.clock()))
 
     def _held(self, confirmed_at: float, resolved: bool = False, lease_from: Optional[float] = None) -> None:
         self.confirmed_at, self.resolved = confirmed_at, resolved

@@ -81,3 +81,24 @@ def stop_heartbeat(mutex: ReservationMutex) -> None:
     held: Optional[Held] = mutex._held
     if held is not None and held.heartbeat is not None:
         held.heartbeat.stop()
+
+
+def others_waiting(mutex: ReservationMutex) -> bool:
+    """One fresh read: True when the lock's queue shows a waiter of another acquisition (someone parked, on
+    this machine or another), or when the read cannot tell (a failed read, or ``fair=False``: plain pollers
+    leave no trace). A cohort that passes the lock past its bounds asks this first: it yields only to a
+    waiter it can see."""
+    queue = mutex._queue
+    if queue is None or queue.off:
+        return True
+    result = mutex._core.alias.read()
+    view = queue.saw(result, mutex.token)
+    return view is None or view.others(mutex.token) > 0
+
+
+def line_up(mutex: ReservationMutex) -> None:
+    """Make the next acquire of ``mutex`` line up in the queue before its first add (no call), as a releaser
+    that saw others waiting does: the cohort's next holder after the cohort yielded the lock to waiters
+    elsewhere goes behind them, with no pause in which the lock stands free."""
+    if mutex._queue is not None:
+        mutex._queue.memory.expect_others(mutex._core.runtime.clock())

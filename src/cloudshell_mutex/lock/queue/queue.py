@@ -80,6 +80,18 @@ HINT_LEAD = 0.1
 RECENT = 1.0
 #: Jitter of every interval (a fraction), so that waiters do not poll in lock-step.
 JITTER = 0.2
+#: A new waiter *spins* first: it polls the add by the lock's pacing, as ``fair=False`` does, and takes no
+#: ticket. Only a wait that grows past this many holds (within SPIN_MIN and SPIN_MAX seconds) *parks* it in
+#: the queue: short waits cost no ticket and leave the lock no idle hand-off; long ones are served in order.
+SPIN_HOLDS = 3.0
+SPIN_MIN, SPIN_MAX = 1.0, 5.0
+#: A hold that has lasted T seconds is likely to last a good part of T more: once it is older than expected,
+#: the head polls every AGE_FRACTION x T (the hand-off gap grows to a few % of the hold, the calls only
+#: with its logarithm), and waiters further back read LINE_AGE_FRACTION x T apart; never slower than
+#: AGE_MAX (seconds).
+AGE_FRACTION = 1 / 30
+LINE_AGE_FRACTION = 1 / 10
+AGE_MAX = 10.0
 
 
 #: What a queue ticket the late-add watcher settles for a waiter whose acquire ended is, in its messages.
@@ -167,12 +179,14 @@ class FairQueue:
         return not self.off and self.memory.crowded(self._clock())
 
     def after_busy(self, op: Operation, default: float) -> Optional[float]:
-        """After a busy add: the delay before the next add when this waiter is the head (it polls every
-        :func:`head_interval`), or ``default`` when the queue is off; None when it must wait in line first
-        (:meth:`step`, taking a ticket if it has none)."""
+        """After a busy add: the delay before the next add while this waiter spins (``default``, the lock's
+        pacing, also when the queue is off) or is the head (timed to the expected release); None when it
+        must park, waiting in line first (:meth:`step`, taking a ticket if it has none)."""
         if self.off:
             return default
         self.token = op.token
+        if self.ticket is None and self._spinning(op):
+            return default
         if self.ticket is not None and self.head:
             if self._clock() - self._beat_at >= self.ticket_lease / 3 or self._detect_due(op):
                 self._look_and_beat(op)
@@ -180,15 +194,25 @@ class FairQueue:
                 return self._detecting(op, self._head_delay())
         return None
 
+    def _spinning(self, op: Operation) -> bool:
+        """True while this waiter spins rather than parks: it holds no other lock of the reservation (such a
+        waiter parks at once, its ticket naming them for the deadlock check), and it has waited less than
+        SPIN_HOLDS holds, within SPIN_MIN and SPIN_MAX."""
+        if self._holds is None:
+            self._holds = tuple(self._holding())
+        spin = min(SPIN_MAX, max(SPIN_MIN, SPIN_HOLDS * self.memory.hold_estimate()))
+        return not self._holds and self._clock() - op.start < spin
+
     def _head_delay(self) -> float:
         """The head's next poll. With :data:`HOLD_HINT` and a holder whose grant this process saw: sleep
         until shortly before its expected release, poll fast around it, slower again after each miss past
-        it; else every :func:`head_interval`."""
+        it; else every :func:`head_interval`. Past the expected release (or with none), never more often
+        than every AGE_FRACTION of the hold's age."""
+        now = self._clock()
         regular = head_interval(self.memory.cadence())
         release = self.memory.expected_release() if HOLD_HINT else None
         if release is None:
-            return self._jitter(regular)
-        now = self._clock()
+            return self._jitter(self._aged(regular, AGE_FRACTION, now))
         hold = self.memory.hold_estimate()
         early = release - HINT_LEAD * hold
         if now < early and not self._hinted:
@@ -202,7 +226,13 @@ class FairQueue:
         if now <= release + HINT_LEAD * hold:
             return self._jitter(fast)
         self._misses += 1
-        return self._jitter(min(regular, fast * 2 ** min(self._misses, 8)))
+        missed = min(regular, fast * 2 ** min(self._misses, 8))
+        return self._jitter(self._aged(missed, AGE_FRACTION, now))
+
+    def _aged(self, seconds: float, fraction: float, now: float) -> float:
+        """``seconds``, but no less than ``fraction`` of the holder's age (at most AGE_MAX): a long hold is
+        watched ever more rarely, its hand-off gap a few % of its length (AGE_FRACTION)."""
+        return max(seconds, min(AGE_MAX, fraction * self.memory.holder_age(now)))
 
     def held_for(self, seconds: float) -> None:
         """This process held the lock ``seconds`` (from its grant to its release): a sample of the hold time
@@ -301,7 +331,11 @@ class FairQueue:
         self._judge_ahead(op, view, position)
         self._beat(op)
         waiters = len(view.tickets)
-        interval = self._jitter(wait_interval(position, waiters, self.memory.cadence(), self.budget))
+        interval = wait_interval(position, waiters, self.memory.cadence(), self.budget)
+        # The next in line takes over the head's polls when the head is granted, no sooner than the holder
+        # releases: on a long hold it reads as rarely as the head polls, the others rarer still.
+        fraction = AGE_FRACTION if position == 2 else LINE_AGE_FRACTION
+        interval = self._jitter(self._aged(interval, fraction, self._clock()))
         wait = self._detecting(op, self._hinted_wait(position, interval))
         if op.add_can_land(self._clock()):
             wait = min(wait, LANDING_READ_INTERVAL)  # its landing makes the lock ours: look as the mutex does

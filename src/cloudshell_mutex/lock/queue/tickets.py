@@ -50,6 +50,9 @@ MEMORY_SECONDS = 60.0
 #: A waiter that saw the lock free at two reads this far apart, with the same head both times, adds
 #: anyway: the head is gone or stuck, and the queue must not stall the lock (it is only advisory).
 FALLBACK_AFTER = 3.0
+#: A head that stood through this many grants to others is passed (its waiter is gone, stopped or too slow):
+#: one such grant is no sign, as waiters that spin before they park poll the lock too.
+PASS_AFTER = 2
 
 
 class TicketAlias(LockAlias):
@@ -239,20 +242,28 @@ class LockMemory:
     #: Tickets this process passes over (alias -> heartbeat): each was the head while the lock went to
     #: another acquisition, so its waiter is gone, stuck or too slow. Passed until its heartbeat moves.
     passed: Dict[str, str] = dataclasses.field(default_factory=dict)
-    #: The head (alias, heartbeat) at the last read, passed ones left out.
+    #: The head (alias, heartbeat) at the last read, passed ones left out, and how many grants to others it
+    #: has stood through.
     head: Optional[Tuple[str, str]] = None
+    head_passed_by: int = 0
     #: Tokens seen holding the lock lately: a ticket of one of them is no waiter's (an acquisition waits
     #: once), but the ticket a holder kept for its release, left behind when the hold was lost.
     former_holders: Deque[str] = dataclasses.field(default_factory=lambda: deque(maxlen=SAMPLES * 2))
     #: A read showed the holder releasing (its remove got no answer) during its hold (``stretched``), or
     #: since the head was first seen (``stalled``): that hold, and that time, are a fault's, which lasts up to
     #: the request lifetime (minutes), not samples of how long holders hold or how often the lock moves.
+    #: ``stalled`` also marks a head whose turn began before this process saw the queue (no sample).
     stretched: bool = False
     stalled: bool = False
 
     def crowded(self, now: float) -> bool:
         """True when others were queued at this process's last read, not long ago."""
         return self.others > 0 and now - self.seen_at < MEMORY_SECONDS
+
+    def expect_others(self, now: float) -> None:
+        """Another process of this machine saw others waiting (a cohort that yielded the lock to them): the
+        next acquire lines up behind them, as after a read of our own that showed them."""
+        self.others, self.seen_at = max(self.others, 1), now
 
     def update(self, view: QueueView, token: Optional[str]) -> QueueView:
         """Take in a read: who waits, and how far the head moved since the last read. Returns the view
@@ -277,8 +288,11 @@ class LockMemory:
             sample = (view.at - self.lowest_at) / moved
             self.period = _median_of(self.period_samples, min(600.0, max(0.05, sample)))
         if lowest != previous:
-            self.lowest_at = view.at  # when this head was first seen
-            self.stalled = view.releasing
+            # When this head was first seen: its turn began then if a read before showed another head. One
+            # seen at this process's first read may have waited in front long before (a hold nobody saw
+            # start): it dates the next sample from now, as if the read before had shown the turn change.
+            self.lowest_at = view.at
+            self.stalled = view.releasing or previous is None
         return view
 
     def _pass_heads(self, view: QueueView, token: Optional[str], granted: bool) -> QueueView:
@@ -299,9 +313,16 @@ class LockMemory:
         if shared.tickets:
             head = shared.tickets[0]
             if granted and self.head == (head.alias, _beat_of(head)):
-                self.passed[head.alias] = _beat_of(head)
-                shared = view.passing(self.passed, None)
-        self.head = (shared.tickets[0].alias, _beat_of(shared.tickets[0])) if shared.tickets else None
+                # A live head may lose one hand-off to a waiter that spins (it polls too): passed only once
+                # it has stood through PASS_AFTER grants to others.
+                self.head_passed_by += 1
+                if self.head_passed_by >= PASS_AFTER:
+                    self.passed[head.alias] = _beat_of(head)
+                    shared = view.passing(self.passed, None)
+        head_now = (shared.tickets[0].alias, _beat_of(shared.tickets[0])) if shared.tickets else None
+        if head_now != self.head:
+            self.head_passed_by = 0
+        self.head = head_now
         return view.passing(self.passed, token)
 
     def _observe_holder(self, view: QueueView) -> None:
@@ -359,9 +380,20 @@ class LockMemory:
         not run dry hands the lock on about once a period)."""
         return self.tenure if self.tenure is not None else self.period
 
+    def holder_age(self, now: float) -> float:
+        """How long the holder seen last has held the lock by ``now``: from its grant when a read saw it
+        come, else from the first read that showed it (a lower bound); 0 when none was seen."""
+        if self.holder is None:
+            return 0.0
+        start = (self.holder_lo + self.holder_hi) / 2 if math.isfinite(self.holder_lo) else self.holder_hi
+        return max(0.0, now - start)
+
     def expected_release(self) -> Optional[float]:
-        """When the holder seen last is expected to release (monotonic), or None when unknown."""
-        if self.holder is None or not math.isfinite(self.holder_lo):
+        """When the holder seen last is expected to release (monotonic), or None when unknown. Only holds
+        timed from both ends make the estimate: the period between grants includes the time a head sat in
+        front of a hold whose start nobody saw, and a hint taken from it would put the head to sleep through
+        the hand-offs of short holds."""
+        if self.holder is None or not math.isfinite(self.holder_lo) or self.tenure is None:
             return None
         return (self.holder_lo + self.holder_hi) / 2 + self.hold_estimate()
 

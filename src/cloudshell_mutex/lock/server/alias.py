@@ -233,7 +233,9 @@ class LockAlias:
             names = catalog.OWNER_ONLY
             attributes = self._owner_attributes(names, token, label, lease, heartbeat)
             result = self.try_add(attributes, paced=paced, deadline=deadline)
-        if result.ok:
+        if result.ok or (refused and result.status is Status.BUSY):
+            # Refused with our attributes and then busy with Mutex Owner alone: the refusal is what says what
+            # the model takes (as after an accepted add), or every poll of a waiter would cost two calls.
             catalog.learn(self.api, self.model, names)
         elif result.status is Status.FATAL and known is not None:
             catalog.forget(self.api, self.model)  # learn it again next time

@@ -1,0 +1,131 @@
+"""Spin, then park (lock/queue/queue.py), on the fake API with a virtual clock.
+
+A waiter first polls the add by the lock's pacing with no ticket (it *spins*); only a wait that grows past
+a few holds takes a ticket and *parks*. The polls of the head, and the reads of the waiters behind it, slow
+down as the hold they wait for ages. The queue's own steps, once parked, are test_queue.py's.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Tuple
+
+import pytest
+from fakes import FakeApi, make, other_holds
+
+from cloudshell_mutex import MutexTimeout, protocol
+from cloudshell_mutex.lock.lease.lease import ticket_value
+from cloudshell_mutex.lock.protocol import ticket_alias
+from cloudshell_mutex.lock.queue import queue
+from cloudshell_mutex.lock.queue.tickets import TICKET_LEASE
+
+MUTEX = protocol.DEFAULT_ALIAS
+
+
+class TimedApi(FakeApi):
+    """The fake, recording (virtual time, method, alias) of every add and read."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.log: List[Tuple[float, str, str]] = []
+
+    def AddServiceToReservation(self, reservationId="", serviceName="", alias="", attributes=()) -> Any:
+        self.log.append((self.clock.now, "add", alias))
+        return super().AddServiceToReservation(reservationId, serviceName, alias, attributes)
+
+    def GetReservationDetails(self, *args: Any, **kwargs: Any) -> Any:
+        self.log.append((self.clock.now, "read", ""))
+        return super().GetReservationDetails(*args, **kwargs)
+
+    def ticket_adds(self) -> List[float]:
+        return [at for at, kind, alias in self.log if kind == "add" and protocol.TICKET_INFIX in alias]
+
+    def lock_adds(self) -> List[float]:
+        return [at for at, kind, alias in self.log if kind == "add" and alias == MUTEX]
+
+
+def test_a_short_wait_is_spun_with_no_ticket(clock) -> None:
+    api = TimedApi(clock=clock)
+    other_holds(api)
+    lock = make(api, clock, fair=True, timeout=60)
+    api.later(clock.now + 0.6, lambda: api.services.pop(MUTEX))
+    lock.acquire()
+    assert api.ticket_adds() == []  # no ticket, no ticket remove: a short wait costs what plain polling does
+    assert len(api.lock_adds()) >= 3  # it polled the add (every 0.1 s, the test's pacing)
+    lock.release()
+    assert not api.services
+
+
+def test_a_wait_that_grows_past_the_spin_parks_with_a_ticket(clock) -> None:
+    api = TimedApi(clock=clock)
+    other_holds(api)
+    lock = make(api, clock, fair=True, timeout=60)
+    start = clock.now
+    api.later(start + 20, lambda: api.services.pop(MUTEX))
+    lock.acquire()
+    [parked] = api.ticket_adds()
+    # Parked once the spin was over: SPIN_HOLDS holds (the hold time unknown: the default period), within
+    # SPIN_MIN and SPIN_MAX; it polled the add until then.
+    assert start + queue.SPIN_MIN <= parked <= start + queue.SPIN_MAX + 0.5
+    assert [at for at in api.lock_adds() if at < parked]
+    lock.release()
+    assert not api.services  # the ticket went with the lock
+
+
+def test_a_waiter_that_holds_another_lock_parks_at_once(clock) -> None:
+    # Its ticket names what it holds: the deadlock check reads the wait-for graph from tickets.
+    api = TimedApi(clock=clock)
+    outer = make(api, clock, name="A", fair=True)
+    outer.acquire()
+    other_holds(api)
+    lock = make(api, clock, fair=True, timeout=60)
+    start = clock.now
+    api.later(start + 5, lambda: api.services.pop(MUTEX))
+    lock.acquire()
+    assert api.ticket_adds() and api.ticket_adds()[0] <= start + 0.5
+    lock.release()
+    outer.release()
+
+
+def test_the_heads_polls_slow_down_as_the_hold_ages(clock) -> None:
+    api = TimedApi(clock=clock)
+    other_holds(api)  # a hold whose start nobody saw, and no hold time learned
+    lock = make(api, clock, fair=True, timeout=300)
+    start = clock.now
+    with pytest.raises(MutexTimeout):
+        lock.acquire()
+    adds = [at - start for at in api.lock_adds()]
+    early = [at for at in adds if 10 <= at < 40]
+    late = [at for at in adds if 200 <= at < 230]
+    assert len(late) * 3 < len(early), (len(early), len(late))
+    # Each gap no more than AGE_FRACTION of the hold's age (as seen from the first read), with jitter.
+    for before, after in zip(adds, adds[1:]):
+        if before > queue.SPIN_MAX:
+            limit = min(queue.AGE_MAX, queue.AGE_FRACTION * after) * (1 + queue.JITTER) + 0.5
+            assert after - before <= limit, (before, after)
+    # ... and the whole 300 s wait made fewer than a call a second (the head polls about (1 + ln(T / t0)) /
+    # AGE_FRACTION times over a hold of T: ~150 here), where polling every 0.25 s would make 1,200.
+    assert len(api.log) < 300
+
+
+def test_the_waiters_behind_the_head_read_ever_more_rarely_as_the_hold_ages(clock) -> None:
+    api = TimedApi(clock=clock)
+    other_holds(api)
+    head = ticket_alias(MUTEX, 0)
+    api.services[head] = {protocol.ATTR_OWNER: ticket_value("Head@host:7:0badcafe", TICKET_LEASE, 0)}
+
+    def beat(count: int) -> None:  # the head is alive: its heartbeat moves
+        if head in api.services:
+            api.services[head] = {
+                protocol.ATTR_OWNER: ticket_value("Head@host:7:0badcafe", TICKET_LEASE, count)
+            }
+
+    for count in range(1, 10):
+        api.later(clock.now + 30 * count, lambda count=count: beat(count))
+    lock = make(api, clock, fair=True, timeout=240)
+    start = clock.now
+    with pytest.raises(MutexTimeout):
+        lock.acquire()
+    reads = [at - start for at, kind, _ in api.log if kind == "read"]
+    early = [at for at in reads if 10 <= at < 40]
+    late = [at for at in reads if 180 <= at < 210]
+    assert early and len(late) < len(early), (len(early), len(late))
