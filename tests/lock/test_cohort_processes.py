@@ -25,6 +25,7 @@ import pytest
 from cloudshell.api.cloudshell_api import AttributeNameValue, CloudShellAPISession
 
 from cloudshell_mutex import MutexTimeout, ReservationMutex, protocol
+from cloudshell_mutex.lock.cohort import cohort as cohort_module
 from cloudshell_mutex.lock.cohort.cohort import CohortMutex
 from cloudshell_mutex.lock.pacing import DefaultPacing
 from original_protocol import OriginalMutex
@@ -253,7 +254,10 @@ def test_at_most_k_passes_per_server_grant_and_the_other_execution_server_gets_i
     per_grant = check_history(emu.control.events(rid))
     counts = [count for grants in per_grant.values() for count in grants]
     print(f"\nholds per server grant with K={k}: {counts}")
-    assert max(counts) <= k + 1
+    # K passes while someone elsewhere is seen waiting (parked in the queue); up to BLIND_BOUNDS x K while
+    # the other server's waiter still spins (it leaves no ticket to see). Every grant ends, so the other
+    # execution server gets its turns (race() checks that every round of every process ran).
+    assert max(counts) <= k * cohort_module.BLIND_BOUNDS + 1
     assert max(counts) > 1  # passes did happen
 
 

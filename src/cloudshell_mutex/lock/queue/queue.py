@@ -59,7 +59,6 @@ from .tickets import (
     FALLBACK_AFTER,
     HEAD_MIN,
     LOCK_BUDGET,
-    MAX_INTERVAL,
     MIN_INTERVAL,
     TICKET_LEASE,
     QueueView,
@@ -159,6 +158,7 @@ class FairQueue:
         self._looked_at = -math.inf  # the last read in line
         self._cycles: Optional[waitfor.CycleWatch] = None  # the cycles through our wait (holding others)
         self._cycle_told = False  # a deadlock another waiter gives up for was logged
+        self._place: Optional[Tuple[int, float]] = None  # (position, when) at the last look in line
 
     # ---------------------------------------------------------------- the mutex's hooks
 
@@ -200,8 +200,10 @@ class FairQueue:
         SPIN_HOLDS holds, within SPIN_MIN and SPIN_MAX."""
         if self._holds is None:
             self._holds = tuple(self._holding())
+        if self._holds:
+            return False
         spin = min(SPIN_MAX, max(SPIN_MIN, SPIN_HOLDS * self.memory.hold_estimate()))
-        return not self._holds and self._clock() - op.start < spin
+        return self._clock() - op.start < spin
 
     def _head_delay(self) -> float:
         """The head's next poll. With :data:`HOLD_HINT` and a holder whose grant this process saw: sleep
@@ -330,13 +332,17 @@ class FairQueue:
             return True, 0.0
         self._judge_ahead(op, view, position)
         self._beat(op)
-        waiters = len(view.tickets)
-        interval = wait_interval(position, waiters, self.memory.cadence(), self.budget)
-        # The next in line takes over the head's polls when the head is granted, no sooner than the holder
-        # releases: on a long hold it reads as rarely as the head polls, the others rarer still.
+        now, waiters = self._clock(), len(view.tickets)
+        interval = min(
+            wait_interval(position, waiters, self.memory.cadence(), self.budget),
+            self._half_way(position, now),
+        )
+        # On a long hold the line does not move: its reads spread out with the hold's age. The next in line
+        # takes over the head's polls when the head is granted: it reads as rarely as the head polls.
         fraction = AGE_FRACTION if position == 2 else LINE_AGE_FRACTION
-        interval = self._jitter(self._aged(interval, fraction, self._clock()))
-        wait = self._detecting(op, self._hinted_wait(position, interval))
+        interval = self._jitter(self._aged(interval, fraction, now))
+        self._place = (position, now)
+        wait = self._detecting(op, interval)
         if op.add_can_land(self._clock()):
             wait = min(wait, LANDING_READ_INTERVAL)  # its landing makes the lock ours: look as the mutex does
         return False, wait
@@ -347,16 +353,19 @@ class FairQueue:
         view, self.memory.view = self.memory.view, None
         return view if view is not None and now - view.at < RECENT else None
 
-    def _hinted_wait(self, position: int, interval: float) -> float:
-        """With :data:`HOLD_HINT`: a waiter becomes the head when the one ahead is granted, about when the
-        holder releases plus (position - 2) periods; it reads right after that instead of every
-        ``interval`` before it. Without a usable estimate (or once it has passed), ``interval``."""
-        release = self.memory.expected_release() if HOLD_HINT else None
-        if release is None:
-            return interval
-        turn = release + (position - 2) * self.memory.cadence() + HINT_LEAD * self.memory.hold_estimate()
-        delay = turn - self._clock()
-        return min(MAX_INTERVAL, delay) if delay > interval else interval
+    def _half_way(self, position: int, now: float) -> float:
+        """Half the time until this waiter is the head, at the rate this waiter saw the line move
+        between its last two looks (else one cadence per place): each look halves the distance, so a
+        line that moves faster than the estimates (a burst of short holds) is never read too late, and a
+        slow one costs a few reads more, not a turn."""
+        places = position - 1
+        rate = None
+        if self._place is not None:
+            before, at = self._place
+            if before > position and now > at:
+                rate = (before - position) / (now - at)
+        turn = places / rate if rate else places * self.memory.cadence()
+        return max(MIN_INTERVAL, turn / 2)
 
     def _look(self, op: Operation) -> Optional[QueueView]:
         """One fresh read of the reservation: the lock and its queue (None when the read failed)."""
