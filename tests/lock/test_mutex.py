@@ -809,3 +809,24 @@ def test_a_non_blocking_acquire_backs_off_a_transient_failure_on_the_runtime_sle
     with pytest.raises(MutexTimeout, match="kept failing"):  # the add's outcome stayed unknown
         mutex.acquire(blocking=False)
     assert clock.sleeps == [0.0]
+
+
+def test_a_young_hold_is_no_licence_to_skip_the_releases_read(clock):
+    # The original snippet removes the MUTEX it finds after about 200 s of waiting, whoever holds it, so it
+    # may remove ours a moment after our add (no lease of ours is involved), and another process takes it.
+    api = FakeApi()
+    mutex = make(api, clock)
+    mutex.acquire()
+    clock.now += 0.2
+    other_holds(api)
+    with pytest.raises(MutexLostError, match="Nothing was removed"):
+        mutex.release()  # the read shows it is not ours: the other holder's lock stays
+    assert api.services[protocol.DEFAULT_ALIAS][protocol.ATTR_OWNER] == "Other@host:1:deadbeef"
+    # Without the read (release_check_after: confirmed 0.2 s ago), the other holder's lock is removed.
+    api = FakeApi()
+    skipping = make(api, clock, release_check_after=5.0)
+    skipping.acquire()
+    clock.now += 0.2
+    other_holds(api)
+    skipping.release()
+    assert protocol.DEFAULT_ALIAS not in api.services  # removed from under its holder: the cascade

@@ -879,14 +879,15 @@ def test_the_head_sleeps_until_shortly_before_the_expected_release_then_polls_fa
     memory.period = 4.5
     clock.now = 102.0
     fair.ticket, fair.head = fair._alias(0), True
-    first = fair._head_delay()
+    first = fair._head_delay(queue_values.head_interval(memory.cadence()))
     assert first == pytest.approx(100.0 + 4.0 - queue.HINT_LEAD * 4.0 - 102.0)  # one sleep
     clock.now += first
     fast = 4.0 / 10 * (1 + queue.JITTER)
-    around = [fair._head_delay() for _ in range(2)]  # around the expected release: every 1/10 of a hold
+    normal = queue_values.head_interval(memory.cadence())
+    around = [fair._head_delay(normal) for _ in range(2)]  # around the expected release: every 1/10 of a hold
     assert all(delay <= fast for delay in around)
     clock.now = 104.0 + queue.HINT_LEAD * 4.0 + 0.1  # past it: slower after each miss, up to the normal
-    later = [fair._head_delay() for _ in range(4)]
+    later = [fair._head_delay(queue_values.head_interval(memory.cadence())) for _ in range(4)]
     assert later[0] > fast and max(later) <= queue_values.head_interval(memory.cadence()) * (1 + queue.JITTER)
 
 
@@ -959,7 +960,10 @@ def test_the_heads_sleep_before_a_long_release_wakes_in_time_to_beat_its_ticket(
     memory.period = 600.0
     clock.now = 102.0
     fair.ticket, fair.head = fair._alias(0), True
-    assert fair._head_delay() == pytest.approx(TICKET_LEASE / 3)  # not 538 s: its ticket would look dead
+    normal = queue_values.head_interval(memory.cadence())
+    assert fair._head_delay(normal) == pytest.approx(
+        TICKET_LEASE / 3
+    )  # not 538 s: its ticket would look dead
     assert not fair._hinted  # it sleeps again after the beat, until shortly before the release
 
 

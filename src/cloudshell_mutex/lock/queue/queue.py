@@ -191,7 +191,7 @@ class FairQueue:
             if self._clock() - self._beat_at >= self.ticket_lease / 3 or self._detect_due(op):
                 self._look_and_beat(op)
             if self.ticket is not None:
-                return self._detecting(op, self._head_delay())
+                return self._detecting(op, self._head_delay(default))
         return None
 
     def _spinning(self, op: Operation) -> bool:
@@ -205,13 +205,14 @@ class FairQueue:
         spin = min(SPIN_MAX, max(SPIN_MIN, SPIN_HOLDS * self.memory.hold_estimate()))
         return self._clock() - op.start < spin
 
-    def _head_delay(self) -> float:
+    def _head_delay(self, default: float) -> float:
         """The head's next poll. With :data:`HOLD_HINT` and a holder whose grant this process saw: sleep
         until shortly before its expected release, poll fast around it, slower again after each miss past
-        it; else every :func:`head_interval`. Past the expected release (or with none), never more often
-        than every AGE_FRACTION of the hold's age."""
+        it; else every :func:`head_interval` of the period seen, or by the lock's pacing (``default``) while
+        no grant has been seen to follow another (a head then costs no more than a plain poller). Past the
+        expected release (or with none), never more often than every AGE_FRACTION of the hold's age."""
         now = self._clock()
-        regular = head_interval(self.memory.cadence())
+        regular = head_interval(self.memory.cadence()) if self.memory.period_samples else default
         release = self.memory.expected_release() if HOLD_HINT else None
         if release is None:
             return self._jitter(self._aged(regular, AGE_FRACTION, now))
@@ -327,7 +328,7 @@ class FairQueue:
             # The head's first add: at once when the lock is free (or shows our own add, landed late), else
             # when the hint expects the release (an add before it would only find the lock busy).
             free = view.holder is None or view.holder.token == op.token
-            return True, 0.0 if free else self._detecting(op, self._head_delay())
+            return True, 0.0 if free else self._detecting(op, self._head_delay(default))
         if self._head_seems_gone(view):
             return True, 0.0
         self._judge_ahead(op, view, position)
