@@ -208,11 +208,16 @@ class FairQueue:
     def _head_delay(self, default: float) -> float:
         """The head's next poll. With :data:`HOLD_HINT` and a holder whose grant this process saw: sleep
         until shortly before its expected release, poll fast around it, slower again after each miss past
-        it; else every :func:`head_interval` of the period seen, or by the lock's pacing (``default``) while
-        no grant has been seen to follow another (a head then costs no more than a plain poller). Past the
+        it; else every :func:`head_interval` while the hold is young (SPIN_HOLDS holds), by the lock's
+        pacing (``default``) once it is older (the head then costs no more than a plain poller). Past the
         expected release (or with none), never more often than every AGE_FRACTION of the hold's age."""
         now = self._clock()
-        regular = head_interval(self.memory.cadence()) if self.memory.period_samples else default
+        young = self.memory.holder_age(now) < SPIN_HOLDS * self.memory.hold_estimate()
+        regular = (
+            head_interval(self.memory.cadence())
+            if young
+            else max(default, head_interval(self.memory.cadence()))
+        )
         release = self.memory.expected_release() if HOLD_HINT else None
         if release is None:
             return self._jitter(self._aged(regular, AGE_FRACTION, now))
