@@ -1,9 +1,17 @@
-"""The advisory queue waiters wait in (the default): they line up with ticket services; only the head polls.
+"""How a waiter waits (the default): it spins first, then parks in an advisory queue of ticket services.
 
 ``ReservationMutex`` (unless ``fair=False``) calls this module from its acquire loop (docs/protocol.md,
 "Waiting in line"). The queue is *advisory*: mutual exclusion still rests on the add of the lock alias
 alone. A corrupt, stale, missing or foreign queue costs speed, never safety, and code of the original
 protocol (which knows nothing of tickets) keeps competing with the head as before.
+
+* **Spin, then park.** After a busy add a waiter polls the add by the lock's pacing, with no ticket, for a
+  few holds (:data:`SPIN_HOLDS`, within :data:`SPIN_MIN` and :data:`SPIN_MAX`): short waits cost what plain
+  polling costs and leave no idle hand-off. A wait that grows past that takes a ticket (*parks*), and from
+  then on is served in order. A waiter that holds other locks of the reservation parks at once.
+* **Long holds** are watched ever more rarely: a hold that has lasted T is likely to last a good part of
+  T more, so the head polls no more often than every :data:`AGE_FRACTION` x T, and the waiters behind it
+  read at most every :data:`LINE_AGE_FRACTION` x T.
 
 * **A ticket** is a service ``<alias>~q~<n>`` of the lock's own model whose ``Mutex Owner`` is
   ``<token>#<lease>#<heartbeat>`` (the acquisition's token; the ticket's lease in seconds; a heartbeat
@@ -14,8 +22,9 @@ protocol (which knows nothing of tickets) keeps competing with the head as befor
   free number would not do: a newcomer would take a number that the head just freed, ahead of everyone.)
 * **The head** (the lowest ticket) polls the lock's add; the others only read the reservation, rarely:
   the further back, the rarer, so the whole queue stays within a per-lock call budget
-  (:func:`wait_interval`). The ticket of the acquisition that got the lock is no waiter's any more (every
-  view leaves out the ticket whose token the lock shows), so the next ticket is the head from the grant on.
+  (:func:`wait_interval`), but each at least at half the time it expects to need to reach the front.
+  The ticket of the acquisition that got the lock is no waiter's any more (every view leaves out the
+  ticket whose token the lock shows), so the next ticket is the head from the grant on.
   The holder keeps its ticket until its release removes it with the lock, in the same call: one call less
   per acquisition, and none between the grant and the caller's critical section.
 * **Going to the back.** This process remembers, per lock, whether others were queued at its last read
