@@ -25,9 +25,10 @@ PYTEST_ARGS ?=
 # The suite waits on sleeps and other processes far more than it computes (a quarter of two cores): four
 # pytest workers (pytest-xdist) run it in about 5.5 minutes on two cores. PYTEST_WORKERS=0: one process.
 PYTEST_WORKERS ?= 4
-# make bench: the decide plan (about fifteen minutes: the default lock's targets, judged) by default;
-# BENCH=full the whole matrix (hours), then the cohort and readers-and-writers benches; BENCH=quick short
-# windows (ten minutes), BENCH=quick,targets or quick,budget with more of N=8 and 32.
+# make bench: the decide plan (about 25 minutes: the default lock's targets, and the workloads sites run -
+# setup bursts, a long hold, the stress run's throughput - judged) by default; BENCH=site those workloads
+# alone (about ten minutes); BENCH=full the whole matrix (hours), then the cohort and readers-and-writers
+# benches; BENCH=quick short windows (ten minutes), BENCH=quick,targets or quick,budget with more of N=8 and 32.
 BENCH ?= decide
 # ... and the cohort benchmark's plan (bench/cohort.py: quick, full, slice, smoke), run with BENCH=full.
 COHORT_BENCH ?= quick

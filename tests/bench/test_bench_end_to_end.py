@@ -32,6 +32,20 @@ def test_the_smoke_plan_writes_the_report_and_the_plots(tmp_path: Path, capsys) 
     cycle = r"\| uncontended acquire \+ release: 3 API calls \| N=1 hold 0\.1 s re-acquire "
     cycle += r"\| \d\.\d\d \([\d.]+ add"
     assert re.search(cycle, text), text
+    # The sites' workloads, tiny: a burst of two drivers against plain polling and the original, the
+    # default lock's waiter behind a 2 s hold, and a few seconds of stress; each with its table and its
+    # verdict rows (far too little work to judge, but measured).
+    assert "### N=2, hold 0.3 s, setup burst B (" in text and "(cap 30 s, 1 repeat)" in text
+    burst = re.search(r"^\| default \| ([\d.]+) \| ([\d.]+) \| 0 \| ([\d.]+) \|", text, re.MULTILINE)
+    assert burst and float(burst.group(1)) > float(burst.group(2)) > 0, text  # makespan > work > 0
+    assert re.search(r"^\| original-v1 \*\(original code\)\* \| [\d.]+ \| [\d.]+ \| 0 \|", text, re.MULTILINE)
+    assert "### N=2, hold 2 s, long hold (" in text
+    assert re.search(r"^\| default \| 1 \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|", text, re.MULTILINE), text
+    assert "### N=3, hold 0.1 s, stress (" in text
+    assert re.search(r"^\| plain \| \d+", text, re.MULTILINE), text
+    targets = ("setup burst: makespan", "setup burst: >= 1.4", "setup burst: server calls")
+    for target in (*targets, "long hold: the", "long hold: from", "stress: grants per minute"):
+        assert re.search(rf"^\| {re.escape(target)}.* \| N=\d+ hold [\d.]+ s ", text, re.MULTILINE), target
     for name in ("wait_p99.png", "handoff_gap_p50.png", "calls_per_second.png"):
         assert (plots / name).read_bytes()[:4] == b"\x89PNG"
         assert f"](benchmarks/{name})" in text

@@ -8,10 +8,22 @@ from typing import Any, Dict, List
 import pytest
 
 from cloudshell_mutex.bench.metrics import (
+    CALLS_PER_SECTION,
+    HELD_CALLS_PER_SECOND,
+    HELD_CALLS_PER_SECOND_MAX,
+    MAKESPAN,
+    RELEASE_GAP,
+    RELEASE_GAP_OPEN,
+    UNFINISHED,
+    WORK,
     Attempt,
     BenchDataError,
     Distribution,
     Window,
+    burst_figures,
+    held_calls_per_second_of,
+    last_release,
+    long_hold_figures,
     percentile,
     run_metrics,
 )
@@ -211,3 +223,43 @@ def test_the_early_waits_are_those_that_started_in_the_first_half_of_the_window(
     assert (m.wait.count, m.wait.open) == (3, 2)
     assert (m.early_wait.count, m.early_wait.open) == (2, 1)
     assert m.early_wait.max == pytest.approx(6.0) and m.early_wait.p50 == pytest.approx(3.5)
+
+
+def test_a_bursts_makespan_work_and_calls_per_section() -> None:
+    log = Log().add(1.0, 0).remove(2.0, 0).add(2.1, 1).remove(3.5, 1).add(3.6, 0).remove(4.25, 0)
+    assert last_release(log.events) == 4.25
+    assert last_release(Log().add(1.0, 0).events) is None
+    counts = {"AddServiceToReservation": 5, "GetReservationDetails": 4, "RemoveServicesFromReservation": 3}
+    figures = burst_figures(first_start=0.25, end=4.25, sections=3, granted=3, work=2.9, call_counts=counts)
+    assert figures == {MAKESPAN: 4.0, WORK: 2.9, CALLS_PER_SECTION: 4.0, UNFINISHED: 0.0}
+    # Sections left undone at the cap: the makespan runs to the cap (a lower bound) and says how many.
+    cut = burst_figures(first_start=0.25, end=30.0, sections=3, granted=1, work=2.9, call_counts=counts)
+    assert cut[MAKESPAN] == 29.75 and cut[UNFINISHED] == 2.0 and cut[CALLS_PER_SECTION] == 12.0
+    assert math.isnan(burst_figures(0.0, 1.0, 3, 0, 2.9, counts)[CALLS_PER_SECTION])
+
+
+def test_the_long_holds_waiters_calls_while_held_and_the_gap_after_the_release() -> None:
+    # The job (client 0) holds from 0.1 to 10.1; waiter 1 starts at 0.1 + 1 s, waiter 2 at 2.1 and is
+    # granted 0.3 s after the release; waiter 1 after waiter 2.
+    log = Log().add(0.1, 0).remove(10.1, 0).add(10.4, 2).remove(10.9, 2).add(11.0, 1).remove(11.5, 1)
+    calls_1 = [1.1, 1.2, 3.0, 6.0, 9.0, 10.5, 10.9]  # 5 while held, over 9 s
+    calls_2 = [2.1, 2.2, 5.0, 8.0, 10.2]  # 4 while held, over 8 s
+    figures = long_hold_figures(log.events, "bench-0", [1.1, 2.1], [calls_1, calls_2], end=11.5)
+    assert figures[held_calls_per_second_of(1)] == pytest.approx(5 / 9)
+    assert figures[held_calls_per_second_of(2)] == pytest.approx(4 / 8)
+    assert figures[HELD_CALLS_PER_SECOND] == pytest.approx(9 / 9)  # all 9 calls from the first start on
+    assert figures[HELD_CALLS_PER_SECOND_MAX] == pytest.approx(5 / 9)
+    assert figures[RELEASE_GAP] == pytest.approx(0.3) and figures[RELEASE_GAP_OPEN] == 0.0
+
+
+def test_the_long_holds_gap_is_a_lower_bound_without_a_grant_and_nothing_without_a_release() -> None:
+    log = Log().add(0.1, 0).remove(10.1, 0)
+    open_gap = long_hold_figures(log.events, "bench-0", [1.0], [[1.0, 5.0]], end=12.0)
+    assert open_gap[RELEASE_GAP] == pytest.approx(1.9) and open_gap[RELEASE_GAP_OPEN] == 1.0
+    # A waiter whose session recorded no calls (a client without the request hook): not measured.
+    unrecorded = long_hold_figures(log.events, "bench-0", [1.0], [[]], end=12.0)
+    assert math.isnan(unrecorded[HELD_CALLS_PER_SECOND]) and math.isnan(
+        unrecorded[held_calls_per_second_of(1)]
+    )
+    # Another client's remove is not the job's release; with none of the job's, there is nothing to measure.
+    assert long_hold_figures(Log().add(0.1, 0).remove(5.0, 1).events, "bench-0", [1.0], [[2.0]], 9.0) == {}

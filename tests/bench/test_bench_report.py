@@ -11,8 +11,31 @@ from typing import Dict, Optional, Sequence
 
 import pytest
 
-from cloudshell_mutex.bench.metrics import Distribution, RunMetrics
-from cloudshell_mutex.bench.plans import MIXED, REACQUIRE, READERS, THINK, Cell, Plan
+from cloudshell_mutex.bench.metrics import (
+    CALLS_PER_SECTION,
+    HELD_CALLS_PER_SECOND,
+    HELD_CALLS_PER_SECOND_MAX,
+    MAKESPAN,
+    RELEASE_GAP,
+    RELEASE_GAP_OPEN,
+    UNFINISHED,
+    WORK,
+    Distribution,
+    RunMetrics,
+    held_calls_per_second_of,
+)
+from cloudshell_mutex.bench.plans import (
+    LONG_HOLD,
+    MIXED,
+    REACQUIRE,
+    READERS,
+    SETUP_BURST_A,
+    STRESS,
+    THINK,
+    Cell,
+    Plan,
+    Series,
+)
 from cloudshell_mutex.bench.report import (
     MET,
     MISSED,
@@ -265,3 +288,107 @@ def test_a_rewrite_of_the_report_keeps_the_sections_other_benches_and_the_demo_w
     demo = f"{SECTION_START}\n## `make demo`\n\n... **8.9 s** ...\n{SECTION_END}"
     document = f"# Benchmarks\n\nold tables\n\n{demo}\n"
     assert kept_sections(document) == demo + "\n"
+
+
+BURST = Cell(8, 0.5, SETUP_BURST_A, 180.0)
+HOLD = Cell(4, 60.0, LONG_HOLD, 120.0)
+STRESS_CELL = Cell(32, 0.1, STRESS, 60.0)
+SITE_TEST = Plan(
+    "site",
+    (),
+    1,
+    series=(
+        Series(BURST, ("original-v1", "default", "plain"), 2),
+        Series(HOLD, ("default",), 1),
+        Series(STRESS_CELL, ("default", "plain"), 1),
+    ),
+)
+
+
+def site_results() -> list:
+    """Two repeats of a burst (the original, the default lock, plain polling), a long hold, stress."""
+    results = []
+    for repeat, spans in enumerate(((30.0, 20.0, 20.5), (33.0, 22.0, 21.0))):
+        for name, span in zip(("original-v1", "default", "plain"), spans):
+            figures = {MAKESPAN: span, WORK: 14.5, CALLS_PER_SECTION: 6.0, UNFINISHED: 0.0}
+            r = result(BURST, name, repeat, per_client=[3] * 8)
+            results.append(dataclasses.replace(r, metrics=dataclasses.replace(r.metrics, figures=figures)))
+    held = {
+        HELD_CALLS_PER_SECOND: 0.9,
+        HELD_CALLS_PER_SECOND_MAX: 0.4,
+        RELEASE_GAP: 0.3,
+        RELEASE_GAP_OPEN: 0.0,
+        **{held_calls_per_second_of(w): 0.3 for w in (1, 2, 3)},
+    }
+    r = result(HOLD, "default", per_client=[1] * 4)
+    results.append(dataclasses.replace(r, metrics=dataclasses.replace(r.metrics, figures=held)))
+    results.append(result(STRESS_CELL, "plain", per_minute=600.0, per_client=[10] * 32))
+    results.append(result(STRESS_CELL, "default", per_minute=570.0, per_client=[10] * 32))
+    return results
+
+
+def test_the_sites_workloads_have_their_verdicts_and_tables_of_their_own(tmp_path: Path) -> None:
+    results = site_results()
+    text = render(results, [SITE_TEST], 600.0, [], tmp_path / "benchmarks.md")
+    # The verdicts: the makespan against plain polling's and the original's, repeat by repeat.
+    assert (
+        "| setup burst: makespan <= 1.05 x plain polling's (`plain`, `fair=False`) | N=8 hold 0.5 s " in text
+    )
+    assert "| 1.01x (0.98-1.05) (makespan 21.0 s (20.0-22.0), work 14.5 s) | **met** |" in text
+    assert "| setup burst: >= 1.4 x faster than the original (its makespan / ours) | N=8 hold 0.5 s " in text
+    assert "| 1.50x | **met** |" in text
+    assert (
+        "| long hold: the waiters' server calls/s together while the job holds <= 1.5 | N=4 hold 60 s" in text
+    )
+    assert (
+        "| stress: grants per minute >= 0.9 x plain polling's (`plain`) | N=32 hold 0.1 s stress | 0.95x"
+        in text
+    )
+    # The repeats, the sites' own counts included.
+    assert (
+        "setup burst A 2 (original-v1, default, plain), long hold 1 (default), stress 1 (default, plain)"
+        in text
+    )
+    # A finite cell is headed by its cap, and has a table of its own.
+    assert (
+        "### N=8, hold 0.5 s, setup burst A (drivers start within 1 s, 3 sections each, think mean 1 s) "
+        in text
+    )
+    assert "(cap 180 s, 2 repeats)" in text
+    assert "| contender | makespan s | work s | sections undone at the cap | calls/section |" in text
+    assert "| default | 21.0 (20.0-22.0) | 14.5 | 0 | 6.00 |" in text
+    # ... with the ratios taken repeat by repeat: 20 / 20.5 and 22 / 21; 30 / 20 and 33 / 22.
+    assert "| 1.01x (0.98-1.05) | 1.50x |" in text
+    assert "### N=4, hold 60 s, long hold" in text and "(cap 120 s, 1 repeat)" in text
+    assert "| default | 1 | 0.90 | 0.30, 0.30, 0.30 | 0.40 | 0.30 |" in text
+    # The stress cell is a windowed one: the usual table.
+    assert (
+        "### N=32, hold 0.1 s, stress (holds uniform 0.5-2 x hold, think exponential, mean = hold) "
+        "(60 s window" in text
+    )
+    # The method says what the sites' workloads are.
+    assert (
+        "**The sites' workloads.**" in text
+        and "*Long hold:* a job takes the lock (the `default` lock" in text
+    )
+    doc = tmp_path / "site.md"
+    doc.write_text(text, encoding="utf-8")
+    assert _user_docs_check().offences(doc) == []
+
+
+def test_the_sites_workloads_are_not_plotted_and_have_noise_rows_of_their_own(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    summaries = summarise(site_results())
+    assert plot(summaries, tmp_path / "plots") == []  # nothing against N: no panels, no files
+    rows = {label: (median, largest, count) for label, median, largest, count in noise(summaries)}
+    # The bursts' makespans spread over the repeats; their rates and waits are not a steady state's.
+    assert rows["setup burst: makespan"][2] == 3
+    assert "acquisitions/min" not in rows
+
+
+def test_the_sites_figures_survive_a_round_trip_through_json(tmp_path: Path) -> None:
+    results = site_results()
+    path = save_results(tmp_path / "results.json", results, [SITE_TEST], 600.0)
+    loaded, _, _ = load_results(path)
+    assert loaded == results
+    assert loaded[0].metrics.figure(MAKESPAN) == 30.0 and math.isnan(loaded[-1].metrics.figure(MAKESPAN))

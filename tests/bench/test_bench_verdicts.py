@@ -7,8 +7,29 @@ from typing import Dict, List, Optional, Sequence
 
 import pytest
 
-from cloudshell_mutex.bench.metrics import Distribution, RunMetrics
-from cloudshell_mutex.bench.plans import MIXED, REACQUIRE, READERS, THINK, Cell
+from cloudshell_mutex.bench.metrics import (
+    CALLS_PER_SECTION,
+    HELD_CALLS_PER_SECOND,
+    HELD_CALLS_PER_SECOND_MAX,
+    MAKESPAN,
+    RELEASE_GAP,
+    RELEASE_GAP_OPEN,
+    UNFINISHED,
+    WORK,
+    Distribution,
+    RunMetrics,
+)
+from cloudshell_mutex.bench.plans import (
+    LONG_HOLD,
+    MIXED,
+    REACQUIRE,
+    READERS,
+    SETUP_BURST_A,
+    SETUP_BURST_B,
+    STRESS,
+    THINK,
+    Cell,
+)
 from cloudshell_mutex.bench.runner import RunResult
 from cloudshell_mutex.bench.summary import number, summarise
 from cloudshell_mutex.bench.verdicts import (
@@ -270,3 +291,123 @@ def test_only_the_default_contender_is_judged_and_the_table_marks_verdicts() -> 
         "| hold 0.1 s: throughput >= 0.9 x the original | - | - | not judged | not in the plans run |"
         in table
     )
+
+
+BURST_A = Cell(8, 0.5, SETUP_BURST_A, 180.0)
+BURST_B = Cell(16, 0.3, SETUP_BURST_B, 180.0)
+HOLD = Cell(4, 60.0, LONG_HOLD, 120.0)
+
+
+def burst(span: float, calls: float = 6.0, undone: int = 0, sections: int = 24) -> RunMetrics:
+    """A burst run: its makespan, calls per section and sections left undone at the cap."""
+    figures = {MAKESPAN: span, WORK: 14.0, CALLS_PER_SECTION: calls, UNFINISHED: float(undone)}
+    grants = sections - undone
+    return dataclasses.replace(metrics([grants // 8] * 8, window=span), figures=figures)
+
+
+def burst_runs(cell: Cell, **spans: Sequence[float]) -> List[RunResult]:
+    """Runs of each contender (``original_v1``, ``default``, ``plain``) with these makespans, repeat by
+    repeat, in the plan's interleaved order."""
+    results = []
+    for repeat in range(len(next(iter(spans.values())))):
+        for name, values in spans.items():
+            results.append(run(cell, name.replace("_", "-"), repeat, burst(values[repeat])))
+    return results
+
+
+def test_a_bursts_makespan_is_judged_against_plain_pollings_of_the_same_repeat() -> None:
+    # Repeat by repeat (the same work): 20 / 20 and 21 / 20.5 are within 1.05; 21 / 19 (1.11) is not, although
+    # the medians (20.5 / 20) would be.
+    met = burst_runs(BURST_A, default=[20.0, 21.0, 20.5], plain=[20.0, 20.5, 20.0])
+    row = only(met, "setup burst: makespan")
+    assert (row.cell, row.verdict) == ("N=8 hold 0.5 s setup burst A", MET)
+    assert row.measured.startswith("1.02x (1.00-1.02) (makespan 20.5 s (20.0-21.0)")
+    straddles = burst_runs(BURST_A, default=[20.0, 21.0, 20.5], plain=[20.0, 19.0, 20.0])
+    assert only(straddles, "setup burst: makespan").why == "the repeats straddle the threshold"
+    missed = burst_runs(BURST_B, default=[25.0, 24.0, 26.0], plain=[17.0, 18.0, 17.5])
+    assert only(missed, "setup burst: makespan").verdict == MISSED
+
+
+def test_a_burst_must_be_done_1_4_times_faster_than_by_the_original() -> None:
+    results = burst_runs(BURST_A, original_v1=[31.0, 33.0, 30.0], default=[20.0, 21.0, 20.0])
+    row = only(results, "setup burst: >= 1.4 x faster")
+    assert (row.measured, row.verdict) == ("1.55x (1.50-1.57)", MET)
+    slow = burst_runs(BURST_A, original_v1=[26.0, 27.0, 26.0], default=[25.0, 24.0, 26.0])
+    assert only(slow, "setup burst: >= 1.4 x faster").verdict == MISSED
+
+
+def test_an_undone_bursts_makespan_is_a_lower_bound_and_decides_one_way() -> None:
+    # The original left sections undone at the cap: its makespan is at least this, so a speed-up over the
+    # limit stands, and one under it tells nothing.
+    undone = [run(BURST_A, "original-v1", 0, burst(180.0, undone=3)), run(BURST_A, "default", 0, burst(20.0))]
+    assert only(undone, "setup burst: >= 1.4 x faster").verdict == MET
+    close = [run(BURST_A, "original-v1", 0, burst(25.0, undone=3)), run(BURST_A, "default", 0, burst(20.0))]
+    assert only(close, "setup burst: >= 1.4 x faster").why == "a burst left undone at its cap"
+    # Our own undone burst: a ratio over the limit against plain polling is a miss all the same.
+    ours = [run(BURST_A, "default", 0, burst(180.0, undone=1)), run(BURST_A, "plain", 0, burst(20.0))]
+    assert only(ours, "setup burst: makespan").verdict == MISSED
+
+
+def test_a_burst_costs_at_most_eight_calls_per_section() -> None:
+    assert (
+        only([run(BURST_B, "default", 0, burst(20.0, calls=7.5))], "setup burst: server calls").verdict == MET
+    )
+    row = only([run(BURST_B, "default", 0, burst(20.0, calls=12.2))], "setup burst: server calls")
+    assert (row.measured, row.verdict) == ("12.2", MISSED)
+    tiny = only([run(BURST_B, "default", 0, burst(2.0, calls=4.0, sections=4))], "setup burst: server calls")
+    assert (tiny.verdict, tiny.why) == (NOT_JUDGED, f"fewer than {MIN_GRANTS} grants in a run")
+
+
+def held(rate: float, gap: float, busiest: float = 0.0, gap_open: bool = False) -> RunMetrics:
+    """A long hold's run: the waiters' calls/s while held, the busiest waiter's, the gap after the release."""
+    figures = {
+        HELD_CALLS_PER_SECOND: rate,
+        HELD_CALLS_PER_SECOND_MAX: busiest or rate / 3,
+        RELEASE_GAP: gap,
+        RELEASE_GAP_OPEN: float(gap_open),
+    }
+    return dataclasses.replace(metrics([1, 1, 1, 1], window=62.0), figures=figures)
+
+
+def test_the_long_holds_waiters_call_rarely_and_take_the_lock_soon_after_the_release() -> None:
+    results = [
+        run(HOLD, "default", 0, held(0.9, 0.2, busiest=0.4)),
+        run(HOLD, "default", 1, held(1.1, 0.4, busiest=0.3)),
+    ]
+    rate = only(results, "long hold: the waiters' server calls/s")
+    assert (rate.cell, rate.verdict) == ("N=4 hold 60 s long hold", MET)
+    assert rate.measured == "1.00/s (0.90-1.10) (the busiest waiter 0.35/s (0.30-0.40))"
+    assert only(results, "long hold: from the job's release").verdict == MET
+    # Only the default lock is judged: plain polling's figures are shown in its table, not here.
+    busy = [run(HOLD, "default", 0, held(2.5, 1.5)), run(HOLD, "plain", 0, held(0.5, 0.1))]
+    assert only(busy, "long hold: the waiters' server calls/s").verdict == MISSED
+    assert only(busy, "long hold: from the job's release").verdict == MISSED
+    # No waiter granted before the run's end: the gap is a lower bound, a miss only over the limit.
+    assert only([run(HOLD, "default", 0, held(1.0, 3.0, gap_open=True))], "long hold: from").verdict == MISSED
+    row = only([run(HOLD, "default", 0, held(1.0, 0.5, gap_open=True))], "long hold: from")
+    assert row.why == "no grant after the release before the run's end"
+    # A hold of a few seconds (the smoke plan's) judges the waiters' first, fast polls: not judged.
+    short = Cell(2, 2.0, LONG_HOLD, 20.0)
+    for target in ("long hold: the waiters'", "long hold: from"):
+        row = only([run(short, "default", 0, held(4.0, 2.0))], target)
+        assert (row.verdict, row.why) == (NOT_JUDGED, "a hold shorter than 30 s")
+
+
+def test_the_stress_cells_throughput_is_judged_against_plain_polling() -> None:
+    cell = Cell(32, 0.1, STRESS, 60.0)
+    results = [
+        run(cell, "plain", 0, metrics([10] * 32, window=60.0)),
+        run(cell, "default", 0, metrics([9] * 32, window=60.0)),
+    ]
+    row = only(results, "stress: grants per minute")
+    assert (row.measured, row.verdict) == ("0.90x (288/min)", MET)
+    results[1] = run(cell, "default", 0, metrics([8] * 32, window=60.0))
+    assert only(results, "stress: grants per minute").verdict == MISSED
+    # No other target takes the sites' cells for its own.
+    site = [
+        *results,
+        *burst_runs(BURST_A, default=[20.0], plain=[20.0]),
+        run(HOLD, "default", 0, held(1, 0.1)),
+    ]
+    judged = {row.target for row in verdicts(summarise(site)) if row.cell != "-"}
+    assert all(t.startswith(("setup burst", "long hold", "stress")) for t in judged)

@@ -3,13 +3,23 @@ its role (bench/plans.py ``role``), the figures of the lock under test only, and
 
 from __future__ import annotations
 
+import time
 from typing import Dict, List
 
 import pytest
 
 from cloudshell_mutex.bench.contenders import contender
-from cloudshell_mutex.bench.plans import MIXED, READERS, Cell, Plan
-from cloudshell_mutex.bench.runner import Bench, RunResult
+from cloudshell_mutex.bench.metrics import (
+    CALLS_PER_SECTION,
+    HELD_CALLS_PER_SECOND,
+    MAKESPAN,
+    RELEASE_GAP,
+    UNFINISHED,
+    WORK,
+    held_calls_per_second_of,
+)
+from cloudshell_mutex.bench.plans import LONG_HOLD, MIXED, READERS, SETUP_BURST_B, Cell, Plan
+from cloudshell_mutex.bench.runner import Bench, RunResult, recorded_counts
 from cloudshell_mutex.bench.summary import summarise
 from cloudshell_mutex.bench.verdicts import verdicts
 from cloudshell_mutex.lock import protocol
@@ -73,3 +83,71 @@ def test_mixed_parties_and_the_readers_stream_run_each_client_in_its_role() -> N
     rows = {row.target.split(":")[0]: row for row in verdicts(summarise(results))}
     assert rows["mixed parties"].cell == "N=4 hold 0.4 s mixed parties"
     assert rows["readers stream"].cell == "N=4 hold 0.4 s readers stream"
+
+
+def test_a_burst_and_a_long_hold_follow_their_schedules_and_count_every_call() -> None:
+    burst, hold = Cell(3, 0.2, SETUP_BURST_B, 60.0), Cell(3, 2.0, LONG_HOLD, 30.0)
+    with Bench(3, progress=lambda line: None) as bench:
+        assert bench.emulator is not None
+        ran = bench.execute(burst, contender("plain"), 0, seed=11)
+        b = bench.figures(burst, ran)
+        burst_events = bench.emulator.control.events(ran.spec.reservation_id)
+        held = bench.execute(hold, contender("plain"), 0, seed=11)
+        h = bench.figures(hold, held)
+        hold_events = bench.emulator.control.events(held.spec.reservation_id)
+
+    # The burst: each driver ran its schedule's sections, from its offset on; the run ended when they were
+    # done, and its window is from the start to the last release.
+    for client, report in ran.reports.items():
+        mine = burst.schedule(client, 11)
+        assert report.acquired == len(mine.holds) == len(report.starts)
+        assert report.starts[0] >= ran.spec.start + mine.offset
+    removes = [e["monotonic"] for e in burst_events if e["op"] == "service_removed" and e["alias"] == "MUTEX"]
+    assert b.grants == 6 and b.figure(UNFINISHED) == 0 and b.window_seconds == max(removes) - ran.spec.start
+    first = min(r.starts[0] for r in ran.reports.values())
+    assert b.figure(MAKESPAN) == pytest.approx(max(removes) - first)
+    assert b.figure(WORK) == pytest.approx(burst.work(11)) and b.figure(WORK) < b.figure(MAKESPAN)
+    # The server's calls of the run are the drivers' own, every one of them: what each client recorded.
+    assert ran.counts == recorded_counts(ran.reports.values())
+    assert b.figure(CALLS_PER_SECTION) == pytest.approx(sum(ran.counts.values()) / 6)
+
+    # The long hold: the job (client 0, the default lock even in plain polling's run) is granted first and
+    # holds the hold; the waiters each take the lock once after its release.
+    adds = [e for e in hold_events if e["alias"] == "MUTEX" and e["op"] == "service_added"]
+    assert adds[0]["user"] == Bench.user(0) and {e["user"] for e in adds[1:]} == {
+        Bench.user(1),
+        Bench.user(2),
+    }
+    assert held.reports[0].holds[0][1] - held.reports[0].holds[0][0] >= 2.0
+    assert all(held.reports[c].acquired == 1 for c in (1, 2))
+    assert held.counts == recorded_counts(held.reports.values())
+    for waiter in (1, 2):
+        assert h.figure(held_calls_per_second_of(waiter)) > 0  # plain polling polls while the job holds
+    assert h.figure(HELD_CALLS_PER_SECOND) > 0 and 0 < h.figure(RELEASE_GAP) < 2.0
+
+
+def test_long_holds_together_each_have_their_reservation_clients_and_counts() -> None:
+    hold = Cell(2, 2.0, LONG_HOLD, 20.0)
+    runs = [
+        (hold, contender("default"), 0, 5),
+        (hold, contender("plain"), 0, 5),
+        (hold, contender("default"), 1, 6),
+    ]
+    with Bench(6, progress=lambda line: None) as bench:
+        assert bench.emulator is not None
+        began = time.monotonic()
+        executions = bench.execute_together(runs)
+        took = time.monotonic() - began
+        events = [bench.emulator.control.events(run.spec.reservation_id) for run in executions]
+        figures = [bench.figures(hold, run) for run in executions]
+
+    assert took < 2 * (hold.hold + 2.0)  # at once, not one after the other (each takes over 2 s)
+    assert len({run.spec.reservation_id for run in executions}) == 3
+    for index, (run, log, m) in enumerate(zip(executions, events, figures)):
+        # Run k's clients are processes 2k and 2k + 1: its job and its waiter, on its own reservation.
+        users = [e["user"] for e in log if e["alias"] == "MUTEX" and e["op"] == "service_added"]
+        assert users == [Bench.user(2 * index), Bench.user(2 * index + 1)]
+        assert sorted(run.reports) == [0, 1] and run.spec.first == 2 * index
+        # Its calls are those its own clients recorded (the server's counts are of all three runs).
+        assert run.counts == recorded_counts(run.reports.values())
+        assert m.grants == 2 and 0 < m.figure(RELEASE_GAP) < hold.hold

@@ -128,6 +128,8 @@ def original_v2(seat: Seat) -> OriginalMutex:
 
 #: The contender every ratio is taken against.
 BASELINE = "original-v1"
+#: Plain polling (``fair=False``): what the sites' workloads also compare the default lock with.
+PLAIN_POLLING = "plain"
 
 #: Every known contender, by name.
 CONTENDERS: Dict[str, Contender] = {

@@ -15,12 +15,17 @@ Waits still open when the window closes count with their length so far (a lower 
 that started in the window's first half are also summarised alone (``early_wait``): each had at least half
 a window to end, so one still open is known to be at least that long, and a percentile over them decides
 what a percentile over every wait (the last ones cut short by the window) cannot.
+
+A finite run (a setup burst, the long hold: :attr:`.plans.Cell.finite`) has its window from the run's start
+to its last release, and figures of its own in :attr:`RunMetrics.figures` (:func:`burst_figures`,
+:func:`long_hold_figures`): the makespan and the calls per section of a burst, the waiters' calls per second
+while a long hold lasts (from the clients' own record of the calls they sent) and the gap after it.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 ADDED = "service_added"
@@ -125,6 +130,12 @@ class RunMetrics:
     fifo_inversions: int
     inverted_grants: int
     early_wait: Distribution = NO_WAITS  # the waits that started in the window's first half
+    # A finite run's own figures, by the names below (MAKESPAN, ...); none in a window's run.
+    figures: Dict[str, float] = field(default_factory=dict)
+
+    def figure(self, name: str) -> float:
+        """The finite run's figure called ``name`` (NaN when the run has none)."""
+        return self.figures.get(name, math.nan)
 
     @property
     def calls_per_acquisition_total(self) -> float:
@@ -303,3 +314,93 @@ def run_metrics(
         inverted_grants=inverted,
         early_wait=Distribution.of([w.seconds for w in early], sum(w.open for w in early)),
     )
+
+
+# ---------------------------------------------------------------- finite runs
+
+#: A burst's figures: seconds from the first driver's start to the last section's release (to the cap when
+#: sections were left undone: a lower bound), the seconds of holding its schedules asked for, the server's
+#: calls of the run per section granted, and the sections not granted before the cap.
+MAKESPAN = "makespan"
+WORK = "work"
+CALLS_PER_SECTION = "calls_per_section"
+UNFINISHED = "unfinished"
+#: The long hold's figures: the waiters' API calls per second from their start to the job's release, all
+#: of them together and the busiest one's; from the job's release to the next grant (to the run's end when
+#: none came: a lower bound, flagged by RELEASE_GAP_OPEN = 1).
+HELD_CALLS_PER_SECOND = "held_calls_per_second"
+HELD_CALLS_PER_SECOND_MAX = "held_calls_per_second_max"
+RELEASE_GAP = "release_gap"
+RELEASE_GAP_OPEN = "release_gap_open"
+
+
+def held_calls_per_second_of(waiter: int) -> str:
+    """The name of waiter ``waiter``'s (1..) calls per second while the job held."""
+    return f"{HELD_CALLS_PER_SECOND}_{waiter}"
+
+
+def last_release(events: Sequence[Mapping[str, object]], alias: str = "MUTEX") -> Optional[float]:
+    """When the alias was last removed (the server's time), or None."""
+    removes = [float(e["monotonic"]) for e in events if e["alias"] == alias and e["op"] == REMOVED]  # type: ignore[arg-type]
+    return max(removes) if removes else None
+
+
+def burst_figures(
+    first_start: float,
+    end: float,
+    sections: int,
+    granted: int,
+    work: float,
+    call_counts: Mapping[str, int],
+) -> Dict[str, float]:
+    """A burst's figures (:data:`MAKESPAN`, ...): ``first_start`` is when the first driver asked, ``end``
+    the last release (or the cap, when sections were left undone), ``sections`` the sections the schedules
+    hold, ``granted`` those the server granted, ``call_counts`` the server's calls of the whole run."""
+    calls = sum(call_counts.values())
+    return {
+        MAKESPAN: end - first_start,
+        WORK: work,
+        CALLS_PER_SECTION: calls / granted if granted else math.nan,
+        UNFINISHED: float(sections - granted),
+    }
+
+
+def long_hold_figures(
+    events: Sequence[Mapping[str, object]],
+    job_user: str,
+    waiter_starts: Sequence[float],
+    waiter_calls: Sequence[Sequence[float]],
+    end: float,
+    alias: str = "MUTEX",
+) -> Dict[str, float]:
+    """The long hold's figures (:data:`HELD_CALLS_PER_SECOND`, ...) from the server's log of the run, the
+    job's user, each waiter's start and the times of the calls it sent (waiter k at index k - 1), and the
+    run's end. Waiter k's rate is its calls from its start to the job's release over that time; together,
+    all their calls in those spans over the time from the first start to the release."""
+    ordered = sorted(events, key=lambda e: e["seq"])  # type: ignore[arg-type,return-value]
+    ours = [e for e in ordered if e["alias"] == alias]
+    release_index = next(
+        (i for i, e in enumerate(ours) if e["op"] == REMOVED and e["user"] == job_user), None
+    )
+    if release_index is None:  # the job never released (the cap came first): nothing to measure
+        return {}
+    released = float(ours[release_index]["monotonic"])  # type: ignore[arg-type]
+    figures: Dict[str, float] = {}
+    rates = []
+    total = 0
+    for waiter, (start, calls) in enumerate(zip(waiter_starts, waiter_calls), 1):
+        held = [t for t in calls if start <= t <= released]
+        total += len(held)
+        rate = len(held) / (released - start) if released > start and calls else math.nan
+        figures[held_calls_per_second_of(waiter)] = rate
+        rates.append(rate)
+    first = min(waiter_starts, default=released)
+    known = [r for r in rates if not math.isnan(r)]
+    figures[HELD_CALLS_PER_SECOND] = total / (released - first) if known and released > first else math.nan
+    figures[HELD_CALLS_PER_SECOND_MAX] = max(known) if known else math.nan
+    grant = next((e for e in ours[release_index + 1 :] if e["op"] == ADDED), None)
+    if grant is None:
+        figures[RELEASE_GAP], figures[RELEASE_GAP_OPEN] = end - released, 1.0
+    else:
+        figures[RELEASE_GAP], figures[RELEASE_GAP_OPEN] = float(grant["monotonic"]) - released, 0.0  # type: ignore[arg-type]
+    return figures

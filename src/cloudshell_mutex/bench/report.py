@@ -1,4 +1,5 @@
-"""The benchmark's report: the verdicts, a table per configuration, the fair mode's targets, noise, plots.
+"""The benchmark's report: the verdicts, a table per configuration (the sites' finite workloads with
+tables of their own: makespans, the waiters' calls while a job holds), the fair mode's targets, noise, plots.
 
 Everything here works on :class:`~.runner.RunResult` lists (no I/O but writing the files), so tests can
 feed it synthetic results. The repeats are summarised in :mod:`.summary`, the default lock's targets judged
@@ -19,24 +20,52 @@ from ..demo.__main__ import SECTION_END as DEMO_END
 from ..demo.__main__ import SECTION_START as DEMO_START
 from ..lock.queue import tickets
 from .cohort import existing_section
-from .contenders import BASELINE, CONTENDERS
-from .plans import FIFO_TIE, LATENCY, REACQUIRE, THINK, WORKLOADS, Cell, Plan
+from .contenders import BASELINE, CONTENDERS, PLAIN_POLLING
+from .metrics import (
+    HELD_CALLS_PER_SECOND_MAX,
+    UNFINISHED,
+    WORK,
+    RunMetrics,
+    held_calls_per_second_of,
+)
+from .plans import (
+    BURSTS,
+    FIFO_TIE,
+    JOB_CONTENDER,
+    LATENCY,
+    LONG_HOLD,
+    REACQUIRE,
+    SETUP_BURST_A,
+    SETUP_BURST_B,
+    THINK,
+    WAITER_HOLD,
+    WAITER_START,
+    WORKLOADS,
+    Cell,
+    Plan,
+)
 from .runner import RunResult
 from .rwmix import MARK_END as RWMIX_END
 from .rwmix import MARK_START as RWMIX_START
 from .summary import (
+    SHORT_WORKLOADS,
     Metric,
     Summaries,
     Summary,
     calls_by_method,
     calls_per_acquisition,
     calls_per_second,
+    calls_per_section,
     fairness,
     gap_p50,
+    held_calls_per_second,
     inverted_share,
     longest_windows,
+    makespan,
     number,
+    paired,
     ratio,
+    release_gap,
     short,
     summarise,
     throughput,
@@ -200,13 +229,111 @@ def cell_table(summaries: Summaries, cell: Cell) -> List[str]:
     return rows
 
 
+def _label(summary: Summary) -> str:
+    label = (
+        f"{summary.contender} *(original code)*"
+        if CONTENDERS[summary.contender].original
+        else summary.contender
+    )
+    if summary.ran_without_lock:
+        label += f" ({summary.ran_without_lock} ran without the lock)"
+    return label
+
+
+def _spread(values: Sequence[float], suffix: str = "") -> str:
+    """``median (min-max)`` of some values (NaNs left out; "-" when none)."""
+    known = [v for v in values if not math.isnan(v)]
+    if not known:
+        return "-"
+    median, low, high = statistics.median(known), min(known), max(known)
+    text = f"{number(median)}{suffix}"
+    return text if len(known) < 2 or low == high else f"{text} ({number(low)}-{number(high)})"
+
+
+def _over(a: float, b: float) -> float:
+    return a / b if b and not (math.isnan(a) or math.isnan(b)) else math.nan
+
+
+def burst_table(summaries: Summaries, cell: Cell) -> List[str]:
+    """The markdown table of a setup burst: a row per contender, its makespans, and the ratios taken
+    repeat by repeat (the same work) against plain polling and the original."""
+    rows = [
+        "| contender | makespan s | work s | sections undone at the cap | calls/section | by method | "
+        "wait p50 s | wait max s | makespan / plain polling's | the original's makespan / this |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (c, name), s in summaries.items():
+        if c != cell:
+            continue
+        undone = sum(int(m.figure(UNFINISHED)) for m in s.runs if not math.isnan(m.figure(UNFINISHED)))
+        vs_plain = (
+            "-"
+            if name == PLAIN_POLLING
+            else _spread(paired(summaries, cell, name, PLAIN_POLLING, _over, makespan), "x")
+        )
+        vs_base = (
+            "-"
+            if name == BASELINE
+            else _spread(paired(summaries, cell, BASELINE, name, _over, makespan), "x")
+        )
+        rows.append(
+            f"| {_label(s)} | {_value(s, makespan)} | {_spread([m.figure(WORK) for m in s.runs])} | "
+            f"{undone} | {_value(s, calls_per_section)} | {calls_by_method(s)} | {_value(s, wait_p50)} | "
+            f"{_value(s, wait_max)} | {vs_plain} | {vs_base} |"
+        )
+    return rows
+
+
+def long_hold_table(summaries: Summaries, cell: Cell) -> List[str]:
+    """The markdown table of the long hold: a row per contender, its waiters' calls while the job held and
+    the gap after the job's release."""
+    waiters = range(1, cell.clients)
+    rows = [
+        "| contender | runs | waiters' calls/s together while held | each waiter's (median over the runs) | "
+        "the busiest waiter's | release to the next grant s | the waiters' wait p50 s | calls per grant |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for (c, _), s in summaries.items():
+        if c != cell:
+            continue
+        each = ", ".join(_spread([m.figure(held_calls_per_second_of(w)) for m in s.runs]) for w in waiters)
+        rows.append(
+            f"| {_label(s)} | {len(s.runs)} | {_value(s, held_calls_per_second)} | {each} | "
+            f"{_spread([m.figure(HELD_CALLS_PER_SECOND_MAX) for m in s.runs])} | {_value(s, release_gap)} | "
+            f"{_value(s, wait_p50)} | {_value(s, calls_per_acquisition)} ({calls_by_method(s)}) |"
+        )
+    return rows
+
+
+def configuration_table(summaries: Summaries, cell: Cell) -> List[str]:
+    """The table of ``cell``: a burst's, the long hold's, or the one of the windowed cells."""
+    if cell.workload in BURSTS:
+        return burst_table(summaries, cell)
+    if cell.workload == LONG_HOLD:
+        return long_hold_table(summaries, cell)
+    return cell_table(summaries, cell)
+
+
+def _windowed(metric: Metric) -> Metric:
+    """``metric`` of windowed runs only: a finite run's rates and waits are of its schedule, not of a
+    steady state, and have noise rows of their own."""
+
+    def value(m: RunMetrics) -> float:
+        return math.nan if m.figures else metric(m)
+
+    return value
+
+
 NOISE_METRICS: Tuple[Tuple[str, Metric], ...] = (
-    ("acquisitions/min", throughput),
-    ("wait p50", wait_p50),
-    ("wait p99", wait_p99),
-    ("hand-off gap p50", gap_p50),
-    ("calls/acquisition", calls_per_acquisition),
-    ("calls/s", calls_per_second),
+    ("acquisitions/min", _windowed(throughput)),
+    ("wait p50", _windowed(wait_p50)),
+    ("wait p99", _windowed(wait_p99)),
+    ("hand-off gap p50", _windowed(gap_p50)),
+    ("calls/acquisition", _windowed(calls_per_acquisition)),
+    ("calls/s", _windowed(calls_per_second)),
+    ("setup burst: makespan", makespan),
+    ("setup burst: calls/section", calls_per_section),
+    ("long hold: waiters' calls/s while held", held_calls_per_second),
 )
 
 
@@ -248,9 +375,16 @@ def plot(summaries: Summaries, folder: Path) -> List[Path]:
         for cell in dict.fromkeys(c for c, _ in summaries)
         if sum((cell, n) in summaries for n in names) > 1
     ]
-    contested = {key: s for key, s in summaries.items() if key[1] in names and key[0] in compared}
+    # The panels are the windowed workloads against N; the others have tables of their own.
+    contested = {
+        key: s
+        for key, s in summaries.items()
+        if key[1] in names and key[0] in compared and key[0].workload in (REACQUIRE, THINK)
+    }
     holds = sorted({cell.hold for cell, _ in contested})
     workloads = [w for w in (REACQUIRE, THINK) if any(cell.workload == w for cell, _ in contested)]
+    if not contested:
+        return []  # nothing to plot against N (a plan of the sites' workloads alone)
     written = []
     for filename, label, metric, log_scale in PLOTS:
         figure, axes = plt.subplots(
@@ -336,6 +470,29 @@ METHOD = """\
   takes the contender's lock one hold into the window and again one hold after each release. Only client
   0's waits and grants are its figures (the readers' group adds `MUTEX` too, but that is no grant of the
   lock under test). A hold is a sleep of the configured length; the window's end cuts the last hold short.
+* **The sites' workloads.** Each repeat hands every contender the same seed, so each gets exactly the
+  same work (the same offsets, holds and think times) and their figures compare repeat by repeat. A setup
+  burst and the long hold end when their work is done; their cap only bounds a run that never finishes.
+  * *Setup bursts:* N drivers start within {spread:g} s of each other (uniform offsets); each runs its
+    sections with a lognormal hold (median the configuration's hold, sigma {sigma:g}) and an exponential
+    think time between them. Shape A: {a_sections} sections, think mean {a_think:g} s.
+    Shape B: {b_sections} sections, think mean {b_think:g} s.
+    **Makespan:** from the first driver's first acquire to the last section's release on the server;
+    **work:** the sum of the holds (no lock can finish the burst in less); **calls/section:** the
+    server's calls of the run per section granted.
+  * *Long hold:* a job takes the lock (the `{job}` lock whatever the contender, so every contender's
+    waiters face the same holder) and holds it for the configuration's hold; the other clients, the
+    contender's waiters, start {start_low:g}-{start_high:g} s into the hold and each wants the lock once,
+    for {waiter_hold:g} s. **Waiters' calls/s while held:** the API calls the waiters' sessions sent (each
+    client notes its own: the server counts calls per method, not per client) from their starts to the
+    job's release, over the time from the first start to the release; each waiter's from its own start.
+    **Release to the next grant:** from the job's remove to the next add the server committed. The plans
+    run the long hold's runs together, each on its own reservation with its own clients: they sleep most
+    of a minute, and one minute serves them all.
+  * *Stress:* the shape of `make stress` (many processes, short holds, asking again almost at once)
+    without its faults, kills, pauses, original-protocol peers and shared counter: holds uniform between
+    half and twice the configuration's hold, an exponential think time with mean = the hold, a window;
+    its figure is the grants per minute, against plain polling's.
 * **Contenders:** {contenders}
 * **Where the figures come from.** Grants are the server's `service_added` events of the alias and
   releases its `service_removed` events, with the server's `monotonic` time (one system-wide clock on
@@ -381,6 +538,11 @@ METHOD = """\
   calls/s nearly independent of N, at the price of a longer hand-off gap than plain polling's (the next
   waiter learns that it is the head only at its next read) and of the queue's own calls (a ticket's add
   and remove per contended acquisition).
+* **A burst's makespan is its work plus its hand-offs.** The holds cannot overlap, so a burst takes at
+  least the sum of its holds; what a lock adds is the time from each release to the next grant, and the
+  waits of drivers that arrive while the lock is free. The original's waiters sleep 2-5 s between tries,
+  so once few drivers are left the lock often lies free; a long hold shows the other side: how often
+  waiters ask while nothing can change.
 """
 
 
@@ -391,9 +553,17 @@ def render(
     summaries = summarise(results)
     names = " and ".join(f"**{plan.name}**" for plan in plans)
     repeats = ", ".join(f"{plan.name} {plan.repeats}" for plan in plans)
-    once = sum(len(s.runs) == 1 for s in summaries.values())
+    series = {(s.cell, name) for plan in plans for s in plan.series for name in s.contenders}
+    once = sum(len(s.runs) == 1 for key, s in summaries.items() if key not in series)
     if once and max(plan.repeats for plan in plans) > 1:
         repeats += f", except {once} run{'s' if once > 1 else ''} made once"
+    counts = dict.fromkeys(
+        f"{SHORT_WORKLOADS[s.cell.workload]} {s.repeats} ({', '.join(s.contenders)})"
+        for plan in plans
+        for s in plan.series
+    )
+    if counts:
+        repeats += "; the sites' workloads: " + ", ".join(counts)
     lines = [
         "# Benchmarks against the original code",
         "",
@@ -405,9 +575,12 @@ def render(
         "beside the plots as `results.json` (`python -m cloudshell_mutex.bench --from-results PATH` writes "
         "this page again from them).",
         "",
-        "* `make bench`: the decide plan (about 15 minutes): the default lock's targets in windows long",
+        "* `make bench`: the decide plan (about 25 minutes): the default lock's targets in windows long",
         "  enough to judge them, against the original twice each, with mixed parties and a readers stream",
-        "  (`BENCH=full` runs plain polling, `fair=False`, beside them).",
+        "  (`BENCH=full` runs plain polling, `fair=False`, beside them); then the workloads sites run",
+        "  (setup bursts, a job's long hold, the stress run's throughput) against plain polling and the",
+        "  original in the same run. `python -m cloudshell_mutex.bench --plan site` runs those alone (about",
+        "  ten minutes).",
         "* `make bench BENCH=full`: the whole matrix (N = 1, 2, 8, 32; hold 0.1, 1, 10 s; every contender;",
         "  hours), then the cohort and the readers-and-writers benchmarks.",
         "* `make bench BENCH=quick`: short windows in ten minutes (indications, not verdicts);",
@@ -425,6 +598,16 @@ def render(
         METHOD.format(
             latency=_latency_text(),
             tie=FIFO_TIE,
+            spread=BURSTS[SETUP_BURST_A].spread,
+            sigma=BURSTS[SETUP_BURST_A].sigma,
+            a_sections=BURSTS[SETUP_BURST_A].sections,
+            a_think=BURSTS[SETUP_BURST_A].think,
+            b_sections=BURSTS[SETUP_BURST_B].sections,
+            b_think=BURSTS[SETUP_BURST_B].think,
+            job=JOB_CONTENDER,
+            start_low=WAITER_START[0],
+            start_high=WAITER_START[1],
+            waiter_hold=WAITER_HOLD,
             contenders="; ".join(
                 f"`{c.name}`: {c.description}"
                 for c in CONTENDERS.values()
@@ -465,8 +648,9 @@ def render(
     lines += ["", "## Results per configuration", ""]
     for cell in dict.fromkeys(cell for cell, _ in summaries):
         count = max(len(s.runs) for (c, _), s in summaries.items() if c == cell)
-        heading = f"### {cell.title} ({cell.window:g} s window, {count} repeat{'s' if count > 1 else ''})"
-        lines += [heading, "", *cell_table(summaries, cell), ""]
+        span = f"cap {cell.window:g} s" if cell.finite else f"{cell.window:g} s window"
+        heading = f"### {cell.title} ({span}, {count} repeat{'s' if count > 1 else ''})"
+        lines += [heading, "", *configuration_table(summaries, cell), ""]
     if plots:
         lines += ["## Plots", ""]
         for path in plots:

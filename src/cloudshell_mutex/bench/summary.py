@@ -11,8 +11,19 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Sequence, Tuple
 
 from .contenders import BASELINE
-from .metrics import RunMetrics
-from .plans import MIXED, REACQUIRE, READERS, THINK, WORKLOADS, Cell
+from .metrics import CALLS_PER_SECTION, HELD_CALLS_PER_SECOND, MAKESPAN, RELEASE_GAP, RunMetrics
+from .plans import (
+    LONG_HOLD,
+    MIXED,
+    REACQUIRE,
+    READERS,
+    SETUP_BURST_A,
+    SETUP_BURST_B,
+    STRESS,
+    THINK,
+    WORKLOADS,
+    Cell,
+)
 from .runner import RunResult
 
 #: Short names of the API methods in the call columns.
@@ -110,6 +121,43 @@ def inverted_share(m: RunMetrics) -> float:
     return m.inverted_grants / m.grants if m.grants else math.nan
 
 
+def makespan(m: RunMetrics) -> float:
+    """A burst's seconds from the first driver's start to the last release."""
+    return m.figure(MAKESPAN)
+
+
+def calls_per_section(m: RunMetrics) -> float:
+    """A burst's server calls per section."""
+    return m.figure(CALLS_PER_SECTION)
+
+
+def held_calls_per_second(m: RunMetrics) -> float:
+    """The long hold's waiters' calls per second together while the job held."""
+    return m.figure(HELD_CALLS_PER_SECOND)
+
+
+def release_gap(m: RunMetrics) -> float:
+    """The long hold's seconds from the job's release to the next grant."""
+    return m.figure(RELEASE_GAP)
+
+
+def paired(
+    summaries: Summaries,
+    cell: Cell,
+    name: str,
+    other: str,
+    value: Callable[[float, float], float],
+    metric: Metric,
+) -> List[float]:
+    """``value(name's metric, other's metric)`` repeat by repeat in ``cell`` (the k-th run of each: the same
+    work in the sites' workloads), NaNs left out; empty when either did not run there."""
+    ours, theirs = summaries.get((cell, name)), summaries.get((cell, other))
+    if ours is None or theirs is None:
+        return []
+    values = (value(metric(a), metric(b)) for a, b in zip(ours.runs, theirs.runs))
+    return [v for v in values if not math.isnan(v)]
+
+
 def ratio(summaries: Summaries, cell: Cell, name: str, metric: Metric) -> float:
     """median ``metric`` of ``name`` / that of the baseline (original v1) in ``cell`` (NaN if missing)."""
     ours, base = summaries.get((cell, name)), summaries.get((cell, BASELINE))
@@ -134,7 +182,16 @@ def longest_windows(summaries: Summaries, name: str, where: Callable[[Cell], boo
 
 
 #: The workloads in a few words.
-SHORT_WORKLOADS = {REACQUIRE: "re-acquire", THINK: "think", MIXED: "mixed parties", READERS: "readers stream"}
+SHORT_WORKLOADS = {
+    REACQUIRE: "re-acquire",
+    THINK: "think",
+    MIXED: "mixed parties",
+    READERS: "readers stream",
+    SETUP_BURST_A: "setup burst A",
+    SETUP_BURST_B: "setup burst B",
+    LONG_HOLD: "long hold",
+    STRESS: "stress",
+}
 
 
 def short(cell: Cell) -> str:

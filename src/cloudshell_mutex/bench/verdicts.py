@@ -8,13 +8,17 @@ so drift of the machine between repeats falls on both sides. The rules, stated i
 * A run judges only what its window can hold: at least :data:`MIN_GRANTS` grants of every contender
   compared, :data:`MIN_MEAN_GRANTS` per client for the starvation target, :data:`MIN_SAMPLE` waits or
   hand-offs for a percentile, :data:`MIN_HANDOFFS` grants for a call rate, :data:`MIN_READER_TRIES` ended
-  waits for the readers stream.
+  waits for the readers stream, a hold of :data:`MIN_LONG_HOLD` seconds for the long hold.
 * A percentile of waits is taken over the waits that started in the window's first half (each had half a
   window to end); a figure that is a lower bound (a wait or gap still open when the window closed) decides
   only the way it cannot change: a lower bound over the limit is a miss, one under it tells nothing.
 * Figures estimated from a sample (ratios, percentiles, shares, calls) are met or missed when every repeat
   agrees, and not judged when the repeats straddle the threshold. Guarantees (no starvation, mixed parties,
   the readers stream) are missed as soon as one run breaks them.
+* The sites' workloads (setup bursts, the long hold, stress) compare the default lock with plain polling
+  (``fair=False``) as well as with the original; every contender of a repeat got the same work (the same
+  seed), so a ratio is taken repeat by repeat. A burst left undone at its cap has a makespan that is a
+  lower bound, and decides only the way it cannot change.
 """
 
 from __future__ import annotations
@@ -25,9 +29,19 @@ import textwrap
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
 
-from .contenders import BASELINE
-from .metrics import RunMetrics
-from .plans import MIXED, REACQUIRE, READERS, THINK, Cell
+from .contenders import BASELINE, PLAIN_POLLING
+from .metrics import (
+    CALLS_PER_SECTION,
+    HELD_CALLS_PER_SECOND,
+    HELD_CALLS_PER_SECOND_MAX,
+    MAKESPAN,
+    RELEASE_GAP,
+    RELEASE_GAP_OPEN,
+    UNFINISHED,
+    WORK,
+    RunMetrics,
+)
+from .plans import BURSTS, LONG_HOLD, MIXED, REACQUIRE, READERS, STRESS, THINK, Cell
 from .summary import Summaries, Summary, calls_by_method, longest_windows, number, short
 
 MET, MISSED, NOT_JUDGED = "met", "missed", "not judged"
@@ -44,6 +58,9 @@ MIN_SAMPLE = 8
 MIN_READER_TRIES = 3
 #: A call rate needs at least this many grants (hand-offs) in the window, so that it is not the arrival's.
 MIN_HANDOFFS = 5
+#: The long hold's targets need a hold at least this long: a waiter polls fast in its first seconds (it
+#: spins, then parks), and a short hold would judge that rather than a wait behind a job.
+MIN_LONG_HOLD = 30.0
 
 RULES = textwrap.fill(
     f"Every target is judged for the `{JUDGED}` contender (unless it names another), in each "
@@ -59,7 +76,11 @@ RULES = textwrap.fill(
     "is a lower bound: over the limit it is a miss, under it it tells nothing. Figures estimated from a "
     "sample (ratios, percentiles, shares, calls) are **met** or **missed** when every repeat agrees and "
     "**not judged** when the repeats straddle the threshold; guarantees (no starvation, mixed parties, the "
-    "readers stream) are **missed** as soon as one run breaks them.",
+    "readers stream) are **missed** as soon as one run breaks them. The sites' workloads (setup bursts, the "
+    f"long hold, stress) also compare with plain polling (`{PLAIN_POLLING}`, `fair=False`): every "
+    "contender of a repeat gets exactly the same work there (the same seed), so their ratios, too, are "
+    "taken repeat by repeat; a burst left undone at its cap has a makespan that is a lower bound; the long "
+    f"hold judges holds of {MIN_LONG_HOLD:g} s and more (a waiter's first seconds poll fast by design).",
     width=105,
 )
 
@@ -261,6 +282,80 @@ def early_p99_at_most(limit: float) -> RatioJudge:
     return judge
 
 
+def _makespan(m: RunMetrics) -> float:
+    return m.figure(MAKESPAN)
+
+
+def _undone(m: RunMetrics) -> bool:
+    """A burst with sections left undone at its cap: its makespan is a lower bound."""
+    return m.figure(UNFINISHED) > 0
+
+
+def makespan_ratio_at_most(limit: float) -> RatioJudge:
+    """Our makespan / the other contender's of the same repeat (the same work), at most ``limit``; an
+    undone burst's makespan is a lower bound and decides only the way it cannot change."""
+
+    def judge(ours: RunMetrics, other: RunMetrics) -> Repeat:
+        value = _makespan(ours) / _makespan(other) if _makespan(other) else math.nan
+        ok = value <= limit
+        if (ok and _undone(ours)) or (not ok and _undone(other)):
+            return Repeat(value, None, "a burst left undone at its cap")
+        return _judged(value, ok, ours, other)
+
+    return judge
+
+
+def speedup_at_least(limit: float) -> RatioJudge:
+    """The baseline's makespan / ours of the same repeat (how many times faster the same work was done),
+    at least ``limit``; an undone burst's makespan is a lower bound, as above."""
+
+    def judge(ours: RunMetrics, base: RunMetrics) -> Repeat:
+        value = _makespan(base) / _makespan(ours) if _makespan(ours) else math.nan
+        ok = value >= limit
+        if (ok and _undone(ours)) or (not ok and _undone(base)):
+            return Repeat(value, None, "a burst left undone at its cap")
+        return _judged(value, ok, ours, base)
+
+    return judge
+
+
+def _short_hold(cell: Cell) -> Optional[str]:
+    """Why a long hold's run is too short to judge, or None."""
+    return f"a hold shorter than {MIN_LONG_HOLD:g} s" if cell.hold < MIN_LONG_HOLD else None
+
+
+def held_rate_at_most(limit: float) -> Judge:
+    """The long hold's waiters' calls per second together while the job held, at most ``limit``."""
+
+    def judge(m: RunMetrics, cell: Cell) -> Repeat:
+        value = m.figure(HELD_CALLS_PER_SECOND)
+        if math.isnan(value):
+            return Repeat(value, None, "no calls of the waiters recorded")
+        short = _short_hold(cell)
+        return Repeat(value, None, short) if short else Repeat(value, value <= limit)
+
+    return judge
+
+
+def release_gap_at_most(limit: float) -> Judge:
+    """From the long hold's release to the next grant, at most ``limit``; with no grant before the run's
+    end the gap is a lower bound (a miss when over the limit)."""
+
+    def judge(m: RunMetrics, cell: Cell) -> Repeat:
+        value = m.figure(RELEASE_GAP)
+        if math.isnan(value):
+            return Repeat(value, None, "the job did not release before the cap")
+        short = _short_hold(cell)
+        if short:
+            return Repeat(value, None, short)
+        ok = value <= limit
+        if ok and m.figure(RELEASE_GAP_OPEN) == 1:
+            return Repeat(value, None, "no grant after the release before the run's end")
+        return Repeat(value, ok)
+
+    return judge
+
+
 # ---------------------------------------------------------------- the targets
 
 
@@ -285,13 +380,14 @@ class Target:
     guarantee: bool = False
     extra: Optional[Callable[[Summary], str]] = None
     contender: str = JUDGED
+    against: str = BASELINE  # the contender a ratio is taken against
 
     def repeats(self, summaries: Summaries, summary: Summary) -> List[Repeat]:
-        """Every repeat of ``summary`` judged (none for a ratio without the baseline in the cell)."""
+        """Every repeat of ``summary`` judged (none for a ratio without the other contender in the cell)."""
         if self.ratio is None:
             assert self.judge is not None, "a target judges alone or as a ratio"
             return [self.judge(m, summary.cell) for m in summary.runs]
-        base = summaries.get((summary.cell, BASELINE))
+        base = summaries.get((summary.cell, self.against))
         if base is None:
             return []
         return [self.ratio(ours, theirs) for ours, theirs in zip(summary.runs, base.runs)]
@@ -328,6 +424,27 @@ def _reader_wait_p50(summary: Summary) -> str:
 
 def _throughput(m: RunMetrics) -> float:
     return m.acquisitions_per_minute
+
+
+def _burst(cell: Cell) -> bool:
+    return cell.workload in BURSTS
+
+
+def _makespan_and_work(summary: Summary) -> str:
+    return (
+        f"makespan {SECONDS.spread([_makespan(m) for m in summary.runs])}, "
+        f"work {SECONDS.spread([m.figure(WORK) for m in summary.runs])}"
+    )
+
+
+def _busiest_waiter(summary: Summary) -> str:
+    return "the busiest waiter " + PER_SECOND.spread(
+        [m.figure(HELD_CALLS_PER_SECOND_MAX) for m in summary.runs]
+    )
+
+
+def _grants_per_minute(summary: Summary) -> str:
+    return Unit(number, "/min").spread([m.acquisitions_per_minute for m in summary.runs])
 
 
 #: The default lock's targets, in the order of the report's table.
@@ -414,6 +531,46 @@ TARGETS: Tuple[Target, ...] = (
         unit=Unit(number, " s longest wait"),
         guarantee=True,
         extra=_reader_wait_p50,
+    ),
+    Target(
+        f"setup burst: makespan <= 1.05 x plain polling's (`{PLAIN_POLLING}`, `fair=False`)",
+        _burst,
+        ratio=makespan_ratio_at_most(1.05),
+        unit=TIMES,
+        extra=_makespan_and_work,
+        against=PLAIN_POLLING,
+    ),
+    Target(
+        "setup burst: >= 1.4 x faster than the original (its makespan / ours)",
+        _burst,
+        ratio=speedup_at_least(1.4),
+        unit=TIMES,
+    ),
+    Target(
+        "setup burst: server calls per section <= 8",
+        _burst,
+        at_most(lambda m: m.figure(CALLS_PER_SECTION), 8),
+    ),
+    Target(
+        "long hold: the waiters' server calls/s together while the job holds <= 1.5",
+        lambda c: c.workload == LONG_HOLD,
+        held_rate_at_most(1.5),
+        unit=PER_SECOND,
+        extra=_busiest_waiter,
+    ),
+    Target(
+        "long hold: from the job's release to the next grant <= 1 s",
+        lambda c: c.workload == LONG_HOLD,
+        release_gap_at_most(1.0),
+        unit=SECONDS,
+    ),
+    Target(
+        f"stress: grants per minute >= 0.9 x plain polling's (`{PLAIN_POLLING}`)",
+        lambda c: c.workload == STRESS,
+        ratio=ratio_at_least(_throughput, 0.9),
+        unit=TIMES,
+        extra=_grants_per_minute,
+        against=PLAIN_POLLING,
     ),
 )
 

@@ -3,8 +3,10 @@
 The parent (:mod:`.runner`) starts it with the "spawn" context and sends it one :class:`RunSpec` per
 run. The client waits for the window to open, then takes and releases the lock as its role in the
 workload says (:func:`.plans.role`: the run's contender or a reader, and its pauses) until the window
-closes, and reports when each acquisition *started waiting* (only the client knows that; when it was
-granted comes from the server's log).
+closes, or, in a finite cell, as its schedule says (:func:`.plans.schedule`) until that is done. It
+reports when each acquisition *started waiting* (only the client knows that; when it was granted comes
+from the server's log) and when its session sent each API call (the server counts calls per method, not
+per client: the long hold needs the waiters' calls apart from the job's).
 """
 
 from __future__ import annotations
@@ -15,11 +17,11 @@ import random
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Tuple
+from typing import Any, Callable, ContextManager, Iterator, List, Optional, Tuple
 
 from ..lock.errors import MutexTimeout
-from .contenders import Contender, Seat, WindowClosed, reader_lock
-from .plans import role
+from .contenders import Contender, Seat, WindowClosed, contender, reader_lock
+from .plans import FINITE, JOB_CONTENDER, role, schedule
 
 #: Credentials and address of the emulated server: (host, port, user, password, domain).
 Address = Tuple[str, int, str, str, str]
@@ -38,6 +40,7 @@ class RunSpec:
     end: float  # ... and closes
     seed: int
     clients: int = 1
+    first: int = 0  # the process number of the run's client 0 (runs together each have clients of their own)
 
 
 @dataclass
@@ -51,26 +54,64 @@ class ClientReport:
     holds: List[Tuple[float, float, bool, int]] = field(default_factory=list)
     ran_without_lock: int = 0  # the original's "continuing without it" after 100 failed tries
     error: Optional[str] = None
+    # When the client's session sent each API call, and the call's method.
+    calls: List[Tuple[float, str]] = field(default_factory=list)
 
 
 def _window_closed(spec: RunSpec) -> bool:
     return time.monotonic() >= spec.end
 
 
-def run_client(api: Any, client: int, spec: RunSpec) -> ClientReport:
-    """Take and release the lock as the workload says, from the window's start to its end."""
-    report = ClientReport(client)
+def record_calls(api: Any) -> List[Tuple[float, str]]:
+    """Note the time and the method of every API call ``api`` sends from now on, in the list returned (the
+    caller empties it between runs). A session without the client's one request method (``_sendRequest``,
+    through which every API method goes, the method's name first) is left alone: its list stays empty and
+    its figures say "not measured"."""
+    times: List[Tuple[float, str]] = []
+    send = getattr(api, "_sendRequest", None)
+    if callable(send):
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            times.append((time.monotonic(), str(args[0] if args else kwargs.get("operation", "?"))))
+            return send(*args, **kwargs)
+
+        # On the instance, so this session alone is counted; the lock's own hooks sit on api._http, below.
+        api._sendRequest = counted
+    return times
+
+
+def _plan(
+    client: int, spec: RunSpec
+) -> Tuple[float, Iterator[Tuple[float, float]], Callable[[Seat], ContextManager[Any]]]:
+    """The client's offset, its (pause, hold) sections and the lock it takes, as its workload says."""
+    if spec.workload in FINITE:
+        mine = schedule(spec.workload, spec.hold, spec.clients, client, spec.seed)
+        make = contender(JOB_CONTENDER).make if mine.job else spec.contender.make
+        return mine.offset, mine.sections(), make
     rng = random.Random(f"{spec.seed}:{client}")  # a str seed is hashed deterministically
+    role_ = role(spec.workload, client, spec.clients, spec.hold)
+    return role_.offset, role_.sections(rng, spec.hold), reader_lock if role_.reader else spec.contender.make
+
+
+def run_client(
+    api: Any, client: int, spec: RunSpec, calls: Optional[List[Tuple[float, str]]] = None
+) -> ClientReport:
+    """Take and release the lock as the workload says, from the window's start to its end (or, in a finite
+    cell, until the schedule is done). ``client``: the process's number (the run's client ``client -
+    spec.first``); ``calls``: the list :func:`record_calls` fills for ``api``."""
+    client -= spec.first
+    report = ClientReport(client)
     seat = Seat(api, spec.reservation_id, client, spec.end)
-    mine = role(spec.workload, client, spec.clients, spec.hold)
-    make = reader_lock if mine.reader else spec.contender.make
+    offset, sections, make = _plan(client, spec)
     time.sleep(max(0.0, spec.start - time.monotonic()))
+    if calls is not None:
+        del calls[:]  # the calls of this run only
     try:
-        seat.sleep(mine.offset)
-        first = True
-        while not _window_closed(spec):
-            seat.sleep(mine.pause_seconds(rng, spec.hold, first))
-            first = False
+        seat.sleep(offset)
+        for pause, hold in sections:
+            if _window_closed(spec):
+                break
+            seat.sleep(pause)
             report.starts.append(time.monotonic())
             lock = make(seat)
             try:
@@ -78,13 +119,13 @@ def run_client(api: Any, client: int, spec: RunSpec) -> ClientReport:
                     held_from = time.monotonic()
                     report.acquired += 1
                     report.ran_without_lock += bool(getattr(lock, "gave_up", False))
-                    calls = int(getattr(lock, "calls", 0))
+                    calls_to_acquire = int(getattr(lock, "calls", 0))
                     # The window's end cuts the hold short; the release still runs.
                     with contextlib.suppress(WindowClosed):
-                        seat.sleep(spec.hold)
+                        seat.sleep(hold)
                     done = time.monotonic()  # the work under the lock ends here; the release follows
                 passed = bool(getattr(lock, "passed", False))
-                report.holds.append((held_from, done, passed, calls))
+                report.holds.append((held_from, done, passed, calls_to_acquire))
             except MutexTimeout:
                 if not _window_closed(spec):  # a timeout before the window's end is a real failure
                     raise
@@ -93,6 +134,8 @@ def run_client(api: Any, client: int, spec: RunSpec) -> ClientReport:
         pass
     except Exception:
         report.error = traceback.format_exc(limit=5)
+    if calls is not None:
+        report.calls = list(calls)
     return report
 
 
@@ -114,6 +157,7 @@ def serve(client: int, address: Address, commands: Any, results: Any) -> None:
     try:
         host, port, user, password, domain = address
         api = CloudShellAPISession(host, user, password, domain, port=port)
+        calls = record_calls(api)
         results.put(("ready", client, None))
     except BaseException:
         results.put(("failed", client, traceback.format_exc(limit=5)))
@@ -124,7 +168,7 @@ def serve(client: int, address: Address, commands: Any, results: Any) -> None:
             return
         try:
             if isinstance(command, RunSpec):
-                results.put(("report", client, run_client(api, client, command)))
+                results.put(("report", client, run_client(api, client, command, calls)))
             else:
                 _, reservation_id = command
                 with ReservationMutex(api, reservation_id, owner="bench warm-up", name=f"WARMUP{client}"):
