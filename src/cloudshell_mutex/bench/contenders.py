@@ -91,7 +91,7 @@ def release_check_lock(seat: Seat) -> ReservationMutex:
 
 
 def fair_lock(seat: Seat) -> ReservationMutex:
-    """``ReservationMutex(fair=True)``: the advisory queue, only the head polls fast."""
+    """``ReservationMutex(fair=True)``: the default said (spin, then park in the advisory queue)."""
     return _reservation_mutex(seat, fair=True)
 
 
