@@ -74,7 +74,9 @@ class MutexAttempt:
             self._started = True
             # Others were waiting at our last read: line up behind them before the first add.
             self._in_line = self._first_turn = self.queue is not None and self.queue.lines_up_first()
-        if self._in_line:
+        # In line, each try is a look; but a holder whose lease has run out on this waiter's clock is judged
+        # by an add (and the read after it), by every waiter: a dead head must not leave a dead holder be.
+        if self._in_line and not self._holder_stale():
             delay = self._turn()
             if delay is not None:  # the next look, or (the turn has come) the pause before the add
                 return self._until_progress(self._until_stale(delay))
@@ -234,12 +236,17 @@ class MutexAttempt:
         return delay
 
     def _until_stale(self, delay: float) -> float:
-        """``delay``, but the next add no later than the moment the holder turns stale: judged then, not a
-        poll later. A waiter in line leaves that to the head."""
+        """``delay``, but the next try no later than the moment the holder turns stale: judged then, not a
+        poll later (in line too: the head may be as dead as the holder)."""
         stale_at, now = self.core.watch.stale_at(), self.core.runtime.clock()
-        if self._in_line or stale_at is None or stale_at <= now:
+        if stale_at is None or stale_at <= now:
             return delay
         return min(delay, stale_at - now)
+
+    def _holder_stale(self) -> bool:
+        """True when the holder has turned stale on this waiter's clock (its lease and margin are over)."""
+        stale_at = self.core.watch.stale_at()
+        return stale_at is not None and stale_at <= self.core.runtime.clock()
 
     def _until_progress(self, delay: float) -> float:
         """``delay``, but with ``progress`` on, the next try no later than the next progress line is due: a
