@@ -510,3 +510,34 @@ def test_a_stuck_holder_stops_renewing_at_max_hold_and_a_waiter_breaks_it(emu):
     waiter.release()
     assert check_log(emu, rid) == {"grants": 2, "removes": 2}
     assert token != waiter.token
+
+
+@pytest.mark.usefixtures("parked_at_once")  # the waiter here parks at its first busy add, behind the head
+def test_a_killed_holder_and_a_killed_head_together_are_passed_within_the_holders_lease(emu):
+    # One execution server dies: the holder and the queue's head go together. Only the head polled the
+    # add, so only it judged the holder; a waiter in line behind it now judges the holder too, and breaks
+    # it within the holder's lease + margin, not the dead head ticket's (150 s).
+    rid = emu.create_reservation()
+    holder, _token, _, _ = spawn_holder(emu, rid)
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(2), ctx.Queue()
+    head = start(waiter_worker, address(emu), rid, LEASE, 120.0, barrier, results)
+    barrier.wait(60)
+    deadline = time.monotonic() + 30
+    while not any(protocol.TICKET_INFIX in alias for alias in _aliases(emu, rid)):
+        assert time.monotonic() < deadline, "the head never parked"
+        time.sleep(0.2)
+    holder.kill()
+    head.kill()  # SIGKILL both: no release, their ticket and lock stay
+    killed = time.monotonic()
+    stop_all(holder, head)
+    waiter = ReservationMutex(emu.session(), rid, owner="behind the head", lease=LEASE, timeout=60, **FAST)
+    waiter.acquire()
+    recovered = time.monotonic() - killed
+    print(f"\nholder and head killed together: the waiter behind acquired {recovered:.2f} s later")
+    assert recovered <= LEASE + stale_margin(LEASE) + POLL + FRESH_READ_LAG + SLACK + 5
+    waiter.release()
+
+
+def _aliases(emu, rid: str) -> List[str]:
+    return [s.Alias for s in emu.session().GetReservationDetails(rid, True).ReservationDescription.Services]
