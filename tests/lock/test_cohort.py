@@ -8,7 +8,7 @@ import contextlib
 import random
 
 import pytest
-from fakes import RES, FakeApi, other_holds
+from fakes import RES, FakeApi, http_500, other_holds
 
 from cloudshell_mutex import MutexTimeout, MutexUsageError, protocol
 from cloudshell_mutex.lock.cohort import cohort as cohort_module
@@ -448,3 +448,34 @@ def test_a_cohort_state_whose_secret_does_not_fit_its_token_marks_nothing(clock,
     b.acquire()
     assert b.passed
     assert _marker_of_a_release_whose_remove_lands_late(api, clock, b) == ""  # no marker added
+
+
+def test_past_its_bounds_a_read_that_fails_counts_as_someone_waiting_elsewhere(clock, tmp_path):
+    # The read that asks whether anyone elsewhere waits gets no answer: the cohort cannot tell, so it does not
+    # keep the lock on a guess: it releases it to the server (its own release reads again, and removes).
+    api = FakeApi(clock=clock)
+    locks = [cohort(api, clock, tmp_path, f"P{i}", max_passes=1) for i in range(3)]
+    locks[0].acquire()
+    with local_waiter(locks[0]):
+        locks[0].release()
+        locks[1].acquire()
+        assert locks[1].passed
+        failed = []
+
+        def no_answer(*args) -> bool:
+            if not failed:
+                failed.append(clock.now)
+                raise http_500()
+            return False
+
+        api.faults["GetReservationDetails"] = [no_answer] * 10
+        api.calls.clear()
+        locks[1].release()  # past K: the read fails, so the lock goes back to the server
+    assert failed and api.calls == ["GetReservationDetails"] * 2 + ["RemoveServicesFromReservation"]
+    assert protocol.DEFAULT_ALIAS not in api.services
+    state = locks[1].local_state()
+    assert state.yielded_at is not None and state.yielded_to_queue
+    clock.sleeps.clear()
+    locks[2].acquire()  # lines up (nobody is there: it adds at once), with no pause
+    assert not locks[2].passed and sum(clock.sleeps) < cohort_module.DEFAULT_YIELD_SECONDS
+    locks[2].release()

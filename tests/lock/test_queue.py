@@ -1008,3 +1008,35 @@ def test_the_looks_in_line_after_a_busy_add_wait_on_the_call_budget(clock) -> No
     with pytest.raises(MutexTimeout):
         lock.acquire()
     assert len(reads) <= 8, reads  # one per 10 s
+
+
+def test_a_waiter_in_line_breaks_a_stale_holder_and_its_add_that_lands_late_is_its_own(clock) -> None:
+    # The holder and the head died together. The waiter behind them judges the holder from the line; the
+    # add it sends once the holder is broken gets no reply and lands a second later, after the reply's
+    # error: the waiter must end up holding it (not waiting on for the dead head), and leave nothing behind.
+    api = RecordingApi(attributes=(protocol.ATTR_OWNER, *protocol.LEASE_ATTRIBUTES), clock=clock)
+    api.services[MUTEX] = {
+        protocol.ATTR_OWNER: "Crashed driver@exec-01:4242:deadbeef",
+        protocol.ATTR_LEASE_SECONDS: "2",
+        protocol.ATTR_HEARTBEAT: "deadbeef:aa01:3",
+    }
+    queue_up(api, 0, HEAD)  # the dead head: nobody polls for it
+    lock = make(api, clock, fair=True, lease=2, holder_check_interval=0.5, timeout=60)
+    late: List[float] = []
+
+    def lost_reply(reservation_id, model, alias, attributes) -> bool:
+        if alias == MUTEX and MUTEX not in api.services and not late:
+            late.append(clock.now)
+            api.later(clock.now + 1.0, lambda: api.commit_add(reservation_id, model, alias, list(attributes)))
+            raise ProtocolError("Connection aborted.", ConnectionResetError())
+        return False
+
+    api.faults["AddServiceToReservation"] = [lost_reply] * 100
+    start = clock.now
+    assert lock.acquire()
+    assert late, "the scenario never happened: no add after the break"
+    assert api.services[MUTEX][protocol.ATTR_OWNER] == lock.token
+    assert clock.now - start < 30  # the holder's lease and margin, not the dead ticket's 150 s
+    lock.release()
+    api.land_due()
+    assert MUTEX not in api.services and tickets(api) == [ticket_alias(MUTEX, 0)]  # only the dead head's

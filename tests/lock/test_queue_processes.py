@@ -237,9 +237,10 @@ def test_a_dead_waiters_ticket_at_the_head_is_passed_not_waited_for_at_every_han
 def test_a_waiters_calls_slow_down_as_the_hold_it_waits_for_ages(
     cloudshell_emulator_factory, original_package_zip
 ):
-    # A job holds the lock 40 s; one waiter (a separate process, the defaults) waits for it. It spins, then
-    # parks as the head, whose polls spread out with the hold's age: fewer calls in the last 10 s than in
-    # 10 s early on, and it is in soon after the release all the same.
+    # A job holds the lock 60 s; one waiter (a separate process, the defaults) waits for it. It spins, then
+    # parks as the head, whose polls spread out with the hold's age: in the last 10 s at most 2/3 of the mean
+    # of the first two 10 s (a poll every ~0.6 s at first, every age/30 = 1.7-2 s at the end; without the
+    # ageing it polls as often all along), and it is in soon after the release all the same.
     emu = cloudshell_emulator_factory(packages=[original_package_zip])
     emu.control.configure(latency=LATENCY)
     rid = emu.create_reservation("long hold")
@@ -257,7 +258,7 @@ def test_a_waiters_calls_slow_down_as_the_hold_it_waits_for_ages(
         emu.control.reset_counts()
         gate.set()
         windows = []
-        for _ in range(4):  # calls in each 10 s of the hold
+        for _ in range(6):  # calls in each 10 s of the hold
             time.sleep(10)
             windows.append(sum(emu.control.call_counts().values()))
             emu.control.reset_counts()
@@ -270,5 +271,6 @@ def test_a_waiters_calls_slow_down_as_the_hold_it_waits_for_ages(
         if process.is_alive():
             process.kill()
     assert report["error"] is None, report
-    assert windows[-1] * 2 <= windows[0], windows  # the reads and polls slow down as the hold ages
-    assert waited < 10, waited  # yet the hand-off after 40 s is a few % of it, not a poll period lost
+    print(f"\ncalls per 10 s of a 60 s hold: {windows}; in {waited:.2f} s after the release")
+    assert windows[-1] * 3 <= windows[0] + windows[1], windows  # the polls slow down as the hold ages
+    assert waited < 10, waited  # yet the hand-off after 60 s is a few % of it, not a poll period lost

@@ -252,9 +252,11 @@ class Operation:
     def progress_due(self, now: float, interval: float) -> bool:
         """True (and noted) when a progress message is due: ``interval`` after the start, then at most
         once per ``interval``."""
-        if now - self.start < interval:
-            return False
-        if self.last_progress is not None and now - self.last_progress < interval:
+        if now < self.progress_at(interval):
             return False
         self.last_progress = now
         return True
+
+    def progress_at(self, interval: float) -> float:
+        """When the next progress message is due: ``interval`` after the start, then after the last one."""
+        return (self.start if self.last_progress is None else self.last_progress) + interval

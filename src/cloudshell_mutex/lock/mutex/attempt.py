@@ -76,7 +76,7 @@ class MutexAttempt:
             self._in_line = self._first_turn = self.queue is not None and self.queue.lines_up_first()
         # In line, each try is a look; but a holder whose lease has run out on this waiter's clock is judged
         # by an add (and the read after it), by every waiter: a dead head must not leave a dead holder be.
-        if self._in_line and not self._holder_stale():
+        if self._in_line and not self._turned_stale(core.runtime.clock()):
             delay = self._turn()
             if delay is not None:  # the next look, or (the turn has come) the pause before the add
                 return self._until_progress(self._until_stale(delay))
@@ -243,19 +243,13 @@ class MutexAttempt:
             return delay
         return min(delay, stale_at - now)
 
-    def _holder_stale(self) -> bool:
-        """True when the holder has turned stale on this waiter's clock (its lease and margin are over)."""
-        stale_at = self.core.watch.stale_at()
-        return stale_at is not None and stale_at <= self.core.runtime.clock()
-
     def _until_progress(self, delay: float) -> float:
         """``delay``, but with ``progress`` on, the next try no later than the next progress line is due: a
         waiter that polls rarely (a spinning cohort polls every 2.5 s) still writes one every interval."""
-        options, op = self.core.options, self.op
+        options = self.core.options
         if not options.progress:
             return delay
-        interval = options.progress_interval
-        due = op.start + interval if op.last_progress is None else op.last_progress + interval
+        due = self.op.progress_at(options.progress_interval)
         return min(delay, max(0.0, due - self.core.runtime.clock()))
 
     def _held(self, confirmed_at: float, resolved: bool = False, lease_from: Optional[float] = None) -> None:

@@ -163,7 +163,7 @@ class FairQueue:
         self._free_seen: Optional[Tuple[float, str]] = None  # (when, head token) the lock was seen free
         self._hinted = False  # the head slept until shortly before the expected release
         self._misses = 0  # the head's polls since then
-        self._holds: Optional[Tuple[str, ...]] = None  # what the ticket names as held (asked at the join)
+        self._holds: Optional[Tuple[str, ...]] = None  # what this waiter holds (see _claims)
         self._looked_at = -math.inf  # the last read in line
         self._cycles: Optional[waitfor.CycleWatch] = None  # the cycles through our wait (holding others)
         self._cycle_told = False  # a deadlock another waiter gives up for was logged
@@ -207,12 +207,16 @@ class FairQueue:
         """True while this waiter spins rather than parks: it holds no other lock of the reservation (such a
         waiter parks at once, its ticket naming them for the deadlock check), and it has waited less than
         SPIN_HOLDS holds, within SPIN_MIN and SPIN_MAX."""
-        if self._holds is None:
-            self._holds = tuple(self._holding())
-        if self._holds:
+        if self._claims():
             return False
         spin = min(SPIN_MAX, max(SPIN_MIN, SPIN_HOLDS * self.memory.hold_estimate()))
         return self._clock() - op.start < spin
+
+    def _claims(self) -> Tuple[str, ...]:
+        """The tokens of what this waiter's thread holds in the reservation, asked once per acquisition."""
+        if self._holds is None:
+            self._holds = tuple(self._holding())
+        return self._holds
 
     def _head_delay(self, default: float) -> float:
         """The head's next poll. With :data:`HOLD_HINT` and a holder whose grant this process saw: sleep
@@ -221,12 +225,9 @@ class FairQueue:
         pacing (``default``) once it is older (the head then costs no more than a plain poller). Past the
         expected release (or with none), never more often than every AGE_FRACTION of the hold's age."""
         now = self._clock()
-        young = self.memory.holder_age(now) < SPIN_HOLDS * self.memory.hold_estimate()
-        regular = (
-            head_interval(self.memory.cadence())
-            if young
-            else max(default, head_interval(self.memory.cadence()))
-        )
+        regular = head_interval(self.memory.cadence())
+        if self.memory.holder_age(now) >= SPIN_HOLDS * self.memory.hold_estimate():
+            regular = max(regular, default)  # an old hold: no dearer than a plain poller
         release = self.memory.expected_release() if HOLD_HINT else None
         if release is None:
             return self._jitter(self._aged(regular, AGE_FRACTION, now))
@@ -358,7 +359,7 @@ class FairQueue:
         interval = self._jitter(self._aged(interval, fraction, now))
         self._place = (position, now)
         wait = self._detecting(op, interval)
-        if op.add_can_land(self._clock()):
+        if op.add_can_land(now):
             wait = min(wait, LANDING_READ_INTERVAL)  # its landing makes the lock ours: look as the mutex does
         return False, wait
 
@@ -419,9 +420,7 @@ class FairQueue:
     def _join(self, op: Operation, view: QueueView) -> bool:
         """Add a ticket after the highest number seen; False when the model refuses tickets."""
         number = view.highest + 1
-        if self._holds is None:
-            self._holds = tuple(self._holding())
-        value = ticket_value(op.token, self.ticket_lease, 0, self._holds)
+        value = ticket_value(op.token, self.ticket_lease, 0, self._claims())
         for tries in range(JOIN_TRIES):
             alias = self._alias(number)
             # Interrupted on its way (Ctrl-C), the add may still land: leave() watches it meanwhile.
