@@ -14,6 +14,7 @@ from fakes import FakeApi, make, other_holds
 
 from cloudshell_mutex import MutexTimeout, protocol
 from cloudshell_mutex.lock.lease.lease import ticket_value
+from cloudshell_mutex.lock.pacing import FixedPacing
 from cloudshell_mutex.lock.protocol import ticket_alias
 from cloudshell_mutex.lock.queue import queue
 from cloudshell_mutex.lock.queue.tickets import TICKET_LEASE
@@ -129,3 +130,21 @@ def test_the_waiters_behind_the_head_read_ever_more_rarely_as_the_hold_ages(cloc
     early = [at for at in reads if 10 <= at < 40]
     late = [at for at in reads if 180 <= at < 210]
     assert early and len(late) < len(early), (len(early), len(late))
+
+
+def test_the_next_in_line_reads_no_more_often_than_the_head_of_an_old_hold_polls(clock) -> None:
+    # Once the hold is older than a few holds the head polls by the lock's pacing (1 s here), not every
+    # period/4: a read of the next in line can only find the head granted by one of those polls, so it reads
+    # no more often (it read every period/3 = 0.33 s before: ~30 reads in these 10 s).
+    api = TimedApi(clock=clock)
+    other_holds(api)
+    head = ticket_alias(MUTEX, 0)
+    api.services[head] = {protocol.ATTR_OWNER: ticket_value("Head@host:7:0badcafe", TICKET_LEASE, 0)}
+    lock = make(api, clock, fair=True, timeout=20, pacing=FixedPacing(1.0))
+    start = clock.now
+    with pytest.raises(MutexTimeout):
+        lock.acquire()
+    assert api.ticket_adds(), "it never parked: the test did not test the line"
+    reads = [at - start for at, kind, _ in api.log if kind == "read"]
+    window = [at for at in reads if 8 <= at < 18]  # parked by SPIN_MAX; the hold old past 3 holds
+    assert 5 <= len(window) <= 10 / (1 - queue.JITTER) + 1, window

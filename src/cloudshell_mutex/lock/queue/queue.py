@@ -225,9 +225,7 @@ class FairQueue:
         pacing (``default``) once it is older (the head then costs no more than a plain poller). Past the
         expected release (or with none), never more often than every AGE_FRACTION of the hold's age."""
         now = self._clock()
-        regular = head_interval(self.memory.cadence())
-        if self.memory.holder_age(now) >= SPIN_HOLDS * self.memory.hold_estimate():
-            regular = max(regular, default)  # an old hold: no dearer than a plain poller
+        regular = max(head_interval(self.memory.cadence()), self._old_hold_floor(now, default))
         release = self.memory.expected_release() if HOLD_HINT else None
         if release is None:
             return self._jitter(self._aged(regular, AGE_FRACTION, now))
@@ -246,6 +244,11 @@ class FairQueue:
         self._misses += 1
         missed = min(regular, fast * 2 ** min(self._misses, 8))
         return self._jitter(self._aged(missed, AGE_FRACTION, now))
+
+    def _old_hold_floor(self, now: float, default: float) -> float:
+        """``default`` (the lock's pacing) once the hold is older than SPIN_HOLDS holds, else 0: the head of
+        an old hold polls, and the next in line reads, no more often than a plain poller polls."""
+        return default if self.memory.holder_age(now) >= SPIN_HOLDS * self.memory.hold_estimate() else 0.0
 
     def _aged(self, seconds: float, fraction: float, now: float) -> float:
         """``seconds``, but no less than ``fraction`` of the holder's age (at most AGE_MAX): a long hold is
@@ -354,7 +357,10 @@ class FairQueue:
             self._half_way(position, now),
         )
         # On a long hold the line does not move: its reads spread out with the hold's age. The next in line
-        # takes over the head's polls when the head is granted: it reads as rarely as the head polls.
+        # takes over the head's polls when the head is granted: it reads as rarely as the head polls (and
+        # never more often: a read can only find the head granted by one of the head's polls).
+        if position == 2:
+            interval = max(interval, self._old_hold_floor(now, default))
         fraction = AGE_FRACTION if position == 2 else LINE_AGE_FRACTION
         interval = self._jitter(self._aged(interval, fraction, now))
         self._place = (position, now)
