@@ -451,9 +451,10 @@ def test_an_abandoned_ticket_ahead_is_removed_after_its_lease(clock) -> None:
     api.later(start + 400, lambda: api.services.pop(MUTEX))
     lock.acquire()
     # Removed once this waiter had seen it unchanged for lease + margin on its own clock, by one breaker
-    # (its breaker service is gone again), and then we were the head.
+    # (its breaker service is gone again), and then we were the head. On time, though the hold is old and
+    # the line reads ever more rarely: a waiter reads when a ticket ahead is due to be judged.
     margin = queue.lease.stale_margin(TICKET_LEASE)
-    assert removed_at and start + TICKET_LEASE + margin <= removed_at[0] < start + TICKET_LEASE + margin + 10
+    assert removed_at and start + TICKET_LEASE + margin <= removed_at[0] < start + TICKET_LEASE + margin + 2
     assert "MUTEX~q~0~break" in [alias for _, alias in api.adds]
     assert sorted(api.services) == [MUTEX, ticket_alias(MUTEX, 1)]  # ours goes with the lock
     assert mutex_adds(api)[1] >= removed_at[0]

@@ -98,11 +98,12 @@ def test_the_heads_polls_slow_down_as_the_hold_ages(clock) -> None:
     early = [at for at in adds if 10 <= at < 40]
     late = [at for at in adds if 200 <= at < 230]
     assert len(late) * 3 < len(early), (len(early), len(late))
-    # Each gap no more than AGE_FRACTION of the hold's age (as seen from the first read), with jitter.
+    # Each gap no more than OLD_HOLD_POLL, or AGE_FRACTION of the hold's age (as seen from the first read)
+    # once that is longer, with jitter.
     for before, after in zip(adds, adds[1:]):
         if before > queue.SPIN_MAX:
-            limit = min(queue.AGE_MAX, queue.AGE_FRACTION * after) * (1 + queue.JITTER) + 0.5
-            assert after - before <= limit, (before, after)
+            longest = max(queue.OLD_HOLD_POLL, min(queue.AGE_MAX, queue.AGE_FRACTION * after))
+            assert after - before <= longest * (1 + queue.JITTER) + 0.5, (before, after)
     # ... and the whole 300 s wait made fewer than a call a second (the head polls about (1 + ln(T / t0)) /
     # AGE_FRACTION times over a hold of T: ~150 here), where polling every 0.25 s would make 1,200.
     assert len(api.log) < 300
@@ -130,6 +131,12 @@ def test_the_waiters_behind_the_head_read_ever_more_rarely_as_the_hold_ages(cloc
     early = [at for at in reads if 10 <= at < 40]
     late = [at for at in reads if 180 <= at < 210]
     assert early and len(late) < len(early), (len(early), len(late))
+    # Once the hold is old, the next in line too reads LINE_AGE_FRACTION of its age apart (AGE_MAX at most):
+    # the whole line then makes a few calls a minute, whatever the head costs.
+    for before, after in zip(reads, reads[1:]):
+        if before > 20 and after < 235:  # not the reads of the timeout's leaving
+            least = min(queue.AGE_MAX, queue.LINE_AGE_FRACTION * before) * (1 - queue.JITTER) - 0.5
+            assert after - before >= least, (before, after)
 
 
 def test_the_next_in_line_reads_no_more_often_than_the_head_of_an_old_hold_polls(clock) -> None:

@@ -10,8 +10,9 @@ protocol (which knows nothing of tickets) keeps competing with the head as befor
   polling costs and leave no idle hand-off. A wait that grows past that takes a ticket (*parks*), and from
   then on is served in order. A waiter that holds other locks of the reservation parks at once.
 * **Long holds** are watched ever more rarely: a hold that has lasted T is likely to last a good part of
-  T more, so the head polls no more often than every :data:`AGE_FRACTION` x T, and the waiters behind it
-  read at most every :data:`LINE_AGE_FRACTION` x T.
+  T more, so the head polls no more often than every :data:`AGE_FRACTION` x T (on an old hold, slowing to
+  one poll every :data:`OLD_HOLD_POLL` first), and the waiters behind it read every
+  :data:`LINE_AGE_FRACTION` x T, waking when a ticket ahead is due to be judged stale.
 
 * **A ticket** is a service ``<alias>~q~<n>`` of the lock's own model whose ``Mutex Owner`` is
   ``<token>#<lease>#<heartbeat>`` (the acquisition's token; the ticket's lease in seconds; a heartbeat
@@ -97,9 +98,13 @@ SPIN_MIN, SPIN_MAX = 1.0, 5.0
 #: the head polls every AGE_FRACTION x T (the hand-off gap grows to a few % of the hold, the calls only
 #: with its logarithm), and waiters further back read LINE_AGE_FRACTION x T apart; never slower than
 #: AGE_MAX (seconds).
-AGE_FRACTION = 1 / 30
+AGE_FRACTION = 1 / 40
 LINE_AGE_FRACTION = 1 / 10
 AGE_MAX = 10.0
+#: ... and, from the start of an old hold, the head slows to one poll every OLD_HOLD_POLL seconds as
+#: OLD_HOLD_RAMP x T reaches it: few calls on the minute-long holds of a job, a hand-off gap under a second.
+OLD_HOLD_POLL = 1.5
+OLD_HOLD_RAMP = 1 / 10
 
 
 #: What a queue ticket the late-add watcher settles for a waiter whose acquire ended is, in its messages.
@@ -228,7 +233,7 @@ class FairQueue:
         regular = max(head_interval(self.memory.cadence()), self._old_hold_floor(now, default))
         release = self.memory.expected_release() if HOLD_HINT else None
         if release is None:
-            return self._jitter(self._aged(regular, AGE_FRACTION, now))
+            return self._jitter(self._head_aged(regular, now))
         hold = self.memory.hold_estimate()
         early = release - HINT_LEAD * hold
         if now < early and not self._hinted:
@@ -243,12 +248,24 @@ class FairQueue:
             return self._jitter(fast)
         self._misses += 1
         missed = min(regular, fast * 2 ** min(self._misses, 8))
-        return self._jitter(self._aged(missed, AGE_FRACTION, now))
+        return self._jitter(self._head_aged(missed, now))
+
+    def _old_hold(self, now: float) -> bool:
+        """True once the hold has lasted SPIN_HOLDS holds: from then on it is watched ever more rarely."""
+        return self.memory.holder_age(now) >= SPIN_HOLDS * self.memory.hold_estimate()
 
     def _old_hold_floor(self, now: float, default: float) -> float:
-        """``default`` (the lock's pacing) once the hold is older than SPIN_HOLDS holds, else 0: the head of
-        an old hold polls, and the next in line reads, no more often than a plain poller polls."""
-        return default if self.memory.holder_age(now) >= SPIN_HOLDS * self.memory.hold_estimate() else 0.0
+        """``default`` (the lock's pacing) on an old hold, else 0: the head of an old hold polls, and the next
+        in line reads, no more often than a plain poller polls."""
+        return default if self._old_hold(now) else 0.0
+
+    def _head_aged(self, seconds: float, now: float) -> float:
+        """``seconds``, but on an old hold no less than OLD_HOLD_POLL (reached by OLD_HOLD_RAMP of its age),
+        then AGE_FRACTION of its age: the head's hand-off gap stays a few % of the hold."""
+        aged = self._aged(seconds, AGE_FRACTION, now)
+        if not self._old_hold(now):
+            return aged
+        return max(aged, min(OLD_HOLD_POLL, OLD_HOLD_RAMP * self.memory.holder_age(now)))
 
     def _aged(self, seconds: float, fraction: float, now: float) -> float:
         """``seconds``, but no less than ``fraction`` of the holder's age (at most AGE_MAX): a long hold is
@@ -357,17 +374,22 @@ class FairQueue:
             self._half_way(position, now),
         )
         # On a long hold the line does not move: its reads spread out with the hold's age. The next in line
-        # takes over the head's polls when the head is granted: it reads as rarely as the head polls (and
-        # never more often: a read can only find the head granted by one of the head's polls).
+        # reads no more often than the head polls (a read can only find the head granted by one of the
+        # head's polls), and no waiter sleeps past the moment a ticket ahead would be judged stale.
         if position == 2:
             interval = max(interval, self._old_hold_floor(now, default))
-        fraction = AGE_FRACTION if position == 2 else LINE_AGE_FRACTION
-        interval = self._jitter(self._aged(interval, fraction, now))
+        interval = self._jitter(self._aged(interval, LINE_AGE_FRACTION, now))
+        interval = min(interval, max(MIN_INTERVAL, self._judged_by(view, position) - now))
         self._place = (position, now)
         wait = self._detecting(op, interval)
         if op.add_can_land(now):
             wait = min(wait, LANDING_READ_INTERVAL)  # its landing makes the lock ours: look as the mutex does
         return False, wait
+
+    def _judged_by(self, view: QueueView, position: int) -> float:
+        """When the first ticket ahead of ours would be judged stale if nothing changes (monotonic; inf:
+        never): a read then breaks an abandoned ticket on time, however rarely the line reads."""
+        return self.memory.judged_by(view.passed + view.tickets[: position - 1])
 
     def _recent_view(self, now: float) -> Optional[QueueView]:
         """A read of this process made a moment ago (the mutex's after a busy add, or the release's of the
@@ -538,8 +560,10 @@ class FairQueue:
         names held locks: every check's interval, and not before DETECT_AFTER). Others: ``seconds``."""
         if not self._holds:
             return seconds
-        due = max(self._jitter(self._detect_interval()), op.start + waitfor.DETECT_AFTER - self._clock())
-        return min(seconds, due)
+        # From the last look, jittered only upwards: the head reads at its next add only once a check is due.
+        next_check = self._looked_at + self._detect_interval() * self._rng.uniform(1, 1 + JITTER)
+        due = max(next_check, op.start + waitfor.DETECT_AFTER) - self._clock()
+        return min(seconds, max(0.0, due))
 
     def _find_deadlock(self, op: Operation, result: CallResult) -> None:
         """Raise MutexDeadlock when this read confirms a wait-for cycle through our wait whose victim we are;

@@ -11,7 +11,7 @@ import weakref
 from collections import deque
 from dataclasses import dataclass
 from statistics import median
-from typing import Any, Deque, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..engine import Wait
 from ..holder import Holder, proves_release
@@ -355,6 +355,12 @@ class LockMemory:
             del self.watches[alias]  # gone (or the holder's): a ticket that comes back is judged afresh
         for ticket in view.tickets:
             self.watches.setdefault(ticket.alias, lease.StaleWatch()).observe(ticket.holder, view.at)
+
+    def judged_by(self, tickets: Sequence[Ticket]) -> float:
+        """The earliest moment one of ``tickets`` would be judged stale if nothing changes (monotonic;
+        inf: never, none with a lease)."""
+        due = (self.watches[t.alias].stale_at() for t in tickets if t.alias in self.watches)
+        return min((at for at in due if at is not None), default=math.inf)
 
     def stale(self, alias: str, now: float) -> bool:
         """True when this process has seen the ticket ``alias`` unchanged for its lease + margin."""
