@@ -871,6 +871,35 @@ def test_a_head_that_let_the_lock_go_to_another_is_passed_until_its_heartbeat_mo
     assert memory.passed == {}
 
 
+def test_waiters_that_died_together_are_passed_by_the_same_two_grants() -> None:
+    # Four waiters at the front died (one execution server went down); the lock goes, by the fallback, to
+    # E behind them and then to F: every dead ticket stood through both grants, so all four are passed at
+    # once, not one pair of fallbacks (3 s each) after another.
+    memory = queue_values.LockMemory()
+    dead = [(n, f"Dead{n}@h:{n}:0000000{n}") for n in range(1, 5)]
+    e, f, g = "E@h:5:0000000e", "F@h:6:0000000f", "G@h:7:00000001"
+    memory.update(_view(10.0, "H@h:9:00000009", *dead, (5, e), (6, f), (7, g)), None)
+    view = memory.update(_view(14.0, e, *dead, (5, e), (6, f), (7, g)), None)  # E's ticket is the holder's
+    assert [t.token for t in view.tickets][:4] == [token for _, token in dead] and not memory.passed
+    view = memory.update(_view(18.0, f, *dead, (6, f), (7, g)), None)  # E released (its ticket went too)
+    assert [t.token for t in view.tickets] == [g]  # behind the grantee: not passed
+    assert {t.token for t in view.passed} == {token for _, token in dead}
+
+
+def test_dead_tickets_are_passed_though_no_read_saw_the_short_holds_that_went_past_them() -> None:
+    # Reads every few holds of 0.1 s never see a holder: the waiters that left the line behind the dead
+    # tickets (served, released, and back at the end with a new ticket) are the sign.
+    memory = queue_values.LockMemory()
+    dead = [(1, "Dead1@h:1:00000001"), (2, "Dead2@h:2:00000002")]
+    e, f, g = "E@h:5:0000000e", "F@h:6:0000000f", "G@h:7:00000001"
+    memory.update(_view(10.0, None, *dead, (5, e), (6, f), (7, g)), None)
+    view = memory.update(_view(12.0, None, *dead, (6, f), (7, g), (8, e)), None)  # E served, back
+    assert not view.passed
+    view = memory.update(_view(14.0, None, *dead, (7, g), (8, e), (9, f)), None)  # F served, back
+    assert [t.token for t in view.tickets] == [g, e, f]
+    assert {t.token for t in view.passed} == {token for _, token in dead}
+
+
 def test_the_head_sleeps_until_shortly_before_the_expected_release_then_polls_fast(clock) -> None:
     api = RecordingApi()
     lock = make(api, clock, fair=True)

@@ -239,13 +239,13 @@ class LockMemory:
     tenure_samples: Deque[float] = dataclasses.field(default_factory=lambda: deque(maxlen=SAMPLES))
     #: This process's stale judgement of each ticket it sees (lease.py's rules, on its own clock).
     watches: Dict[str, lease.StaleWatch] = dataclasses.field(default_factory=dict)
-    #: Tickets this process passes over (alias -> heartbeat): each was the head while the lock went to
-    #: another acquisition, so its waiter is gone, stuck or too slow. Passed until its heartbeat moves.
+    #: Tickets this process passes over (alias -> heartbeat): the lock went to waiters behind each, so its
+    #: waiter is gone, stuck or too slow. Passed until its heartbeat moves.
     passed: Dict[str, str] = dataclasses.field(default_factory=dict)
-    #: The head (alias, heartbeat) at the last read, passed ones left out, and how many grants to others it
-    #: has stood through.
-    head: Optional[Tuple[str, str]] = None
-    head_passed_by: int = 0
+    #: The line at the last read (passed tickets left out), and how many grants went past each ticket in
+    #: it, unchanged (alias -> (heartbeat, grants)).
+    line: Tuple[Ticket, ...] = ()
+    overtaken: Dict[str, Tuple[str, int]] = dataclasses.field(default_factory=dict)
     #: Tokens seen holding the lock lately: a ticket of one of them is no waiter's (an acquisition waits
     #: once), but the ticket a holder kept for its release, left behind when the hold was lost.
     former_holders: Deque[str] = dataclasses.field(default_factory=lambda: deque(maxlen=SAMPLES * 2))
@@ -296,34 +296,44 @@ class LockMemory:
         return view
 
     def _pass_heads(self, view: QueueView, token: Optional[str], granted: bool) -> QueueView:
-        """The head polls the lock from the moment it is the head, so a lock granted to anyone else while
-        the same ticket, with the same heartbeat, stayed the head (a read before and a read after) says its
-        waiter is not polling: gone (a crash leaves its ticket for a lease, 150 s), stopped, or beaten by
-        code that does not queue. Waiting for it would cost every hand-off the fallback's 3 s; this process
-        passes it instead, until its heartbeat moves. Only speed is at stake: a passed waiter that is alive
-        still polls as the head, and exclusion rests on the add alone."""
+        """The head polls the lock from the moment it is the head, so a waiter served past a ticket that
+        stayed, with the same heartbeat, from one read to the next says its waiter is not polling: gone (a
+        crash leaves its ticket for a lease, 150 s), stopped, or beaten by code that does not queue. Waiting
+        for it would cost every hand-off the fallback's 3 s; this process passes it instead, until its
+        heartbeat moves. Only speed is at stake: a passed waiter that is alive still polls as the head, and
+        exclusion rests on the add alone."""
         present = {t.alias: _beat_of(t) for t in view.tickets}
         for alias in [a for a, beat in self.passed.items() if present.get(a) != beat]:
             del self.passed[alias]  # gone, or alive after all
         for ticket in view.tickets:
             if ticket.token in self.former_holders and ticket.token != token:
                 self.passed[ticket.alias] = _beat_of(ticket)  # a lost hold's: nobody polls for it
+        for ticket in self._overtaken(present, view.holder.token if granted and view.holder else None):
+            # A live head may lose one hand-off to a waiter that spins (it polls too): passed only once
+            # PASS_AFTER waiters went past it.
+            beat = _beat_of(ticket)
+            seen, times = self.overtaken.get(ticket.alias, (beat, 0))
+            self.overtaken[ticket.alias] = (beat, times + 1 if seen == beat else 1)
+            if self.overtaken[ticket.alias][1] >= PASS_AFTER:
+                self.passed[ticket.alias] = beat
+        self.overtaken = {a: o for a, o in self.overtaken.items() if present.get(a) == o[0]}
         # Judged on the view every lock object of this process shares (its own ticket included).
-        shared = view.passing(self.passed, None)
-        if shared.tickets:
-            head = shared.tickets[0]
-            if granted and self.head == (head.alias, _beat_of(head)):
-                # A live head may lose one hand-off to a waiter that spins (it polls too): passed only once
-                # it has stood through PASS_AFTER grants to others.
-                self.head_passed_by += 1
-                if self.head_passed_by >= PASS_AFTER:
-                    self.passed[head.alias] = _beat_of(head)
-                    shared = view.passing(self.passed, None)
-        head_now = (shared.tickets[0].alias, _beat_of(shared.tickets[0])) if shared.tickets else None
-        if head_now != self.head:
-            self.head_passed_by = 0
-        self.head = head_now
+        self.line = view.passing(self.passed, None).tickets
         return view.passing(self.passed, token)
+
+    def _overtaken(self, present: Mapping[str, str], grantee: Optional[str]) -> List[Ticket]:
+        """The tickets of the last read's line, still there unchanged, that a waiter went past since: once for
+        each ticket behind them that left the line (granted: the holder's ticket is no waiter's; or
+        released and removed; or, rarely, a waiter that gave up), and the head once more for a grant to an
+        acquisition with no ticket there (``grantee``). Grants between reads that no read saw held count
+        too: a read every few short holds still passes the tickets of waiters that died together."""
+        stayed = [t for t in self.line if present.get(t.alias) == _beat_of(t)]
+        past: List[Ticket] = []
+        for left in (t for t in self.line if t.alias not in present):
+            past.extend(t for t in stayed if t.number < left.number)
+        if grantee is not None and all(t.token != grantee for t in self.line):
+            past.extend(stayed[:1] if self.line and stayed[:1] == list(self.line[:1]) else [])
+        return past
 
     def _observe_holder(self, view: QueueView) -> None:
         token = view.holder.token if view.holder is not None else None
