@@ -239,9 +239,16 @@ class MutexAttempt:
         """``delay``, but the next try no later than the moment the holder turns stale: judged then, not a
         poll later (in line too: the head may be as dead as the holder)."""
         stale_at, now = self.core.watch.stale_at(), self.core.runtime.clock()
-        if stale_at is None or stale_at <= now:
+        if stale_at is None:
             return delay
-        return min(delay, stale_at - now)
+        if stale_at > now:
+            return min(delay, stale_at - now)
+        # Judged stale and not broken (a read group whose reader slots are still being judged): judged again
+        # at the next holder check, not at the first poll after it (an old hold's head polls rarely).
+        last = self.op.last_read_attempt
+        if last is None:
+            return delay
+        return min(delay, max(0.0, last + self.core.options.holder_check_interval - now))
 
     def _until_progress(self, delay: float) -> float:
         """``delay``, but with ``progress`` on, the next try no later than the next progress line is due: a
