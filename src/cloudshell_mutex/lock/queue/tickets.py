@@ -313,8 +313,9 @@ class LockMemory:
             # PASS_AFTER waiters went past it.
             beat = _beat_of(ticket)
             seen, times = self.overtaken.get(ticket.alias, (beat, 0))
-            self.overtaken[ticket.alias] = (beat, times + 1 if seen == beat else 1)
-            if self.overtaken[ticket.alias][1] >= PASS_AFTER:
+            times = times + 1 if seen == beat else 1
+            self.overtaken[ticket.alias] = (beat, times)
+            if times >= PASS_AFTER:
                 self.passed[ticket.alias] = beat
         self.overtaken = {a: o for a, o in self.overtaken.items() if present.get(a) == o[0]}
         # Judged on the view every lock object of this process shares (its own ticket included).
@@ -331,8 +332,9 @@ class LockMemory:
         past: List[Ticket] = []
         for left in (t for t in self.line if t.alias not in present):
             past.extend(t for t in stayed if t.number < left.number)
-        if grantee is not None and all(t.token != grantee for t in self.line):
-            past.extend(stayed[:1] if self.line and stayed[:1] == list(self.line[:1]) else [])
+        head = self.line[0] if self.line else None
+        if grantee is not None and head in stayed and all(t.token != grantee for t in self.line):
+            past.append(head)
         return past
 
     def _observe_holder(self, view: QueueView) -> None:
