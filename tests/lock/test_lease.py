@@ -209,6 +209,37 @@ def test_a_stale_holder_is_judged_when_it_turns_stale_not_at_the_next_holder_che
     mutex.release()
 
 
+def test_a_holder_a_slow_read_shows_is_judged_from_the_answer_not_from_when_the_read_went_out(clock):
+    """A read may show the server as it was seconds after it was sent (a slow server, a copy the client
+    re-sent): a holder that came while the read was on its way has been seen since the answer only, and is
+    never broken before its lease + margin have passed since it came."""
+    api = leased_api()
+    api.services[protocol.DEFAULT_ALIAS] = {protocol.ATTR_OWNER: "a job without a lease"}
+    came: list = []
+    removed: list = []
+
+    def slow_read(*args):  # sent now; the job leaves and a holder comes 4.5 s later; answered at 5 s
+        clock.now += 4.5
+        hold(api)
+        came.append(clock.now)
+        clock.now += 0.5
+        return False
+
+    def remove(reservation_id, aliases):
+        removed.append((clock.now, list(aliases)))
+        return False
+
+    api.faults["GetReservationDetails"] = [slow_read]
+    api.faults["RemoveServicesFromReservation"] = [remove]
+    mutex = make(api, clock, lease=2, holder_check_interval=0.5, timeout=30)
+    assert mutex.acquire() is True
+    ((broken_at, aliases),) = removed[:1]
+    assert aliases == [protocol.DEFAULT_ALIAS]
+    # From the read's dispatch it would be broken 1.5 s after it came (the bug the stress run caught).
+    assert broken_at - came[0] >= 2 + stale_margin(2)
+    mutex.release()
+
+
 def test_a_living_holder_is_never_broken(clock):
     api = leased_api()
     hold(api)

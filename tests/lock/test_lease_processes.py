@@ -12,13 +12,14 @@ import io
 import multiprocessing
 import os
 import signal
+import threading
 import time
 import zipfile
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 import pytest
-from cloudshell.api.cloudshell_api import CloudShellAPISession
+from cloudshell.api.cloudshell_api import AttributeNameValue, CloudShellAPISession
 
 from cloudshell_mutex import MutexLostError, MutexTimeout, ReservationMutex, protocol
 from cloudshell_mutex.lock.lease.lease import stale_margin
@@ -238,6 +239,48 @@ def test_a_killed_holder_is_broken_within_lease_plus_margin_plus_one_poll(emu):
     assert any("broke the stale lock" in line and token in line for line in emu.control.output(rid))
     waiter.release()
     assert check_log(emu, rid) == {"grants": 2, "removes": 2}
+
+
+def test_a_holder_that_came_while_a_slow_read_was_on_its_way_is_broken_only_a_lease_after_it_came(emu):
+    """The server serves a waiter's read 3 s late (a spike before it takes effect): the read shows a holder
+    that came 2 s after the read was sent. Judged from the read's dispatch, the waiter broke it 2 s after it
+    came, inside its lease (a short stress run caught a holder's lease cut this way); judged from the
+    answer, never before lease + margin."""
+    rid = emu.create_reservation()
+    api = emu.session()
+    api.AddServiceToReservation(
+        rid, protocol.SERVICE_MODEL, protocol.DEFAULT_ALIAS, [AttributeNameValue(protocol.ATTR_OWNER, "job")]
+    )
+    emu.control.inject_fault("GetReservationDetails", "spike", seconds=3.0)
+    waiter = ReservationMutex(emu.session(), rid, owner="waiter", lease=LEASE, timeout=30, **FAST)
+    acquired = threading.Thread(target=waiter.acquire, daemon=True)
+    acquired.start()
+    deadline = time.monotonic() + 10
+    while not any(f["kind"] == "spike" for f in emu.control.faults_injected()):
+        assert time.monotonic() < deadline, "the waiter never read"
+        time.sleep(0.02)
+    time.sleep(2.0)  # the read is on its way: the job leaves, a holder comes (and dies at once)
+    api.RemoveServicesFromReservation(rid, [protocol.DEFAULT_ALIAS])
+    crashed = "Crashed driver@exec-01:4242:deadbeef"
+    api.AddServiceToReservation(
+        rid,
+        protocol.SERVICE_MODEL,
+        protocol.DEFAULT_ALIAS,
+        [
+            AttributeNameValue(protocol.ATTR_OWNER, crashed),
+            AttributeNameValue(protocol.ATTR_LEASE_SECONDS, f"{LEASE:g}"),
+            AttributeNameValue(protocol.ATTR_HEARTBEAT, "deadbeef:aa01:0"),
+        ],
+    )
+    acquired.join(30)
+    assert waiter.locked()
+    mutex_events = [e for e in emu.control.events(rid) if e["alias"] == protocol.DEFAULT_ALIAS]
+    (came,) = [e for e in mutex_events if e["op"] == "service_added" and crashed in str(e["attributes"])]
+    broken = next(e for e in mutex_events if e["op"] == "service_removed" and e["seq"] > came["seq"])
+    after = broken["monotonic"] - came["monotonic"]
+    print(f"\na holder a read served 3 s late showed: broken {after:.2f} s after it came (lease {LEASE:g} s)")
+    assert after >= LEASE + stale_margin(LEASE)
+    waiter.release()
 
 
 def test_a_waiter_that_holds_another_lock_still_breaks_a_killed_holder(emu):

@@ -7,6 +7,7 @@ A waiter here parks at once (``parked_at_once``): the spin before parking is tes
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any, List, Optional, Tuple
 
@@ -722,6 +723,15 @@ def _view(at: float, holder: Optional[str], *waiting: Tuple[int, str], releasing
         alias = ticket_alias(MUTEX, number)
         services[alias] = _holder(alias, ticket_value(token, TICKET_LEASE, 0))
     return queue_view(services, MUTEX, at)
+
+
+def test_a_ticket_a_slow_read_shows_is_judged_from_the_answer_not_from_when_the_read_went_out() -> None:
+    # A read sent at 0 and answered at 5 may show a ticket added at 4.9: it has been seen since 5 only.
+    memory = queue_values.LockMemory()
+    view = _view(0.0, "A@h:1:0000000a", (1, SECOND))
+    memory.update(dataclasses.replace(view, answered_at=5.0), None)
+    margin = queue.lease.stale_margin(TICKET_LEASE)
+    assert memory.judged_by(view.tickets) == pytest.approx(5.0 + TICKET_LEASE + margin)
 
 
 def test_a_lost_holds_kept_ticket_is_passed_not_waited_for() -> None:

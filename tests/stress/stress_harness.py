@@ -26,6 +26,7 @@ import random
 import signal
 import sys
 import tempfile
+import threading
 import time
 import zipfile
 from dataclasses import dataclass, field
@@ -132,15 +133,38 @@ class Journal:
 class RecordedSession:
     """A ``CloudShellAPISession`` whose adds are journaled (token, start, end on this machine's monotonic
     clock): the run checks from them that no add landed later than the lifetime the lock is told
-    (``request_lifetime``) after its call ended. Everything else, ``_attempts`` included (the lock turns the
-    client's re-send off for removes through it), goes to the session itself."""
+    (``request_lifetime``) after its call ended. Every other call is journaled too (``call``), for the
+    post-mortem of a failed run. Attributes, ``_attempts`` included (the lock turns the client's re-send off
+    for removes through it), are the session's own."""
 
     def __init__(self, session: Any, journal: Journal) -> None:
         object.__setattr__(self, "_session", session)
         object.__setattr__(self, "_journal", journal)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._session, name)
+        value = getattr(self._session, name)
+        if not name[:1].isupper() or not callable(value):
+            return value
+        journal = self._journal
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            """The session's call, journaled with its thread and what a read showed of the lock (the evidence
+            a failed run's post-mortem needs: which read made a waiter judge what, and when it answered)."""
+            start, result = time.monotonic(), "ok"
+            try:
+                answer = value(*args, **kwargs)
+                if name == "GetReservationDetails":
+                    result = f"{MUTEX}={_owner_shown(answer)!r}"
+                return answer
+            except Exception as error:
+                result = f"{type(error).__name__}: {error}"[:200]
+                raise
+            finally:
+                aliases = args[1] if name != "GetReservationDetails" and len(args) > 1 else None
+                journal.write(t="call", m=name, a=aliases, s=start, e=time.monotonic(), r=result,
+                              th=threading.current_thread().name)  # fmt: skip
+
+        return call
 
     def __setattr__(self, name: str, value: Any) -> None:
         setattr(self._session, name, value)
@@ -156,6 +180,14 @@ class RecordedSession:
         finally:
             if alias == MUTEX:
                 self._journal.write(t="add", token=owner, start=start, end=time.monotonic())
+
+
+def _owner_shown(details: Any) -> Optional[str]:
+    """The ``Mutex Owner`` of MUTEX in a ``GetReservationDetails`` answer (None: free)."""
+    for service in details.ReservationDescription.Services or []:
+        if service.Alias == MUTEX:
+            return next((a.Value for a in service.Attributes or [] if a.Name == protocol.ATTR_OWNER), "")
+    return None
 
 
 def lease_safe_until(lock: ReservationMutex) -> Optional[float]:

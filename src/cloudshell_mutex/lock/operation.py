@@ -69,7 +69,8 @@ class Operation:
         # Calls wait on the call budget only while polling: never the first add, never a release.
         self.polling = False
         # A blocking acquire: its caller may cancel it while it pauses between tries (never a release).
-        self.last_read_at: Optional[float] = None  # last successful fresh read
+        self.last_read_at: Optional[float] = None  # last successful fresh read (when it was sent)
+        self.last_answer_at: Optional[float] = None  # ... and when its answer came (lease judgements)
         self.last_read_attempt: Optional[float] = None  # last read tried, successful or not
         self.contended_since: Optional[float] = None
         self.holder: Optional[Holder] = None
@@ -107,9 +108,10 @@ class Operation:
         """A fresh read went out at ``at``."""
         self.last_read_attempt = at
 
-    def read_answered(self, at: float) -> None:
-        """The fresh read sent at ``at`` answered."""
+    def read_answered(self, at: float, answered_at: Optional[float] = None) -> None:
+        """The fresh read sent at ``at`` answered at ``answered_at`` (None: at once)."""
         self.last_read_at = at
+        self.last_answer_at = at if answered_at is None else answered_at
         self.read_since_add = True
 
     def add_may_be_pending(self, maybe: bool) -> None:

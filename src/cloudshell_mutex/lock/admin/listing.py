@@ -181,7 +181,7 @@ class LockObserver:
                 state,
                 self._alias.domain,
             )
-        now = result.sent_at
+        now = result.answered_at  # what the judgements count from: see CallResult.answered_at
         if self._started is None:
             self._started = now
         services = {alias: h for alias, h in (result.services or {}).items() if h.model == self.model}

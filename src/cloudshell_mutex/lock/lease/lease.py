@@ -342,7 +342,7 @@ class Breaker:
         if not read.ok:
             return BreakResult(False, f"could not re-read the holder ({_why(read)})")
         if not watch.matches(read.holder):
-            watch.observe(read.holder, read.sent_at)
+            watch.observe(read.holder, read.answered_at)
             return BreakResult(False, "the holder is not the stale one any more")
         if read.holder is not None and read.holder.token.startswith(protocol.READ_GROUP_MARK):
             company = _group_company(lock.alias, breaker.alias, token, read.services, watch, clock())

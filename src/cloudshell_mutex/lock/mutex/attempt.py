@@ -283,7 +283,7 @@ class MutexAttempt:
             if holder is None:
                 self._refuse_namesake()
             core.note_holder(op, holder)
-            core.watch.observe(holder, op.last_read_at)  # the lease judgement: this waiter's own clock
+            core.watch.observe(holder, op.last_answer_at)  # the lease judgement: this waiter's own clock
         if op.contentions == 1:
             core.news.event(events.CONTENDED, op, holder=op.holder_label)
             core.news.log(

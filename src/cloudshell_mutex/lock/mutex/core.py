@@ -76,7 +76,7 @@ class LockCore:
         self._took(op, result)
         self.on_read(result)
         if result.ok:
-            op.read_answered(result.sent_at)
+            op.read_answered(result.sent_at, result.answered_at)
         return result
 
     def read_until(self, op: Operation, deadline: Optional[Wait]) -> CallResult:
@@ -102,7 +102,7 @@ class LockCore:
         if holder is not None and not op.is_ours(holder):
             # Silently: a waiter in line sees every hand-off, and says so only in its progress.
             op.see_holder(holder, result.sent_at)
-            self.watch.observe(holder, result.sent_at)
+            self.watch.observe(holder, result.answered_at)
 
     def _took(self, op: Operation, result: CallResult) -> None:
         """What every fresh read of the lock tells ``op``: that it was tried, and whether the holder it shows

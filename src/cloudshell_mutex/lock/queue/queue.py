@@ -180,7 +180,7 @@ class FairQueue:
         """Take in a fresh read of the lock (the mutex's own, or the queue's): remember who waits."""
         if not result.ok or result.services is None:
             return None
-        view = queue_view(result.services, self.lock.alias, result.sent_at)
+        view = queue_view(result.services, self.lock.alias, result.sent_at, result.answered_at)
         view = self.memory.update(view, token if token is not None else self.token)
         if self.head and self.token is not None and (view.position(self.token) or 1) > 1:
             self.head = False  # a ticket ahead of ours after all (a join from an old read): wait in line

@@ -106,6 +106,8 @@ class QueueView:
     at: float
     passed: Tuple[Ticket, ...] = ()
     releasing: bool = False
+    #: When the read's answer came (None: at ``at``): the tickets' leases are judged from it.
+    answered_at: Optional[float] = None
 
     def position(self, token: str) -> Optional[int]:
         """1 for the head, 2 for the next, ...; None when ``token`` has no ticket here."""
@@ -136,8 +138,10 @@ def _beat_of(ticket: Ticket) -> str:
     return lease.own_heartbeat(ticket.holder)  # a ticket's heartbeat, as its waiter wrote it
 
 
-def queue_view(services: Mapping[str, Holder], alias: str, at: float) -> QueueView:
-    """The queue of the lock ``alias`` in a read's services."""
+def queue_view(
+    services: Mapping[str, Holder], alias: str, at: float, answered_at: Optional[float] = None
+) -> QueueView:
+    """The queue of the lock ``alias`` in a read sent at ``at`` (answered at ``answered_at``)."""
     holder = services.get(alias)
     tickets = []
     highest = -1
@@ -155,7 +159,7 @@ def queue_view(services: Mapping[str, Holder], alias: str, at: float) -> QueueVi
     tickets.sort(key=lambda t: t.number)
     marker = services.get(releasing_alias(alias))
     releasing = holder is not None and marker is not None and proves_release(marker.token, holder.token)
-    return QueueView(holder, tuple(tickets), highest, at, releasing=releasing)
+    return QueueView(holder, tuple(tickets), highest, at, releasing=releasing, answered_at=answered_at)
 
 
 # ---------------------------------------------------------------- the budget
@@ -366,7 +370,8 @@ class LockMemory:
         for alias in [a for a in self.watches if a not in seen]:
             del self.watches[alias]  # gone (or the holder's): a ticket that comes back is judged afresh
         for ticket in view.tickets:
-            self.watches.setdefault(ticket.alias, lease.StaleWatch()).observe(ticket.holder, view.at)
+            seen_at = view.at if view.answered_at is None else view.answered_at
+            self.watches.setdefault(ticket.alias, lease.StaleWatch()).observe(ticket.holder, seen_at)
 
     def judged_by(self, tickets: Sequence[Ticket]) -> float:
         """The earliest moment one of ``tickets`` would be judged stale if nothing changes (monotonic;

@@ -77,10 +77,10 @@ class ReadView:
         }
         watched.update(protocol.reader_slots(services, self.name), self._watches)
         for alias in watched:
-            self._watch(alias).observe(services.get(alias), result.sent_at)
+            self._watch(alias).observe(services.get(alias), result.answered_at)
         queued = {t.alias: t.holder for t in queue_view(services, self.name, result.sent_at).tickets}
         for alias in set(queued) | set(self._tickets):
-            self._tickets.setdefault(alias, StaleWatch()).observe(queued.get(alias), result.sent_at)
+            self._tickets.setdefault(alias, StaleWatch()).observe(queued.get(alias), result.answered_at)
         self._free_head = self._head_while_free(services, queued, result.sent_at)
         return services
 

@@ -98,6 +98,14 @@ class CallResult:
         its way or queued in the server, and be applied later than this result."""
         return self.unanswered_copies > 0
 
+    @property
+    def answered_at(self) -> float:
+        """When the answer came (monotonic): the latest moment the server can have served what it shows. A
+        slow call, or a copy the client re-sent, shows the server as it was up to then, not at ``sent_at``:
+        a waiter that judges a lease counts from here (from ``sent_at`` it broke a holder that a slow read
+        showed seconds after it was sent, before that holder's lease had run out)."""
+        return self.sent_at + self.elapsed
+
     def lands_by(self, request_lifetime: float) -> float:
         """Until when (monotonic) the request, if it got no answer, may still be applied."""
         return self.sent_at + self.elapsed + request_lifetime
