@@ -103,6 +103,72 @@ def test_a_remove_that_never_lands_is_sent_again_only_after_the_request_lifetime
     assert len(sent) == 2 and sent[1] - sent[0] >= 10
 
 
+def test_a_read_answered_after_our_remove_could_land_but_sent_before_proves_nothing(clock):
+    """A release's remove gets no answer and may land until lands_by. A read sent just before its landing but
+    answered after lands_by still shows our lock: it saw the server before the remove landed, so the remove
+    may have landed since, and a waiter taken the lock. Judged by its answer's time, the release removed
+    again, and deleted the waiter's lock."""
+    api = FakeApi(clock=clock)
+    mutex = make(api, clock, request_lifetime=5)
+    mutex.acquire()
+    lands_by = []
+
+    def lost_then_landing(reservation_id, aliases):
+        lands_by.append(clock.now + 5)
+        api.later(clock.now + 4.8, lambda: api.services.pop(MUTEX, None))  # our remove, landing late
+        api.later(clock.now + 4.9, lambda: other_holds(api))  # a waiter takes the lock at once
+        raise ReadTimeoutError(None, "/x", "Read timed out.")
+
+    def slow_read(method):  # the read sent at 4.5-4.8 sees the server then, and answers after lands_by
+        if (
+            method == "GetReservationDetails"
+            and lands_by
+            and lands_by[0] - 0.5 <= clock.now < lands_by[0] - 0.2
+        ):
+            clock.now = lands_by[0] + 0.3
+
+    api.faults["RemoveServicesFromReservation"] = [lost_then_landing]
+    api.on_call = slow_read
+    mutex.release()
+    assert owner(api) == OTHER and api.removed.count(MUTEX) == 1
+
+
+def test_the_watcher_never_removes_again_on_a_read_sent_before_its_first_remove_could_land(clock):
+    """The late-add watcher's remove of a late add gets no answer; a read sent before that remove could land
+    but answered after still shows the late add. A second remove could land on a waiter's lock."""
+    api = FakeApi(clock=clock)
+    late = LateAdds(clock)
+    mutex = make(api, clock, late_adds=late, request_lifetime=5)
+    api.faults["AddServiceToReservation"] = [delayed_add(api, clock, 2.0)]
+    mutex.acquire()
+    token = mutex.token
+    mutex.release()
+    clock.now += 2.5  # the late add lands after the release
+    api.land_due()
+    assert owner(api) == token
+    removing = []
+
+    def lost_then_landing(reservation_id, aliases):
+        removing.append(clock.now + 5)
+        api.later(clock.now + 4.8, lambda: api.services.pop(MUTEX, None))
+        api.later(clock.now + 4.9, lambda: other_holds(api))
+        raise ReadTimeoutError(None, "/x", "Read timed out.")
+
+    api.faults["RemoveServicesFromReservation"] = [lost_then_landing]
+    late.sweep()
+    assert removing, "the watcher removed the late add"
+
+    def slow_read(method):
+        if method == "GetReservationDetails" and removing[0] - 0.5 <= clock.now < removing[0] - 0.2:
+            clock.now = removing[0] + 0.3
+
+    api.on_call = slow_read
+    for _ in range(80):
+        clock.now += 0.1
+        late.sweep()
+    assert owner(api) == OTHER and api.removed.count(MUTEX) == 2  # the release's, and the watcher's one
+
+
 @pytest.mark.parametrize("check_after", [0, 5])
 def test_release_after_a_failed_release_continues_it(clock, check_after):
     """Scenario 2: the remove committed but its reply was lost, the reads then failed, so release gave

@@ -357,7 +357,7 @@ class Breaker:
             return BreakResult(False, "the holder went away by itself")
         if not (removed.may_land_later or removed.may_have_committed):
             return BreakResult(False, f"the remove failed ({_why(removed)})")
-        lands_by = removed.sent_at + self.request_lifetime
+        lands_by = removed.lands_by(self.request_lifetime)
         return _await_remove(lock, breaker, watch, token, lands_by, clock, self.runtime.sleep)
 
 

@@ -159,14 +159,16 @@ class ReleaseLoop:
                         sleep(FRESH_READ_LAG)
                         continue
                     return ReleaseEnd(lost=True)
-                now = clock()
-                if op.remove_can_land(now):
+                # What the read saw may be as old as its dispatch less the lag of a fresh read: only then was
+                # the lock surely still ours (taken after the answer, our remove could land between the two).
+                seen = read.sent_at - FRESH_READ_LAG
+                if op.remove_can_land(seen):
                     # Still ours, but our earlier remove may still land: a second remove now could land
                     # after a waiter took the lock, and delete the waiter's. Read again later, and say why.
                     self._mark_releasing()
                     sleep(op.next_poll(core.pacing, core.runtime.rng))
                     continue
-                op.still_ours_at(now)
+                op.still_ours_at(seen)
             # With it, in the same call, the queue ticket we waited with (one call less per acquisition): when
             # this read showed it ours, or with no read (release_check_after), as the lock is taken to be.
             ticket = self.ticket if not check or _shows(read, self.ticket, op.token) else None
@@ -190,7 +192,8 @@ class ReleaseLoop:
                 # only one that cannot lag behind this remove (a lagging one that still showed our lock
                 # would have us remove it again, maybe after a successor took it).
                 self.ticket, self.both_missing, check = None, ticket, True
-                sleep(max(0.0, op.remove_sent_at + FRESH_READ_LAG - clock()))
+                # The remove may have committed as late as its answer came.
+                sleep(max(0.0, result.answered_at + FRESH_READ_LAG - clock()))
                 continue
             if ticket is not None:
                 # Gone or not, now or later: the watcher removes it while it shows our token (a second remove

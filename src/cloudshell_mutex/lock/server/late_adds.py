@@ -183,8 +183,10 @@ class LateAdds:
             # missed an add that landed while a slow read was on its way, and left it for good).
             seen_up_to = read.sent_at - FRESH_READ_LAG
             return seen_up_to >= entry.lands_by and not _can_land(entry.remove_lands_by, now)
-        if _can_land(entry.remove_lands_by, now):
-            return False  # our remove of it may still land: never send a second one meanwhile
+        if _can_land(entry.remove_lands_by, read.sent_at - FRESH_READ_LAG):
+            # Our remove of it may still land, or may have landed after what this read saw (it may be as old
+            # as its dispatch less the lag): never send a second one meanwhile.
+            return False
         result = alias.remove_once()
         if result.ok or result.status is Status.MISSING:
             entry.copies -= 1  # that copy landed; another may still come until lands_by
@@ -206,7 +208,7 @@ class LateAdds:
             )
             return entry.copies <= 0 or now >= entry.lands_by
         if result.may_land_later:
-            entry.remove_lands_by = now + entry.lifetime
+            entry.remove_lands_by = result.lands_by(entry.lifetime)
         return False
 
     def settle(self, timeout: float) -> bool:
