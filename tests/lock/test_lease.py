@@ -164,6 +164,48 @@ def test_danger_zone_after_failed_heartbeats_then_ensure_held_refuses(clock):
         mutex.ensure_held()
 
 
+def _late_write(api: FakeApi, clock, successor: bool):
+    """A heartbeat write that answers 0.6 s late; meanwhile (``successor``) a waiter breaks the lapsed lease
+    and takes the lock: the write lands on the successor's service (a write cannot check the owner)."""
+
+    def write(reservation_id, alias, requests):
+        clock.now += 0.6
+        if successor:
+            api.services[protocol.DEFAULT_ALIAS] = {protocol.ATTR_OWNER: "Successor@host:2:0000beef"}
+        return False
+
+    return write
+
+
+def test_a_heartbeat_write_answered_after_the_lease_could_be_broken_renews_nothing(clock):
+    """A holder whose beats failed past lease + margin, whose next read still shows its lock, writes its
+    heartbeat; the write answers late, having landed on the service of a waiter that broke the lease
+    meanwhile. It must not renew: the holder would trust a lock it lost until its next beat."""
+    api = leased_api()
+    mutex = make(api, clock, lease=3)
+    mutex.acquire()
+    clock.sleep(3 + stale_margin(3) - 0.3)  # the beats failed (a server outage) until just before the break
+    api.faults["SetServiceAttributesValues"] = [_late_write(api, clock, successor=True)]
+    mutex.renew()
+    with pytest.raises(MutexLostError):
+        mutex.ensure_held()
+
+
+def test_a_late_heartbeat_write_that_landed_on_our_lock_renews_at_the_next_beat(clock):
+    api = leased_api()
+    mutex = make(api, clock, lease=3)
+    mutex.acquire()
+    clock.sleep(3 + stale_margin(3) - 0.3)
+    api.faults["SetServiceAttributesValues"] = [_late_write(api, clock, successor=False)]
+    mutex.renew()  # nobody broke it: the write landed on our lock, but only a read can tell
+    with pytest.raises(MutexLostError, match="longer than the lease"):
+        mutex.ensure_held()
+    clock.sleep(0.5)
+    mutex.renew()  # the read shows that write's value on our lock: renewed from when it was sent
+    mutex.ensure_held()
+    mutex.release()
+
+
 def test_ensure_held_with_a_read_sees_a_removed_lock(clock):
     api = leased_api()
     mutex = make(api, clock, lease=3)

@@ -15,13 +15,22 @@ import random
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 from .. import protocol
 from ..holder import Holder
 from ..options import FRESH_READ_LAG, default_logger
 from ..server.alias import LockAlias, Status
-from .lease import MAX_BEAT_INTERVAL, beat_interval, danger_after, heartbeat_value, new_part, nonce_of
+from .lease import (
+    MAX_BEAT_INTERVAL,
+    beat_interval,
+    danger_after,
+    heartbeat_value,
+    new_part,
+    nonce_of,
+    own_heartbeat,
+    stale_margin,
+)
 
 __all__ = ["BeatResult", "Heartbeat"]
 
@@ -75,6 +84,9 @@ class Heartbeat:
         self.seen_at = clock()
         self.count = 0
         self.beats = 0  # rounds made (each a read, and a write while ours)
+        #: (value, sent_at) of a write that answered only after a waiter could have broken the lease: it may
+        #: have landed on a successor's service, so it renews nothing until a read shows its value on ours.
+        self.unconfirmed: Optional[Tuple[str, float]] = None
         self.lost = False
         self.lost_to: Optional[Holder] = None
         self.in_danger = False
@@ -119,13 +131,27 @@ class Heartbeat:
                 self._mark_lost(read.holder)
                 return BeatResult(lost=True, holder=read.holder)
             self.seen_at = max(self.seen_at, read.sent_at)
+            if self.unconfirmed is not None and own_heartbeat(read.holder) == self.unconfirmed[0]:
+                # That write's value is on our own service: it landed there, and no waiter saw it before it
+                # was sent.
+                self.confirmed_at = max(self.confirmed_at, self.unconfirmed[1])
+            self.unconfirmed = None
             self.count += 1
-            write = self.alias.set_attributes([(protocol.ATTR_HEARTBEAT, self.value())])
-            if write.ok:
+            value = self.value()
+            # No waiter breaks the lease before lease + margin after the last confirmed value was sent: a
+            # write answered before then landed before any break, on our own service.
+            unbroken_until = self.confirmed_at + self.lease + stale_margin(self.lease)
+            write = self.alias.set_attributes([(protocol.ATTR_HEARTBEAT, value)])
+            if write.ok and (write.answered_at < unbroken_until or math.isinf(self.confirmed_at)):
                 # Sent after the read showed our token: no waiter saw this value before write.sent_at.
                 self.confirmed_at = write.sent_at
                 self.in_danger = False
                 return BeatResult(ok=True, holder=read.holder)
+            if write.ok:
+                # Answered after the lease could have been broken: it may have landed on a successor's service
+                # (the write cannot check the owner). The next round's read tells.
+                self.unconfirmed = (value, write.sent_at)
+                return self._failed("the write answered after the lease could have been broken under it")
             if write.status is Status.MISSING:
                 self._mark_lost(None)
                 return BeatResult(lost=True)
