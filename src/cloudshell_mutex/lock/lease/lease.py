@@ -427,6 +427,15 @@ def _group_company(
     return None
 
 
+def breaker_crashed(watch: StaleWatch, now: float, request_lifetime: float) -> bool:
+    """True when the breaker ``watch`` has seen crashed and its remove can no longer land: a breaker removes
+    only within its lease from its add (which nobody saw earlier), but that remove may land up to a
+    request's lifetime later, on whoever holds the lock then."""
+    if not watch.stale(now) or watch.lease is None:
+        return False
+    return watch.unchanged_for(now) >= watch.lease + request_lifetime
+
+
 def _other_breaker(
     breaker: LockAlias, breaker_watch: StaleWatch, runtime: Runtime, request_lifetime: float
 ) -> BreakResult:
@@ -440,7 +449,7 @@ def _other_breaker(
     breaker_watch.observe(read.holder, now)
     if read.holder is None:
         return BreakResult(False, "another breaker just finished")
-    if not breaker_watch.stale(now):
+    if not breaker_crashed(breaker_watch, now, request_lifetime):
         return BreakResult(False, "another breaker is at work")
     again = breaker.read()  # right before the remove: still the same crashed breaker?
     if again.ok and again.holder is not None and breaker_watch.matches(again.holder):

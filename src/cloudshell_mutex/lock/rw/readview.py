@@ -127,9 +127,8 @@ class ReadView:
         marker = snap.get(protocol.breaker_alias(self.name))
         if marker is None:
             return False
-        # A breaker removes only within its lease, but that remove may land up to a request's lifetime later.
         watch, now = self._watch(marker.alias), self.runtime.clock()
-        return not (watch.stale(now) and watch.unchanged_for(now) >= self.options.request_lifetime)
+        return not lease.breaker_crashed(watch, now, self.options.request_lifetime)
 
     def blocker(self, snap: Dict[str, Holder]) -> Optional[str]:
         """Why this snapshot lets no reader in (None: a reader may try)."""
