@@ -103,6 +103,46 @@ def test_a_remove_that_never_lands_is_sent_again_only_after_the_request_lifetime
     assert len(sent) == 2 and sent[1] - sent[0] >= 10
 
 
+def remove_lost_then_landing_before_a_waiter(api: FakeApi, clock, lifetime: float, lands_by: list):
+    """A remove fault: no answer (the client's timeout); the remove lands just before it can no longer land
+    (``lifetime`` after it, noted in ``lands_by``), and a waiter takes the lock at once."""
+
+    def fault(reservation_id, aliases):
+        lands_by.append(clock.now + lifetime)
+        api.later(clock.now + lifetime - 0.2, lambda: api.services.pop(MUTEX, None))
+        api.later(clock.now + lifetime - 0.1, lambda: other_holds(api))
+        raise ReadTimeoutError(None, "/x", "Read timed out.")
+
+    return fault
+
+
+def read_answered_after(api: FakeApi, clock, lands_by: list) -> None:
+    """The read sent 0.5-0.2 s before ``lands_by[0]`` sees the server then, and answers after lands_by."""
+
+    def slow_read(method):
+        if (
+            method == "GetReservationDetails"
+            and lands_by
+            and lands_by[0] - 0.5 <= clock.now < lands_by[0] - 0.2
+        ):
+            clock.now = lands_by[0] + 0.3
+
+    api.on_call = slow_read
+
+
+def released_with_a_late_add(clock, delay: float, lifetime: float):
+    """A lock acquired by its retry after a first add was delayed ``delay`` s and reset, then released: the
+    late add is still on its way. Returns the fake, the watcher and the acquisition's token."""
+    api = FakeApi(clock=clock)
+    late = LateAdds(clock)
+    mutex = make(api, clock, late_adds=late, request_lifetime=lifetime)
+    api.faults["AddServiceToReservation"] = [delayed_add(api, clock, delay)]
+    mutex.acquire()
+    token = mutex.token
+    mutex.release()
+    return api, late, token
+
+
 def test_a_read_answered_after_our_remove_could_land_but_sent_before_proves_nothing(clock):
     """A release's remove gets no answer and may land until lands_by. A read sent just before its landing but
     answered after lands_by still shows our lock: it saw the server before the remove landed, so the remove
@@ -111,24 +151,11 @@ def test_a_read_answered_after_our_remove_could_land_but_sent_before_proves_noth
     api = FakeApi(clock=clock)
     mutex = make(api, clock, request_lifetime=5)
     mutex.acquire()
-    lands_by = []
-
-    def lost_then_landing(reservation_id, aliases):
-        lands_by.append(clock.now + 5)
-        api.later(clock.now + 4.8, lambda: api.services.pop(MUTEX, None))  # our remove, landing late
-        api.later(clock.now + 4.9, lambda: other_holds(api))  # a waiter takes the lock at once
-        raise ReadTimeoutError(None, "/x", "Read timed out.")
-
-    def slow_read(method):  # the read sent at 4.5-4.8 sees the server then, and answers after lands_by
-        if (
-            method == "GetReservationDetails"
-            and lands_by
-            and lands_by[0] - 0.5 <= clock.now < lands_by[0] - 0.2
-        ):
-            clock.now = lands_by[0] + 0.3
-
-    api.faults["RemoveServicesFromReservation"] = [lost_then_landing]
-    api.on_call = slow_read
+    lands_by: list = []
+    api.faults["RemoveServicesFromReservation"] = [
+        remove_lost_then_landing_before_a_waiter(api, clock, 5, lands_by)
+    ]
+    read_answered_after(api, clock, lands_by)
     mutex.release()
     assert owner(api) == OTHER and api.removed.count(MUTEX) == 1
 
@@ -136,33 +163,17 @@ def test_a_read_answered_after_our_remove_could_land_but_sent_before_proves_noth
 def test_the_watcher_never_removes_again_on_a_read_sent_before_its_first_remove_could_land(clock):
     """The late-add watcher's remove of a late add gets no answer; a read sent before that remove could land
     but answered after still shows the late add. A second remove could land on a waiter's lock."""
-    api = FakeApi(clock=clock)
-    late = LateAdds(clock)
-    mutex = make(api, clock, late_adds=late, request_lifetime=5)
-    api.faults["AddServiceToReservation"] = [delayed_add(api, clock, 2.0)]
-    mutex.acquire()
-    token = mutex.token
-    mutex.release()
+    api, late, token = released_with_a_late_add(clock, delay=2.0, lifetime=5)
     clock.now += 2.5  # the late add lands after the release
     api.land_due()
     assert owner(api) == token
-    removing = []
-
-    def lost_then_landing(reservation_id, aliases):
-        removing.append(clock.now + 5)
-        api.later(clock.now + 4.8, lambda: api.services.pop(MUTEX, None))
-        api.later(clock.now + 4.9, lambda: other_holds(api))
-        raise ReadTimeoutError(None, "/x", "Read timed out.")
-
-    api.faults["RemoveServicesFromReservation"] = [lost_then_landing]
+    lands_by: list = []
+    api.faults["RemoveServicesFromReservation"] = [
+        remove_lost_then_landing_before_a_waiter(api, clock, 5, lands_by)
+    ]
     late.sweep()
-    assert removing, "the watcher removed the late add"
-
-    def slow_read(method):
-        if method == "GetReservationDetails" and removing[0] - 0.5 <= clock.now < removing[0] - 0.2:
-            clock.now = removing[0] + 0.3
-
-    api.on_call = slow_read
+    assert lands_by, "the watcher removed the late add"
+    read_answered_after(api, clock, lands_by)
     for _ in range(80):
         clock.now += 0.1
         late.sweep()
@@ -242,13 +253,7 @@ def test_the_watcher_forgets_only_the_adds_it_is_told_to_forget(clock):
 def test_an_add_that_lands_after_release_is_removed_by_the_watcher(clock):
     """Scenario 4: the first add is delayed and reset; the retry acquires, the work is done, the lock
     released; then the late add lands and re-creates MUTEX with our token. Nobody else would remove it."""
-    api = FakeApi(clock=clock)
-    late = LateAdds(clock)
-    mutex = make(api, clock, late_adds=late, request_lifetime=30)
-    api.faults["AddServiceToReservation"] = [delayed_add(api, clock, 3.0)]
-    mutex.acquire()
-    token = mutex.token
-    mutex.release()
+    api, late, token = released_with_a_late_add(clock, delay=3.0, lifetime=30)
     assert MUTEX not in api.services
     (entry,) = late.pending()
     assert entry.token == token

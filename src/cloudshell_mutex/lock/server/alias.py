@@ -108,7 +108,7 @@ class CallResult:
 
     def lands_by(self, request_lifetime: float) -> float:
         """Until when (monotonic) the request, if it got no answer, may still be applied."""
-        return self.sent_at + self.elapsed + request_lifetime
+        return self.answered_at + request_lifetime
 
     def unsettled(self, request_lifetime: float, now: float) -> Optional[Tuple[float, int]]:
         """For an add that failed: until when (monotonic) the late-add watcher must watch it, and how many
