@@ -7,6 +7,7 @@ A waiter here parks at once (``parked_at_once``): the spin before parking is tes
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 from typing import Any, List, Optional, Tuple
@@ -1005,6 +1006,58 @@ def test_the_heads_sleep_before_a_long_release_wakes_in_time_to_beat_its_ticket(
         TICKET_LEASE / 3
     )  # not 538 s: its ticket would look dead
     assert not fair._hinted  # it sleeps again after the beat, until shortly before the release
+
+
+def _line(first: int, count: int) -> List[Tuple[int, str]]:
+    return [(n, f"W{n}@h:{n}:{n:08x}") for n in range(first, first + count)]
+
+
+def test_a_process_that_has_seen_nothing_move_looks_again_after_one_place_not_half_its_wait(clock) -> None:
+    # A fresh process joins 18th in a line of 10 ms holds (a grant every ~0.3 s): its first read and the one
+    # it joined by showed different holders, and one ticket leave (no sample: that head's turn began before
+    # the first read). One cadence a place is a guess (1 s): half of 17 guesses was a sleep of 8.5 s,
+    # through its own turn at ~5 s, the lock idle meanwhile.
+    lock = make(RecordingApi(), clock, fair=True)
+    fair, memory = lock._queue, lock._queue.memory
+    memory.update(_view(0.0, "A@h:1:0000000a", *_line(1, 17)), None)
+    memory.update(_view(0.5, "B@h:2:0000000b", *_line(2, 17)), None)
+    assert memory.period == queue_values.DEFAULT_PERIOD and memory.tenure is None  # nothing timed
+    assert fair._half_way(18, 0.5) <= 1.0  # a look within a second sees the line move, and times the rest
+
+
+def test_two_tickets_seen_leave_since_the_first_read_time_the_line() -> None:
+    # Ten tickets left in the 3 s between a waiter's first read and the one it joins by: a grant every 0.3 s,
+    # known before its first look in line (the first head's turn began before the first read: one departure
+    # alone is no sample).
+    memory = queue_values.LockMemory()
+    memory.update(_view(0.0, "A@h:1:0000000a", *_line(1, 17)), None)
+    memory.update(_view(3.0, "B@h:2:0000000b", *_line(11, 17)), None)
+    assert memory.period == pytest.approx(0.3)
+    assert memory.knows_pace()
+    alone = queue_values.LockMemory()
+    alone.update(_view(0.0, "A@h:1:0000000a", *_line(1, 17)), None)
+    alone.update(_view(3.0, "B@h:2:0000000b", *_line(2, 17)), None)
+    assert alone.period == queue_values.DEFAULT_PERIOD and not alone.knows_pace()
+
+
+def test_a_look_in_line_takes_the_faster_of_the_rate_it_saw_and_the_cadence(clock) -> None:
+    # One place in 0.6 s between two looks (one departure: mostly noise) against a grant every 0.3 s seen
+    # by this process: 16 places ahead are 4.8 s away, not 9.6 s, and the look comes half way there.
+    lock = make(RecordingApi(), clock, fair=True)
+    fair, memory = lock._queue, lock._queue.memory
+    memory.period, memory.period_samples = 0.3, collections.deque([0.3])
+    fair._place = (18, 3.0)
+    assert fair._half_way(17, 3.6) == pytest.approx(16 * 0.3 / 2)
+
+
+def test_a_hold_seen_since_the_first_read_keeps_the_line_reading_by_the_cadence(clock) -> None:
+    # A job's long hold, the only holder this process has seen: the line does not move, and waiting one
+    # place per look would only cost calls.
+    lock = make(RecordingApi(), clock, fair=True)
+    fair, memory = lock._queue, lock._queue.memory
+    memory.update(_view(0.0, "Job@h:1:0000000a", *_line(1, 2)), None)
+    memory.update(_view(3.5, "Job@h:1:0000000a", *_line(1, 2)), None)
+    assert fair._half_way(3, 3.5) == pytest.approx(2 * memory.cadence() / 2)
 
 
 def test_a_holder_first_seen_in_line_is_timed_from_that_read() -> None:

@@ -94,6 +94,9 @@ JITTER = 0.2
 #: the queue: short waits cost no ticket and leave the lock no idle hand-off; long ones are served in order.
 SPIN_HOLDS = 3.0
 SPIN_MIN, SPIN_MAX = 1.0, 5.0
+#: A waiter that has seen nothing move looks again after this many places at the guessed cadence (1 s): a
+#: line of short holds (a grant every 0.15-0.3 s) is then seen move by its next look, not slept through.
+GUESSED_PLACES = 2
 #: A hold that has lasted T seconds is likely to last a good part of T more: once it is older than expected,
 #: the head polls every AGE_FRACTION x T (the hand-off gap grows to a few % of the hold, the calls only
 #: with its logarithm), and waiters further back read LINE_AGE_FRACTION x T apart; never slower than
@@ -398,17 +401,25 @@ class FairQueue:
         return view if view is not None and now - view.at < RECENT else None
 
     def _half_way(self, position: int, now: float) -> float:
-        """Half the time until this waiter is the head, at the rate this waiter saw the line move
-        between its last two looks (else one cadence per place): each look halves the distance, so a
-        line that moves faster than the estimates (a burst of short holds) is never read too late, and a
-        slow one costs a few reads more, not a turn."""
-        places = position - 1
-        rate = None
+        """Half the time until this waiter is the head: each look halves the distance, so a line that moves
+        faster than the estimates (a burst of short holds) is never read too late, and a slow one costs a
+        few reads more, not a turn.
+
+        The time is the faster of two estimates, one cadence per place and the rate this waiter saw the
+        line move between its last two looks: either may be off (a rate seen over one departure is mostly
+        noise), and a look too late leaves the lock idle for the rest of our turn, where one too early
+        costs a call. A process that has seen nothing move (no hold timed, no ticket seen leave) counts
+        :data:`GUESSED_PLACES` places at most, unless one hold has lasted since its first read: its cadence
+        is then a guess, and a line of short holds moves many times faster (a waiter far back slept through
+        dozens of turns on it)."""
+        cadence = self.memory.cadence()
+        turn = (position - 1) * cadence
         if self._place is not None:
             before, at = self._place
             if before > position and now > at:
-                rate = (before - position) / (now - at)
-        turn = places / rate if rate else places * self.memory.cadence()
+                turn = min(turn, (position - 1) * (now - at) / (before - position))
+        if not self.memory.knows_pace() and not self.memory.one_hold_since_first_read(now, cadence):
+            turn = min(turn, GUESSED_PLACES * cadence)
         return max(MIN_INTERVAL, turn / 2)
 
     def _look(self, op: Operation) -> Optional[QueueView]:
