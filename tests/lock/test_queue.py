@@ -1025,21 +1025,6 @@ def test_a_process_that_has_seen_nothing_move_looks_again_after_one_place_not_ha
     assert fair._half_way(18, 0.5) <= 1.0  # a look within a second sees the line move, and times the rest
 
 
-def test_two_tickets_seen_leave_since_the_first_read_time_the_line() -> None:
-    # Ten tickets left in the 3 s between a waiter's first read and the one it joins by: a grant every 0.3 s,
-    # known before its first look in line (the first head's turn began before the first read: one departure
-    # alone is no sample).
-    memory = queue_values.LockMemory()
-    memory.update(_view(0.0, "A@h:1:0000000a", *_line(1, 17)), None)
-    memory.update(_view(3.0, "B@h:2:0000000b", *_line(11, 17)), None)
-    assert memory.period == pytest.approx(0.3)
-    assert memory.knows_pace()
-    alone = queue_values.LockMemory()
-    alone.update(_view(0.0, "A@h:1:0000000a", *_line(1, 17)), None)
-    alone.update(_view(3.0, "B@h:2:0000000b", *_line(2, 17)), None)
-    assert alone.period == queue_values.DEFAULT_PERIOD and not alone.knows_pace()
-
-
 def test_a_look_in_line_takes_the_faster_of_the_rate_it_saw_and_the_cadence(clock) -> None:
     # One place in 0.6 s between two looks (one departure: mostly noise) against a grant every 0.3 s seen
     # by this process: 16 places ahead are 4.8 s away, not 9.6 s, and the look comes half way there.
@@ -1050,14 +1035,32 @@ def test_a_look_in_line_takes_the_faster_of_the_rate_it_saw_and_the_cadence(cloc
     assert fair._half_way(17, 3.6) == pytest.approx(16 * 0.3 / 2)
 
 
-def test_a_hold_seen_since_the_first_read_keeps_the_line_reading_by_the_cadence(clock) -> None:
-    # A job's long hold, the only holder this process has seen: the line does not move, and waiting one
-    # place per look would only cost calls.
+def test_a_long_hold_keeps_the_line_reading_by_the_cadence(clock) -> None:
+    # A job's long hold, seen at reads 3.5 s apart: the line does not move, and a look every two places would
+    # only cost calls (20 waiters: about 4 calls/s more). Whether this process saw the job come or not.
+    for first in ("Job@h:1:0000000a", "Before@h:3:0000000c"):
+        lock = make(RecordingApi(), clock, fair=True)
+        fair, memory = lock._queue, lock._queue.memory
+        memory.update(_view(0.0, first, *_line(1, 9)), None)
+        memory.update(_view(0.5, "Job@h:1:0000000a", *_line(1, 9)), None)
+        memory.update(_view(4.0, "Job@h:1:0000000a", *_line(1, 9)), None)
+        assert not memory.knows_pace()
+        assert fair._half_way(10, 4.0) == pytest.approx(9 * memory.cadence() / 2)
+
+
+def test_holds_of_its_own_longer_than_the_guessed_period_teach_no_pace(clock) -> None:
+    # This process held the lock 5 s once: its cadence is still the guessed 1 s a place, and a line of short
+    # holds by others still moves many times faster.
     lock = make(RecordingApi(), clock, fair=True)
     fair, memory = lock._queue, lock._queue.memory
-    memory.update(_view(0.0, "Job@h:1:0000000a", *_line(1, 2)), None)
-    memory.update(_view(3.5, "Job@h:1:0000000a", *_line(1, 2)), None)
-    assert fair._half_way(3, 3.5) == pytest.approx(2 * memory.cadence() / 2)
+    memory.own_hold(5.0)
+    assert memory.cadence() == queue_values.DEFAULT_PERIOD and not memory.knows_pace()
+    memory.update(_view(0.0, "A@h:1:0000000a", *_line(1, 17)), None)
+    memory.update(_view(0.5, "B@h:2:0000000b", *_line(2, 17)), None)
+    assert fair._half_way(18, 0.5) <= 1.0
+    memory.own_hold(0.1)
+    memory.own_hold(0.1)  # the median of its holds: 0.1 s, and a cadence of 0.35 s it can trust
+    assert memory.knows_pace()
 
 
 def test_a_holder_first_seen_in_line_is_timed_from_that_read() -> None:

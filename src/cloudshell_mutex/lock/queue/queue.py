@@ -408,18 +408,19 @@ class FairQueue:
         The time is the faster of two estimates, one cadence per place and the rate this waiter saw the
         line move between its last two looks: either may be off (a rate seen over one departure is mostly
         noise), and a look too late leaves the lock idle for the rest of our turn, where one too early
-        costs a call. A process that has seen nothing move (no hold timed, no ticket seen leave) counts
-        :data:`GUESSED_PLACES` places at most, unless one hold has lasted since its first read: its cadence
-        is then a guess, and a line of short holds moves many times faster (a waiter far back slept through
-        dozens of turns on it)."""
+        costs a call. A process that has learnt no pace (no period sampled, no short hold timed) counts
+        :data:`GUESSED_PLACES` places at most, unless its reads showed one holder for that long (a long
+        hold: the line does not move): its cadence is then a guess, and a line of short holds moves many
+        times faster (a waiter far back slept through dozens of turns on it)."""
         cadence = self.memory.cadence()
         turn = (position - 1) * cadence
         if self._place is not None:
             before, at = self._place
             if before > position and now > at:
                 turn = min(turn, (position - 1) * (now - at) / (before - position))
-        if not self.memory.knows_pace() and not self.memory.one_hold_since_first_read(now, cadence):
-            turn = min(turn, GUESSED_PLACES * cadence)
+        guess = GUESSED_PLACES * cadence
+        if not self.memory.knows_pace() and self.memory.holder_seen_for() < guess:
+            turn = min(turn, guess)
         return max(MIN_INTERVAL, turn / 2)
 
     def _look(self, op: Operation) -> Optional[QueueView]:

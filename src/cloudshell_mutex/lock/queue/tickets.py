@@ -233,6 +233,8 @@ class LockMemory:
     holder: Optional[str] = None
     holder_lo: float = -math.inf
     holder_hi: float = -math.inf
+    #: ... and the last read that showed it.
+    holder_seen_to: float = -math.inf
     #: How long holders hold the lock (seconds; None: not seen yet), from holders seen to come and go
     #: between reads close enough together to tell: the head times its polls by it.
     tenure: Optional[float] = None
@@ -256,11 +258,9 @@ class LockMemory:
     #: A read showed the holder releasing (its remove got no answer) during its hold (``stretched``), or
     #: since the head was first seen (``stalled``): that hold, and that time, are a fault's, which lasts up to
     #: the request lifetime (minutes), not samples of how long holders hold or how often the lock moves.
+    #: ``stalled`` also marks a head whose turn began before this process saw the queue (no sample).
     stretched: bool = False
     stalled: bool = False
-    #: The head was first seen by a read that showed no line before it: its turn began before that read, so
-    #: its departure alone is no sample of the period (two or more departures since are: see update()).
-    unseen_start: bool = False
 
     def crowded(self, now: float) -> bool:
         """True when others were queued at this process's last read, not long ago."""
@@ -290,18 +290,15 @@ class LockMemory:
         # (simultaneous joins spread out), so the numbers' difference would count grants that never were.
         moved = sum(1 for number in ahead if number < lowest)
         self.stalled = self.stalled or view.releasing
-        # A head first seen at this process's first read of the line may have waited in front long before
-        # (a turn nobody saw start): its departure alone says nothing of the period. Two or more since say
-        # how fast the line moves over the time between the reads, a little fast if anything (part of the
-        # first turn lies before it): a waiter that joins after a spin knows the pace from its first look.
-        if moved > int(self.unseen_start) and view.at > self.lowest_at and not self.stalled:
+        if previous is not None and moved and view.at > self.lowest_at and not self.stalled:
             sample = (view.at - self.lowest_at) / moved
             self.period = _median_of(self.period_samples, min(600.0, max(0.05, sample)))
         if lowest != previous:
-            # When this head was first seen: its turn began then if a read before showed another head.
+            # When this head was first seen: its turn began then if a read before showed another head. One
+            # seen at this process's first read may have waited in front long before (a hold nobody saw
+            # start): it dates the next sample from now, as if the read before had shown the turn change.
             self.lowest_at = view.at
-            self.stalled = view.releasing
-            self.unseen_start = previous is None
+            self.stalled = view.releasing or previous is None
         return view
 
     def _pass_heads(self, view: QueueView, token: Optional[str], granted: bool) -> QueueView:
@@ -348,6 +345,7 @@ class LockMemory:
 
     def _observe_holder(self, view: QueueView) -> None:
         token = view.holder.token if view.holder is not None else None
+        self.holder_seen_to = view.at
         if token == self.holder:
             self.stretched = self.stretched or view.releasing
             return
@@ -404,14 +402,14 @@ class LockMemory:
         return min(self.period, self.tenure + HANDOFF)
 
     def knows_pace(self) -> bool:
-        """True once this process has seen the queue move, or timed a hold: :attr:`period` is then more than
-        :data:`DEFAULT_PERIOD`'s guess."""
-        return bool(self.period_samples) or self.tenure is not None
+        """True once this process has seen the queue move, or timed holds shorter than the period it
+        assumes: its :meth:`cadence` is then more than :data:`DEFAULT_PERIOD`'s guess."""
+        return bool(self.period_samples) or (self.tenure is not None and self.tenure + HANDOFF < self.period)
 
-    def one_hold_since_first_read(self, now: float, seconds: float) -> bool:
-        """True when every read of this process showed one holder, for ``seconds`` by ``now`` or more: a
-        long hold, not a line that moves at a pace this process has yet to see."""
-        return not math.isfinite(self.holder_lo) and self.holder_age(now) >= seconds
+    def holder_seen_for(self) -> float:
+        """How long the holder seen last has been seen holding, from the first read that showed it to the
+        last one (0 at a single read, or with no holder)."""
+        return max(0.0, self.holder_seen_to - self.holder_hi) if self.holder is not None else 0.0
 
     def hold_estimate(self) -> float:
         """How long a holder holds: the tenure seen, else the period between grants (a queue that does
