@@ -1012,7 +1012,7 @@ def _line(first: int, count: int) -> List[Tuple[int, str]]:
     return [(n, f"W{n}@h:{n}:{n:08x}") for n in range(first, first + count)]
 
 
-def test_a_process_that_has_seen_nothing_move_looks_again_after_one_place_not_half_its_wait(clock) -> None:
+def test_a_process_that_has_learnt_no_pace_looks_again_after_two_places_not_half_its_wait(clock) -> None:
     # A fresh process joins 18th in a line of 10 ms holds (a grant every ~0.3 s): its first read and the one
     # it joined by showed different holders, and one ticket leave (no sample: that head's turn began before
     # the first read). One cadence a place is a guess (1 s): half of 17 guesses was a sleep of 8.5 s,
