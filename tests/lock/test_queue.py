@@ -1074,6 +1074,86 @@ def test_a_holder_first_seen_in_line_is_timed_from_that_read() -> None:
     assert op.holder_since == 12.0  # not 0.1: B was not seen before 12 s
 
 
+class SlowAddsApi(RecordingApi):
+    """Every add takes ``seconds`` of virtual time, from its send to its answer."""
+
+    def __init__(self, seconds: float, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.seconds = seconds
+
+    def AddServiceToReservation(self, reservationId="", serviceName="", alias="", attributes=()) -> Any:
+        try:
+            return super().AddServiceToReservation(reservationId, serviceName, alias, attributes)
+        finally:  # a busy add answers as late
+            self.clock.now += self.seconds
+
+
+@pytest.mark.parametrize("add_seconds", [0.2, 0.4])
+def test_the_head_polls_by_its_interval_from_each_adds_send_and_rests_after_a_slow_answer(
+    clock, add_seconds: float
+) -> None:
+    # Counted from each add's answer, the head's polls came a round trip later than its interval says (at
+    # short holds a third of every hand-off's gap); a slow server still slows them down: each add goes out
+    # at least HEAD_REST after the last one's answer.
+    api = SlowAddsApi(add_seconds)
+    api.clock = clock
+    lock = make(api, clock, fair=True, timeout=3.2)  # the hold young throughout (3 holds of 1 s, guessed)
+    other_holds(api, "Holder@host:1:deadbeef")
+    with pytest.raises(MutexTimeout):
+        lock.acquire()
+    assert ticket_alias(MUTEX, 0) in [alias for _, alias in api.adds]  # the head (nobody else waits)
+    sends = mutex_adds(api)[2:]  # once it polls as the head
+    gaps = [b - a for a, b in zip(sends, sends[1:])]
+    assert len(gaps) >= 3, sends
+    interval = queue_values.head_interval(queue_values.DEFAULT_PERIOD)  # nothing learnt: 0.25 s
+    for gap in gaps:
+        expected = max(interval * (1 - queue.JITTER), add_seconds + queue_values.HEAD_REST)
+        latest = max(interval * (1 + queue.JITTER), add_seconds + queue_values.HEAD_REST)
+        assert expected - 1e-6 <= gap <= latest + 1e-6, (gaps, add_seconds)
+
+
+@pytest.mark.parametrize("case", ["young", "old", "start unseen", "head asleep on the hint"])
+def test_a_head_that_leaves_the_lock_free_is_passed_after_a_few_of_its_polls_when_it_could_poll(
+    clock, case: str
+) -> None:
+    # Holds of 0.2 s are known here: a live head polls a young hold every 0.1 s, so a lock it leaves free for
+    # half a second has lost its head, and waiting the full fallback (3 s) at every dead head cost a site of
+    # short holds most of its throughput. Not so when a live head may still be on its way: after an old hold
+    # (polled by the pacing, then up to 1.5 s apart), after one whose age is unknown (not seen to start),
+    # and while a head may sleep on the hint until shortly before the release it expects.
+    own, seen_from, hold = {
+        "young": (0.2, 0.1, 0.3),
+        "old": (0.2, 0.1, 30.0),
+        "start unseen": (0.2, None, 0.3),
+        "head asleep on the hint": (2.0, 0.1, 0.4),
+    }[case]
+    api = RecordingApi()
+    lock = make(api, clock, fair=True, timeout=120)
+    memory = lock._queue.memory
+    for _ in range(3):
+        memory.own_hold(own)
+    other_holds(api, "Before@host:1:deadbeef")
+    queue_up(api, 0, HEAD)  # a head that never polls
+    start = clock.now
+    if seen_from is not None:  # a holder this waiter sees come (its reads are 0.15 s apart here)
+        api.later(start + seen_from, lambda: other_holds(api, "Holder@host:2:feedbeef"))
+    released = start + hold
+    api.later(released, lambda: api.services.pop(MUTEX))
+    assert lock.acquire()
+    granted = mutex_adds(api)[-1]
+    allowance = queue_values.fallback_after(memory.cadence())
+    if case == "young":
+        assert allowance == queue_values.FALLBACK_MIN
+        assert granted <= released + allowance + 0.5  # + two reads of the next in line
+    elif case == "head asleep on the hint":
+        # Granted between two reads 0.15 s apart from 0.1 s on: expected to release 2 s after.
+        wakes = start + seen_from + own - queue.HINT_LEAD * own
+        assert wakes - 0.15 + allowance <= granted <= wakes + 0.15 + allowance + 0.5
+    else:
+        assert granted >= released + FALLBACK_AFTER
+    lock.release()
+
+
 def test_a_deadline_in_line_before_the_first_add_still_tries_the_add_once(clock) -> None:
     """Lined up before the first add (others were seen waiting), the deadline comes while in line: the
     first add is still tried once, as the turn comes or the deadline does (here the lock is free: ours)."""

@@ -59,6 +59,7 @@ class Operation:
         # True once a remove of ours may have taken effect (its reply was lost, or it may still land).
         self.remove_may_have_landed = False
         self.awaiting_add = False  # an add is on the wire and its call has not returned
+        self.add_sent_at: Optional[float] = None  # when the last add whose call returned was sent
         # When the first add whose outcome is unknown was sent: no add before it can have created our service.
         self.unknown_add_since: Optional[float] = None
         self.lag_checked = False  # a read that contradicted us was confirmed by a second one
@@ -95,9 +96,10 @@ class Operation:
         self.read_since_add = False
         self.awaiting_add = True
 
-    def add_returned(self) -> None:
-        """The add's call returned (with an answer or an error): it was not interrupted midway."""
+    def add_returned(self, sent_at: float) -> None:
+        """The add sent at ``sent_at`` returned (an answer or an error): it was not interrupted midway."""
         self.awaiting_add = False
+        self.add_sent_at = sent_at
 
     def add_unknown(self, sent_at: float) -> None:
         """The add sent at ``sent_at`` may have committed without our knowing (no answer, or a re-send)."""

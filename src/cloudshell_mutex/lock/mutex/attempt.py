@@ -90,7 +90,7 @@ class MutexAttempt:
             paced=op.polling,
             deadline=op.wait,
         )
-        op.add_returned()
+        op.add_returned(add.sent_at)
         if not add.ok and add.may_have_committed:
             op.add_unknown(add.sent_at)
         if add.may_land_later:

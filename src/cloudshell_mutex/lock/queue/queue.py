@@ -68,11 +68,13 @@ from . import waitfor
 from .tickets import (
     FALLBACK_AFTER,
     HEAD_MIN,
+    HEAD_REST,
     LOCK_BUDGET,
     MIN_INTERVAL,
     TICKET_LEASE,
     QueueView,
     TicketAlias,
+    fallback_after,
     head_interval,
     memory_for,
     queue_view,
@@ -168,7 +170,11 @@ class FairQueue:
         self._removed: Set[int] = set()  # numbers of ours already removed: never remove one twice
         self._sent_until: Dict[int, float] = {}  # each number we sent an add for: until when a copy may land
         self._dropped: List[TicketAlias] = []  # tickets of ours a read did not show (gone, or a lagging read)
-        self._free_seen: Optional[Tuple[float, str]] = None  # (when, head token) the lock was seen free
+        # (from when, head token, for how long) the lock was seen free: see _head_seems_gone
+        self._free_seen: Optional[Tuple[float, str, float]] = None
+        # The hold the last read showed: (its age then, None when not seen to start; its estimate; its
+        # expected release, if known)
+        self._hold_seen: Optional[Tuple[Optional[float], float, Optional[float]]] = None
         self._hinted = False  # the head slept until shortly before the expected release
         self._misses = 0  # the head's polls since then
         self._holds: Optional[Tuple[str, ...]] = None  # what this waiter holds (see _claims)
@@ -208,7 +214,7 @@ class FairQueue:
             if self._clock() - self._beat_at >= self.ticket_lease / 3 or self._detect_due(op):
                 self._look_and_beat(op)
             if self.ticket is not None:
-                return self._detecting(op, self._head_delay(default))
+                return self._detecting(op, self._head_delay(default, op.add_sent_at))
         return None
 
     def _spinning(self, op: Operation) -> bool:
@@ -226,17 +232,25 @@ class FairQueue:
             self._holds = tuple(self._holding())
         return self._holds
 
-    def _head_delay(self, default: float) -> float:
+    def _head_delay(self, default: float, sent_at: Optional[float] = None) -> float:
         """The head's next poll. With :data:`HOLD_HINT` and a holder whose grant this process saw: sleep
         until shortly before its expected release, poll fast around it, slower again after each miss past
         it; else every :func:`head_interval` while the hold is young (SPIN_HOLDS holds), by the lock's
         pacing (``default``) once it is older (the head then costs no more than a plain poller). Past the
-        expected release (or with none), never more often than every AGE_FRACTION of the hold's age."""
+        expected release (or with none), never more often than every AGE_FRACTION of the hold's age.
+        While the hold is young, each interval counts from ``sent_at`` (the send of the add just answered;
+        None: from now), but ends HEAD_REST after now at the earliest; an old hold's from now, as a plain
+        poller's pause."""
         now = self._clock()
+        spent = 0.0 if sent_at is None or self._old_hold(now) else now - sent_at
+
+        def polls_every(seconds: float) -> float:
+            return max(HEAD_REST, seconds - spent)
+
         regular = max(head_interval(self.memory.cadence()), self._old_hold_floor(now, default))
         release = self.memory.expected_release() if HOLD_HINT else None
         if release is None:
-            return self._jitter(self._head_aged(regular, now))
+            return polls_every(self._jitter(self._head_aged(regular, now)))
         hold = self.memory.hold_estimate()
         early = release - HINT_LEAD * hold
         if now < early and not self._hinted:
@@ -248,10 +262,10 @@ class FairQueue:
         # Around the expected release: every 1/10 of a hold; past it, slower after each miss.
         fast = max(HEAD_MIN, min(regular, hold / 10))
         if now <= release + HINT_LEAD * hold:
-            return self._jitter(fast)
+            return polls_every(self._jitter(fast))
         self._misses += 1
         missed = min(regular, fast * 2 ** min(self._misses, 8))
-        return self._jitter(self._head_aged(missed, now))
+        return polls_every(self._jitter(self._head_aged(missed, now)))
 
     def _old_hold(self, now: float) -> bool:
         """True once the hold has lasted SPIN_HOLDS holds: from then on it is watched ever more rarely."""
@@ -505,15 +519,39 @@ class FairQueue:
         return alias
 
     def _head_seems_gone(self, view: QueueView) -> bool:
-        """The lock free at two reads FALLBACK_AFTER apart, with the same head: add without waiting for it."""
+        """The lock free at two reads a fallback apart, with the same head: add without waiting for it."""
         if view.holder is not None or not view.tickets:
             self._free_seen = None
+            if view.holder is not None:
+                memory, granted = self.memory, self.memory.granted_at()
+                age = None if granted is None else view.at - granted
+                self._hold_seen = (age, memory.hold_estimate(), memory.expected_release())
             return False
         head = view.tickets[0].token
         if self._free_seen is None or self._free_seen[1] != head:
-            self._free_seen = (view.at, head)
+            since, allowance = self._fallback(view.at)
+            self._free_seen = (since, head, allowance)
             return False
-        return view.at - self._free_seen[0] >= FALLBACK_AFTER
+        since, _, allowance = self._free_seen
+        return view.at - since >= allowance
+
+    def _fallback(self, free_at: float) -> Tuple[float, float]:
+        """From when, and for how long, a live head could leave the lock free after the hold the last read
+        showed (the lock first seen free at ``free_at``): a few of its polls after a young hold
+        (:func:`~.tickets.fallback_after`), counted from its wake-up when it may sleep on the hint;
+        FALLBACK_AFTER after an old hold (polled by the pacing, then up to 1.5 s apart), one not seen to
+        start, or none seen. The hold's age is the one the last read showed: a waiter far back reads
+        rarely, and the first free read would age every short hold. A dead head then costs a process about
+        half a second at short holds before it is passed (:class:`~.tickets.LockMemory`), not 3 s; a live
+        one passed loses a turn."""
+        if self._hold_seen is None or self._hold_seen[0] is None:
+            return free_at, FALLBACK_AFTER
+        age, hold, release = self._hold_seen
+        if age >= SPIN_HOLDS * hold:
+            return free_at, FALLBACK_AFTER
+        if release is not None and HOLD_HINT:
+            free_at = max(free_at, release - HINT_LEAD * hold)  # the head may sleep until then
+        return free_at, fallback_after(self.memory.cadence())
 
     def _judge_ahead(self, op: Operation, view: QueueView, position: int) -> None:
         """Break the first ticket ahead of ours that this process has seen unchanged for its lease + margin
