@@ -1112,48 +1112,6 @@ def test_the_head_polls_by_its_interval_from_each_adds_send_and_rests_after_a_sl
         assert expected - 1e-6 <= gap <= latest + 1e-6, (gaps, add_seconds)
 
 
-@pytest.mark.parametrize("case", ["young", "old", "start unseen", "head asleep on the hint"])
-def test_a_head_that_leaves_the_lock_free_is_passed_after_a_few_of_its_polls_when_it_could_poll(
-    clock, case: str
-) -> None:
-    # Holds of 0.2 s are known here: a live head polls a young hold every 0.1 s, so a lock it leaves free for
-    # half a second has lost its head, and waiting the full fallback (3 s) at every dead head cost a site of
-    # short holds most of its throughput. Not so when a live head may still be on its way: after an old hold
-    # (polled by the pacing, then up to 1.5 s apart), after one whose age is unknown (not seen to start),
-    # and while a head may sleep on the hint until shortly before the release it expects.
-    own, seen_from, hold = {
-        "young": (0.2, 0.1, 0.3),
-        "old": (0.2, 0.1, 30.0),
-        "start unseen": (0.2, None, 0.3),
-        "head asleep on the hint": (2.0, 0.1, 0.4),
-    }[case]
-    api = RecordingApi()
-    lock = make(api, clock, fair=True, timeout=120)
-    memory = lock._queue.memory
-    for _ in range(3):
-        memory.own_hold(own)
-    other_holds(api, "Before@host:1:deadbeef")
-    queue_up(api, 0, HEAD)  # a head that never polls
-    start = clock.now
-    if seen_from is not None:  # a holder this waiter sees come (its reads are 0.15 s apart here)
-        api.later(start + seen_from, lambda: other_holds(api, "Holder@host:2:feedbeef"))
-    released = start + hold
-    api.later(released, lambda: api.services.pop(MUTEX))
-    assert lock.acquire()
-    granted = mutex_adds(api)[-1]
-    allowance = queue_values.fallback_after(memory.cadence())
-    if case == "young":
-        assert allowance == queue_values.FALLBACK_MIN
-        assert granted <= released + allowance + 0.5  # + two reads of the next in line
-    elif case == "head asleep on the hint":
-        # Granted between two reads 0.15 s apart from 0.1 s on: expected to release 2 s after.
-        wakes = start + seen_from + own - queue.HINT_LEAD * own
-        assert wakes - 0.15 + allowance <= granted <= wakes + 0.15 + allowance + 0.5
-    else:
-        assert granted >= released + FALLBACK_AFTER
-    lock.release()
-
-
 def test_a_deadline_in_line_before_the_first_add_still_tries_the_add_once(clock) -> None:
     """Lined up before the first add (others were seen waiting), the deadline comes while in line: the
     first add is still tried once, as the turn comes or the deadline does (here the lock is free: ours)."""

@@ -25,7 +25,7 @@ from test_rwlock_processes import collect
 from cloudshell_mutex import ReservationMutex, protocol
 from cloudshell_mutex.lock.lease.lease import parse_ticket, ticket_value
 from cloudshell_mutex.lock.protocol import ticket_alias, ticket_number
-from cloudshell_mutex.lock.queue.tickets import FALLBACK_MIN, TICKET_LEASE
+from cloudshell_mutex.lock.queue.tickets import FALLBACK_AFTER, TICKET_LEASE
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -210,9 +210,9 @@ def test_a_dead_waiters_ticket_at_the_head_is_passed_not_waited_for_at_every_han
     cloudshell_emulator_factory, original_package_zip
 ):
     # A waiter that crashed at the head leaves its ticket for the ticket's lease (150 s). The loopers take the
-    # lock past it by the fallback (the lock free for a few of a live head's polls, at least FALLBACK_MIN,
-    # with the same head); a process that has seen the lock go to another while that ticket stayed the head
-    # passes it from then on. Without that, every hand-off of the run waits a fallback again.
+    # lock past it by the fallback (the lock free for FALLBACK_AFTER with the same head); a process that has
+    # seen the lock go to another while that ticket stayed the head passes it from then on. Without that,
+    # every hand-off of the run waits FALLBACK_AFTER again.
     emu = cloudshell_emulator_factory(packages=[original_package_zip])
     emu.control.configure(latency=LATENCY)
     rid = emu.create_reservation("dead head")
@@ -227,7 +227,7 @@ def test_a_dead_waiters_ticket_at_the_head_is_passed_not_waited_for_at_every_han
     events = sorted(emu.control.events(rid), key=lambda e: e["seq"])
     mutex = [e for e in events if e["alias"] == protocol.DEFAULT_ALIAS]
     free = [b["monotonic"] - a["monotonic"] for a, b in zip(mutex, mutex[1:]) if a["op"] == "service_removed"]
-    fallbacks = [round(seconds, 2) for seconds in free if seconds >= 0.9 * FALLBACK_MIN]
+    fallbacks = [round(seconds, 2) for seconds in free if seconds >= 0.9 * FALLBACK_AFTER]
     # The first grant past it shows every process that reads around it that the ticket is not polling: one
     # fallback, or two when a process missed that grant (8 of the 23 hand-offs waited without the passing).
     assert len(fallbacks) <= 2, fallbacks

@@ -74,7 +74,6 @@ from .tickets import (
     TICKET_LEASE,
     QueueView,
     TicketAlias,
-    fallback_after,
     head_interval,
     memory_for,
     queue_view,
@@ -170,11 +169,7 @@ class FairQueue:
         self._removed: Set[int] = set()  # numbers of ours already removed: never remove one twice
         self._sent_until: Dict[int, float] = {}  # each number we sent an add for: until when a copy may land
         self._dropped: List[TicketAlias] = []  # tickets of ours a read did not show (gone, or a lagging read)
-        # (from when, head token, for how long) the lock was seen free: see _head_seems_gone
-        self._free_seen: Optional[Tuple[float, str, float]] = None
-        # The hold the last read showed: (its age then, None when not seen to start; its estimate; its
-        # expected release, if known)
-        self._hold_seen: Optional[Tuple[Optional[float], float, Optional[float]]] = None
+        self._free_seen: Optional[Tuple[float, str]] = None  # (when, head token) the lock was seen free
         self._hinted = False  # the head slept until shortly before the expected release
         self._misses = 0  # the head's polls since then
         self._holds: Optional[Tuple[str, ...]] = None  # what this waiter holds (see _claims)
@@ -519,39 +514,15 @@ class FairQueue:
         return alias
 
     def _head_seems_gone(self, view: QueueView) -> bool:
-        """The lock free at two reads a fallback apart, with the same head: add without waiting for it."""
+        """The lock free at two reads FALLBACK_AFTER apart, with the same head: add without waiting for it."""
         if view.holder is not None or not view.tickets:
             self._free_seen = None
-            if view.holder is not None:
-                memory, granted = self.memory, self.memory.granted_at()
-                age = None if granted is None else view.at - granted
-                self._hold_seen = (age, memory.hold_estimate(), memory.expected_release())
             return False
         head = view.tickets[0].token
         if self._free_seen is None or self._free_seen[1] != head:
-            since, allowance = self._fallback(view.at)
-            self._free_seen = (since, head, allowance)
+            self._free_seen = (view.at, head)
             return False
-        since, _, allowance = self._free_seen
-        return view.at - since >= allowance
-
-    def _fallback(self, free_at: float) -> Tuple[float, float]:
-        """From when, and for how long, a live head could leave the lock free after the hold the last read
-        showed (the lock first seen free at ``free_at``): a few of its polls after a young hold
-        (:func:`~.tickets.fallback_after`), counted from its wake-up when it may sleep on the hint;
-        FALLBACK_AFTER after an old hold (polled by the pacing, then up to 1.5 s apart), one not seen to
-        start, or none seen. The hold's age is the one the last read showed: a waiter far back reads
-        rarely, and the first free read would age every short hold. A dead head then costs a process about
-        half a second at short holds before it is passed (:class:`~.tickets.LockMemory`), not 3 s; a live
-        one passed loses a turn."""
-        if self._hold_seen is None or self._hold_seen[0] is None:
-            return free_at, FALLBACK_AFTER
-        age, hold, release = self._hold_seen
-        if age >= SPIN_HOLDS * hold:
-            return free_at, FALLBACK_AFTER
-        if release is not None and HOLD_HINT:
-            free_at = max(free_at, release - HINT_LEAD * hold)  # the head may sleep until then
-        return free_at, fallback_after(self.memory.cadence())
+        return view.at - self._free_seen[0] >= FALLBACK_AFTER
 
     def _judge_ahead(self, op: Operation, view: QueueView, position: int) -> None:
         """Break the first ticket ahead of ours that this process has seen unchanged for its lease + margin

@@ -51,15 +51,8 @@ SAMPLES = 7
 #: How long this process remembers that others were queued at its last read of a lock.
 MEMORY_SECONDS = 60.0
 #: A waiter that saw the lock free at two reads this far apart, with the same head both times, adds
-#: anyway: the head is gone or stuck, and the queue must not stall the lock (it is only advisory). This
-#: long after an old hold (its head polls by the lock's pacing, then up to 1.5 s apart), or one not seen
-#: to start ...
+#: anyway: the head is gone or stuck, and the queue must not stall the lock (it is only advisory).
 FALLBACK_AFTER = 3.0
-#: ... else after FALLBACK_POLLS of the head's polls at :func:`head_interval` (at least FALLBACK_MIN),
-#: counted from the release the head expects at the earliest: a live head polls a young hold every
-#: 0.1-1 s once it is awake, so a lock it leaves free longer has lost its head.
-FALLBACK_POLLS = 3
-FALLBACK_MIN = 0.5
 #: A head that stood through this many grants to others is passed (its waiter is gone, stopped or too slow):
 #: one such grant is no sign, as waiters that spin before they park poll the lock too.
 PASS_AFTER = 2
@@ -183,13 +176,6 @@ def harmonic(count: int) -> float:
 def head_interval(period: float) -> float:
     """Seconds between the head's adds: a quarter of the period between grants, within the bounds."""
     return min(HEAD_MAX, max(HEAD_MIN, period / 4))
-
-
-def fallback_after(cadence: float) -> float:
-    """How long a waiter lets the lock stand free with the same head before it adds anyway, after a
-    young hold: :data:`FALLBACK_POLLS` of the head's polls, within :data:`FALLBACK_MIN` and
-    :data:`FALLBACK_AFTER`."""
-    return min(FALLBACK_AFTER, max(FALLBACK_MIN, FALLBACK_POLLS * head_interval(cadence)))
 
 
 def wait_rate(waiters: int, period: float, budget: float = LOCK_BUDGET) -> float:
@@ -322,7 +308,7 @@ class LockMemory:
         """The head polls the lock from the moment it is the head, so a waiter served past a ticket that
         stayed, with the same heartbeat, from one read to the next says its waiter is not polling: gone (a
         crash leaves its ticket for a lease, 150 s), stopped, or beaten by code that does not queue. Waiting
-        for it would cost every hand-off a fallback (0.5-3 s); this process passes it instead, until its
+        for it would cost every hand-off the fallback's 3 s; this process passes it instead, until its
         heartbeat moves. Only speed is at stake: a passed waiter that is alive still polls as the head, and
         exclusion rests on the add alone."""
         present = {t.alias: _beat_of(t) for t in view.tickets}
@@ -433,30 +419,22 @@ class LockMemory:
         not run dry hands the lock on about once a period)."""
         return self.tenure if self.tenure is not None else self.period
 
-    def granted_at(self) -> Optional[float]:
-        """When the holder seen last was granted (monotonic: between the read before and the first read
-        that showed it), or None when no read saw it come (or there is no holder)."""
-        if self.holder is None or not math.isfinite(self.holder_lo):
-            return None
-        return (self.holder_lo + self.holder_hi) / 2
-
     def holder_age(self, now: float) -> float:
         """How long the holder seen last has held the lock by ``now``: from its grant when a read saw it
         come, else from the first read that showed it (a lower bound); 0 when none was seen."""
         if self.holder is None:
             return 0.0
-        granted = self.granted_at()
-        return max(0.0, now - (self.holder_hi if granted is None else granted))
+        start = (self.holder_lo + self.holder_hi) / 2 if math.isfinite(self.holder_lo) else self.holder_hi
+        return max(0.0, now - start)
 
     def expected_release(self) -> Optional[float]:
         """When the holder seen last is expected to release (monotonic), or None when unknown. Only holds
         timed from both ends make the estimate: the period between grants includes the time a head sat in
         front of a hold whose start nobody saw, and a hint taken from it would put the head to sleep through
         the hand-offs of short holds."""
-        granted = self.granted_at()
-        if granted is None or self.tenure is None:
+        if self.holder is None or not math.isfinite(self.holder_lo) or self.tenure is None:
             return None
-        return granted + self.hold_estimate()
+        return (self.holder_lo + self.holder_hi) / 2 + self.hold_estimate()
 
 
 def _median_of(samples: Deque[float], sample: float) -> float:
