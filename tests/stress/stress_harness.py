@@ -53,6 +53,8 @@ COUNTER_MODEL = "Stress Counter"
 COUNTER = "COUNTER"
 MUTEX = protocol.DEFAULT_ALIAS
 LEGACY_USER = "legacy"
+#: The thread of the late-add watcher (lock/server/late_adds.py), as the journals name it.
+LATE_ADDS_THREAD = "cloudshell-mutex-late-adds"
 # The lock is told that no request lands later than this after its call ended (request_lifetime). The
 # emulator's faults apply a request at most 1.3 s after it read it; the rest is how long a request can wait
 # before the emulator reads it, which on a loaded 2-core machine is not bounded by anything: the run
@@ -401,6 +403,8 @@ def read_journals(incarnations: List[Incarnation]) -> Dict[str, Any]:
     safe: Dict[str, float] = {}
     ends: List[Dict[str, Any]] = []
     excused: set = set()  # tokens of incarnations that were killed or paused: their leftovers are the lease's
+    # Each token's own late-add watcher's removes of MUTEX that answered ok: (start, end) of the call.
+    own_removes: Dict[str, List[Tuple[float, float]]] = {}
     for inc in incarnations:
         entries = []
         for line in inc.journal.read_text().splitlines() if inc.journal.exists() else []:
@@ -409,6 +413,18 @@ def read_journals(incarnations: List[Incarnation]) -> Dict[str, Any]:
             except ValueError:
                 continue  # the line a kill cut short
         open_hold: Optional[Dict[str, Any]] = None
+        tokens = {entry["token"] for entry in entries if entry["t"] == "add"}
+        watcher_removes = [
+            (entry["s"], entry["e"])
+            for entry in entries
+            if entry["t"] == "call"
+            and entry.get("m") == "RemoveServicesFromReservation"
+            and MUTEX in (entry.get("a") or ())
+            and entry.get("th") == LATE_ADDS_THREAD
+            and entry.get("r") == "ok"
+        ]
+        for token in tokens:
+            own_removes.setdefault(token, []).extend(watcher_removes)
         for entry in entries:
             kind = entry["t"]
             if kind == "add":
@@ -449,17 +465,33 @@ def read_journals(incarnations: List[Incarnation]) -> Dict[str, Any]:
             e["client"] == f"{inc.kind}-{inc.slot}#{inc.number}" for e in ends
         ):
             ends.append({"client": f"{inc.kind}-{inc.slot}#{inc.number}", "error": "exited without a report"})
-    return {"holds": holds, "adds": adds, "safe": safe, "ends": ends, "excused": excused}
+    return {
+        "holds": holds,
+        "adds": adds,
+        "safe": safe,
+        "ends": ends,
+        "excused": excused,
+        "own_removes": own_removes,
+    }
 
 
-def broken_grants(events: List[Dict[str, Any]], holds: List[history.Hold], excused: set) -> Dict[str, Any]:
+def broken_grants(
+    events: List[Dict[str, Any]],
+    holds: List[history.Hold],
+    excused: set,
+    own_removes: Optional[Dict[str, List[Tuple[float, float]]]] = None,
+) -> Dict[str, Any]:
     """Grants of MUTEX that a waiter broke: removed while a breaker alias was held, at least its lease
     after it was added (a waiter breaks only a service it has seen unchanged for lease + margin; without
     that rule, a late add that its own watcher removed a second after it landed counted as broken whenever
     some breaker alias happened to be there). Those of killed or paused workers are what leases are for.
     One whose acquisition had already been released (an add that landed after its release) of a worker that
     was neither killed nor paused is a lock its own process left behind and its late-add watcher missed:
-    without a lease nobody could ever remove it, so it is counted as a leak (``of_live_workers``)."""
+    without a lease nobody could ever remove it, so it is counted as a leak (``of_live_workers``). Not a
+    break at all: a remove that the holder's own late-add watcher made (``own_removes``: its process's
+    journal shows the watcher's remove of MUTEX answered ok around that moment), late because a read of
+    the watcher hung past the lease under a fault."""
+    own_removes = own_removes or {}
     breaker = breaker_alias(MUTEX)
     released: Dict[str, float] = {}
     for hold in holds:
@@ -478,7 +510,11 @@ def broken_grants(events: List[Dict[str, Any]], holds: List[history.Hold], excus
             added_at, lease = event["monotonic"], lease_of_attributes(event["attributes"])
         elif event["alias"] == MUTEX and event["op"] == "service_removed":
             old_enough = event["monotonic"] - added_at >= lease
-            if breaking and old_enough and holder is not None and event.get("user") != LEGACY_USER:
+            own = holder is not None and any(
+                start <= event["monotonic"] <= end for start, end in own_removes.get(holder, ())
+            )
+            legacy = event.get("user") == LEGACY_USER
+            if breaking and old_enough and not own and holder is not None and not legacy:
                 broken.append(holder)
                 if released.get(holder, float("inf")) < event["monotonic"] and holder not in excused:
                     left.append(holder)
@@ -631,7 +667,7 @@ def run(
         "unsettled": sum(e.get("unsettled", 0) for e in journals["ends"]),
         "lost_reported": sum(1 for h in holds if h.release_outcome not in ("released", "killed")),
         "final_acquire": leftover,
-        "broken": broken_grants(events, holds, journals["excused"]),
+        "broken": broken_grants(events, holds, journals["excused"], journals["own_removes"]),
         "audit": audit(events, journals["safe"]),
         "history": verdict.counts(),
         "history_problems": (
