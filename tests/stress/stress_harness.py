@@ -46,6 +46,7 @@ from cloudshell_mutex import MutexLostError, MutexReleaseError, ReservationMutex
 from cloudshell_mutex.lock.lease.lease import lease_of  # noqa: E402
 from cloudshell_mutex.lock.pacing import CallBudget, DefaultPacing  # noqa: E402
 from cloudshell_mutex.lock.protocol import breaker_alias  # noqa: E402
+from cloudshell_mutex.lock.server.late_adds import THREAD_NAME as LATE_ADDS_THREAD  # noqa: E402
 from cloudshell_mutex.lock.server.late_adds import process_late_adds  # noqa: E402
 from original_protocol import OriginalMutex  # noqa: E402
 
@@ -53,8 +54,6 @@ COUNTER_MODEL = "Stress Counter"
 COUNTER = "COUNTER"
 MUTEX = protocol.DEFAULT_ALIAS
 LEGACY_USER = "legacy"
-#: The thread of the late-add watcher (lock/server/late_adds.py), as the journals name it.
-LATE_ADDS_THREAD = "cloudshell-mutex-late-adds"
 # The lock is told that no request lands later than this after its call ended (request_lifetime). The
 # emulator's faults apply a request at most 1.3 s after it read it; the rest is how long a request can wait
 # before the emulator reads it, which on a loaded 2-core machine is not bounded by anything: the run

@@ -29,6 +29,8 @@ from .alias import LockAlias, Status
 
 #: Seconds between two reads of a watched alias.
 SWEEP_INTERVAL = 1.0
+#: The name of the watcher's thread (a thread dump, or a journal of calls, tells its calls apart by it).
+THREAD_NAME = "cloudshell-mutex-late-adds"
 
 
 @dataclass
@@ -120,9 +122,7 @@ class LateAdds:
             entry.read_after = self._clock() + FRESH_READ_LAG
             self._entries.append(entry)
             if self._background and self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="cloudshell-mutex-late-adds", daemon=True
-                )
+                self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
                 self._thread.start()
         self._wake.set()
 
