@@ -8,7 +8,8 @@ protocol (which knows nothing of tickets) keeps competing with the head as befor
 * **Spin, then park.** After a busy add a waiter polls the add by the lock's pacing, with no ticket, for a
   few holds (:data:`SPIN_HOLDS`, within :data:`SPIN_MIN` and :data:`SPIN_MAX`): short waits cost what plain
   polling costs and leave no idle hand-off. A wait that grows past that takes a ticket (*parks*), and from
-  then on is served in order. A waiter that holds other locks of the reservation parks at once.
+  then on is served in order. A waiter that holds other locks of the reservation parks at once, and so does
+  one that finds a read group holding the lock (readers keep joining a group until a ticket is queued).
 * **Long holds** are watched ever more rarely: a hold that has lasted T is likely to last a good part of
   T more, so the head polls no more often than every :data:`AGE_FRACTION` x T (on an old hold, slowing to
   one poll every :data:`OLD_HOLD_POLL` first), and the waiters behind it read every
@@ -58,6 +59,7 @@ from cloudshell.api.cloudshell_api import AttributeNameValue
 
 from .. import protocol
 from ..engine import Runtime
+from ..holder import is_read_group
 from ..lease import lease
 from ..lease.lease import ticket_value
 from ..operation import LANDING_READ_INTERVAL, Operation
@@ -214,9 +216,13 @@ class FairQueue:
 
     def _spinning(self, op: Operation) -> bool:
         """True while this waiter spins rather than parks: it holds no other lock of the reservation (such a
-        waiter parks at once, its ticket naming them for the deadlock check), and it has waited less than
-        SPIN_HOLDS holds, within SPIN_MIN and SPIN_MAX."""
+        waiter parks at once, its ticket naming them for the deadlock check), the lock is not held by a read
+        group, and it has waited less than SPIN_HOLDS holds, within SPIN_MIN and SPIN_MAX."""
         if self._claims():
+            return False
+        if is_read_group(op.holder):
+            # Readers join a group while no waiter is queued, so no spin outlasts a stream of them: our
+            # ticket is what stops new readers (rw/readview.py, waiter_queued).
             return False
         spin = min(SPIN_MAX, max(SPIN_MIN, SPIN_HOLDS * self.memory.hold_estimate()))
         return self._clock() - op.start < spin
