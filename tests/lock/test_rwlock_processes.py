@@ -429,8 +429,9 @@ def test_a_plain_waiter_gets_in_while_readers_keep_arriving(emu):
     # Once its ticket is there, readers stop coming in (one whose read came just before it may still join).
     assert len(late_readers(run["events"], "plain", ticket)) <= 3
     # And it is there at once: between the start of the wait and the ticket (a busy add, a read, the ticket's
-    # add), each reader process entered at most twice, on a loaded machine too; a spin (at least SPIN_MIN,
-    # 1 s) lets the 0.3 s readers in about ten times each.
+    # add), each reader process entered at most twice, on a loaded machine too; a spin (three holds: 3 s on a
+    # new reservation, whose hold time this process has not seen) lets the 0.3 s readers in about ten times
+    # each.
     events = run["events"]
     started = next(
         i
