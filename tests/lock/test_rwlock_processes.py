@@ -429,9 +429,9 @@ def test_a_plain_waiter_gets_in_while_readers_keep_arriving(emu):
     # Once its ticket is there, readers stop coming in (one whose read came just before it may still join).
     assert len(late_readers(run["events"], "plain", ticket)) <= 3
     # And it is there at once: between the start of the wait and the ticket (a busy add, a read, the ticket's
-    # add), each reader process entered at most twice, on a loaded machine too; a spin (three holds: 3 s on a
-    # new reservation, whose hold time this process has not seen) lets the 0.3 s readers in about ten times
-    # each.
+    # add), each reader process entered at most three times, on a loaded machine too (none did, unloaded);
+    # a spin (three holds: 3 s on a new reservation, whose hold time this process has not seen) lets the
+    # 0.3 s readers in about ten times each.
     events = run["events"]
     started = next(
         i
@@ -444,7 +444,8 @@ def test_a_plain_waiter_gets_in_while_readers_keep_arriving(emu):
         for e in events[started:queued]
         if e["alias"] == JOURNAL and e["attributes"][ATTR_ENTRY].startswith("enter|reader")
     ]
-    assert len(entered) <= 2 * 3, f"{len(entered)} reads came in before the waiter's ticket"
+    assert len(entered) <= 3 * 3, f"{len(entered)} reads came in before the waiter's ticket"
+    print(f"\n{len(entered)} reads came in between the waiter's start and its ticket")
 
 
 def test_a_crashed_readers_slot_is_recovered_by_the_lease_rules(emu):
