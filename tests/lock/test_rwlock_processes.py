@@ -413,8 +413,10 @@ def test_a_plain_waiter_gets_in_while_readers_keep_arriving(emu):
     def ticket(alias: str) -> bool:
         return "~q~" in alias
 
+    mark = "wait|plain|x|-"  # when the waiter starts (check_history skips it)
+
     def take(api, rid):
-        journal(api, rid, "wait|plain|x|-")
+        journal(api, rid, mark)
         return ReservationMutex(api, rid, owner="the plain lock", timeout=30, **FAST)
 
     # A read group holds the lock whenever the add finds it busy (the readers overlap), and the waiter parks
@@ -434,9 +436,7 @@ def test_a_plain_waiter_gets_in_while_readers_keep_arriving(emu):
     # 0.3 s readers in about ten times each.
     events = run["events"]
     started = next(
-        i
-        for i, e in enumerate(events)
-        if e["alias"] == JOURNAL and e["attributes"][ATTR_ENTRY] == "wait|plain|x|-"
+        i for i, e in enumerate(events) if e["alias"] == JOURNAL and e["attributes"][ATTR_ENTRY] == mark
     )
     queued = next(i for i, e in enumerate(events) if ticket(e["alias"]) and e["op"] == "service_added")
     entered = [

@@ -360,13 +360,13 @@ class LockMemory:
             # Granted after the previous holder released, so about when that release was expected, not
             # anywhere since the last read: reads far apart (a waiter far back) still time the head's polls.
             granted_after = max(self.seen_at, previous_end - RELEASE_SLACK * self.hold_estimate())
-        if self.holder is not None:
+        start = self.granted_at()
+        if start is not None:
             # The previous holder released between the last read and this one: a tenure sample when both
             # its start and its end are known to within a third of it.
-            start, end = (self.holder_lo + self.holder_hi) / 2, (self.seen_at + view.at) / 2
-            sample = end - start
+            sample = (self.seen_at + view.at) / 2 - start
             known = max(self.holder_hi - self.holder_lo, view.at - self.seen_at)
-            if math.isfinite(sample) and sample > 0 and known <= sample / 2 and not self.stretched:
+            if sample > 0 and known <= sample / 2 and not self.stretched:
                 self.tenure = _median_of(self.tenure_samples, sample)
         self.holder, self.holder_lo, self.holder_hi = token, granted_after, view.at
         self.stretched = view.releasing
@@ -419,22 +419,30 @@ class LockMemory:
         not run dry hands the lock on about once a period)."""
         return self.tenure if self.tenure is not None else self.period
 
+    def granted_at(self) -> Optional[float]:
+        """When the holder seen last was granted (monotonic: between the read before and the first read
+        that showed it), or None when no read saw it come (or there is no holder)."""
+        if self.holder is None or not math.isfinite(self.holder_lo):
+            return None
+        return (self.holder_lo + self.holder_hi) / 2
+
     def holder_age(self, now: float) -> float:
         """How long the holder seen last has held the lock by ``now``: from its grant when a read saw it
         come, else from the first read that showed it (a lower bound); 0 when none was seen."""
         if self.holder is None:
             return 0.0
-        start = (self.holder_lo + self.holder_hi) / 2 if math.isfinite(self.holder_lo) else self.holder_hi
-        return max(0.0, now - start)
+        granted = self.granted_at()
+        return max(0.0, now - (self.holder_hi if granted is None else granted))
 
     def expected_release(self) -> Optional[float]:
         """When the holder seen last is expected to release (monotonic), or None when unknown. Only holds
         timed from both ends make the estimate: the period between grants includes the time a head sat in
         front of a hold whose start nobody saw, and a hint taken from it would put the head to sleep through
         the hand-offs of short holds."""
-        if self.holder is None or not math.isfinite(self.holder_lo) or self.tenure is None:
+        granted = self.granted_at()
+        if granted is None or self.tenure is None:
             return None
-        return (self.holder_lo + self.holder_hi) / 2 + self.hold_estimate()
+        return granted + self.hold_estimate()
 
 
 def _median_of(samples: Deque[float], sample: float) -> float:
