@@ -11,6 +11,7 @@ from typing import Any, List, Tuple
 
 import pytest
 from fakes import FakeApi, make, other_holds
+from urllib3.exceptions import ProtocolError
 
 from cloudshell_mutex import MutexTimeout, protocol
 from cloudshell_mutex.lock.lease.lease import ticket_value
@@ -85,6 +86,44 @@ def test_a_waiter_that_holds_another_lock_parks_at_once(clock) -> None:
     assert api.ticket_adds() and api.ticket_adds()[0] <= start + 0.5
     lock.release()
     outer.release()
+
+
+@pytest.mark.parametrize("fault", [None, "reply lost, lands 30 s later"])
+def test_a_waiter_behind_a_read_group_parks_at_once(clock, fault) -> None:
+    # Readers join a group while no ticket is queued (rw/readview.py, waiter_queued): a spin would only let
+    # more of them in. The ticket's add is the one a waiter makes after its spin: one whose reply is lost and
+    # that lands long after the wait ended is the late-add watcher's, removed once a read shows it.
+    api = TimedApi(clock=clock)
+    other_holds(api, protocol.READ_GROUP_MARK + "Reader@host:1:deadbeef")
+    lock = make(api, clock, fair=True, timeout=20)
+    start, late, landed = clock.now, [], []
+
+    def lost_reply(reservation_id, model, alias, attributes) -> bool:
+        if protocol.TICKET_INFIX in alias and not late:
+            late.append(alias)
+            copy = list(attributes)
+
+            def land() -> None:
+                api.commit_add(reservation_id, model, alias, copy)
+                landed.append(alias)
+
+            api.later(clock.now + 30, land)  # after the acquire's 20 s timeout
+            raise ProtocolError("Connection aborted.", ConnectionResetError())
+        return False
+
+    if fault:
+        api.faults["AddServiceToReservation"] = [lost_reply] * 100
+    with pytest.raises(MutexTimeout):
+        lock.acquire()  # the group never leaves
+    # One busy add and the read after it, then the ticket: no spin (it would last 1-5 s, polling the add).
+    calls = [(kind, protocol.TICKET_INFIX in alias) for _, kind, alias in api.log]
+    assert calls[:3] == [("add", False), ("read", False), ("add", True)], calls[:8]
+    watcher = lock.runtime.late_adds
+    while clock.now < start + 45:
+        clock.sleep(1.0)
+        watcher.sweep()
+    assert landed == late and bool(late) == bool(fault)  # the lost add landed, after the wait ended
+    assert [alias for alias in api.services if protocol.TICKET_INFIX in alias] == []  # nothing left behind
 
 
 def test_the_heads_polls_slow_down_as_the_hold_ages(clock) -> None:
