@@ -28,6 +28,7 @@ from cloudshell_mutex import (
 )
 from cloudshell_mutex.lock.engine import Runtime
 from cloudshell_mutex.lock.holder import is_read_group
+from cloudshell_mutex.lock.lease.lease import ticket_value
 from cloudshell_mutex.lock.pacing import CallBudget, FixedPacing
 from cloudshell_mutex.lock.server import catalog
 from cloudshell_mutex.lock.server.late_adds import LateAdds
@@ -312,6 +313,32 @@ def test_a_waiting_reader_closes_a_group_left_without_readers_so_a_waiting_write
     reader = make_rw(api, clock, "reader B")
     assert not reader.read().acquire(blocking=False)
     assert sorted(api.services) == [MUTEX + "~w"]  # the empty group was closed; the writer's turn
+
+
+def test_a_waiting_reader_closes_a_group_left_without_readers_so_a_queued_waiter_gets_in(clock):
+    """A plain waiter parks behind a read group (its ticket stops readers joining), so nobody would ever close
+    a group left without readers: on the original model no lease ends it either."""
+    api = FakeApi(clock=clock)
+    ticket = protocol.ticket_alias(MUTEX, 1)
+    waiter = ticket_value("waiter W@host:3:0000cccc", 120.0, 0)
+    api.services = {MUTEX: {OWNER: GROUP}, ticket: {OWNER: waiter}}
+    reader = make_rw(api, clock, "reader B")
+    assert not reader.read().acquire(blocking=False)
+    assert sorted(api.services) == [ticket]  # the empty group was closed; the queued waiter's turn
+
+
+def test_a_waiting_reader_leaves_a_group_without_readers_to_the_closer_at_work_on_it(clock):
+    """The last reader gave its slot back and is closing (its MUTEX~c is there): a second close would only
+    wait for MUTEX~c, calling the server meanwhile."""
+    api = FakeApi(clock=clock)
+    waiter = ticket_value("waiter W@host:3:0000cccc", 120.0, 0)
+    ticket = protocol.ticket_alias(MUTEX, 1)
+    closing = {MUTEX: {OWNER: GROUP}, MUTEX + "~c": {OWNER: CLOSER}, ticket: {OWNER: waiter}}
+    api.services = copy.deepcopy(closing)
+    reader = make_rw(api, clock, "reader B")
+    assert not reader.read().acquire(blocking=False)
+    assert api.services == closing
+    assert api.calls == ["GetReservationDetails"]
 
 
 def test_a_closer_whose_remove_may_still_land_keeps_the_closer_service_until_release_finishes_it(

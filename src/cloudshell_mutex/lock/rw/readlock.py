@@ -149,7 +149,7 @@ class ReadLock(LockFace):
                 rw.logger.info("cloudshell-mutex: read of %s waits: %s", rw.name, why)
         if why is not None and self._view.abandoned_group(snap):
             # A group with no reader left (its readers' last close was skipped on a lagging read, or an add
-            # of it landed late) would keep a waiting writer out until its lease ends.
+            # of it landed late) would keep a waiting writer or a queued waiter out until its lease ends.
             self._close(None, self._close_by(self._deadline))
         if why is None:
             self._enter(snap)

@@ -150,9 +150,22 @@ class ReadView:
         return None
 
     def abandoned_group(self, snap: Dict[str, Holder]) -> bool:
-        """A writer waits, and this read shows a read group with no reader slot held."""
+        """A writer waits, or a waiter is queued for the lock, and this read shows a read group with no reader
+        slot held and nobody at work on it: no new reader comes in while they wait, so none would close it.
+        A closer or breaker at work (the last reader closing, most often) is left to it: a second close
+        would only wait for its ``MUTEX~c``."""
         holder = snap.get(self.name)
-        return is_read_group(holder) and self.writer_waiting(snap) is not None and not self.readers(snap)
+        if not is_read_group(holder) or self.readers(snap):
+            return False
+        if self.closer_at_work(snap) or self.breaker_at_work(snap):
+            return False
+        return self.writer_waiting(snap) is not None or self.waiter_queued(snap) is not None
+
+    def closer_at_work(self, snap: Dict[str, Holder]) -> bool:
+        """True when the snapshot shows ``MUTEX~c`` that this reader has not judged stale (a crashed closer's:
+        the next close breaks it by the lease rules)."""
+        marker = snap.get(protocol.closer_alias(self.name))
+        return marker is not None and not self._watch(marker.alias).stale(self.runtime.clock())
 
     def break_stale(self, snap: Dict[str, Holder], aliases: List[str]) -> bool:
         """Break each of ``aliases`` (reader slots, or a writer's ``MUTEX``) that this reader has seen
