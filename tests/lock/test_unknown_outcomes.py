@@ -143,6 +143,35 @@ def released_with_a_late_add(clock, delay: float, lifetime: float):
     return api, late, token
 
 
+def test_a_releasing_markers_add_copy_that_lands_after_the_markers_remove_is_removed(clock):
+    """The release's remove gets no answer, so it marks the lock as releasing. The marker's add succeeds, but
+    only on the client's re-send (a reset 1 s in): the first copy lands after the release removed the marker.
+    Answered with success, the add was taken as settled, and that copy stayed in the sandbox for good."""
+    api = FakeApi(clock=clock)
+    late = LateAdds(clock)
+    mutex = make(api, clock, late_adds=late, request_lifetime=30)
+    mutex.acquire()
+    marker = protocol.releasing_alias(MUTEX)
+    api.faults["RemoveServicesFromReservation"] = [remove_landing_late(api, clock, 2.0)]
+
+    def resent_after_a_reset(reservation_id, model, alias, attributes):
+        copy = list(attributes)
+        api.later(clock.now + 6.0, lambda: api.commit_add(reservation_id, model, alias, copy))
+        clock.now += 1.1  # the client's re-send, 1 s after the reset of the first copy
+        return False  # the re-sent copy is added now, with an answer
+
+    api.faults["AddServiceToReservation"] = [resent_after_a_reset]
+    mutex.release()
+    assert marker not in api.services  # the release took its marker away ...
+    clock.now += 10
+    api.land_due()
+    assert marker in api.services  # ... and the first copy landed after it
+    late.sweep()
+    clock.now += 30
+    late.sweep()
+    assert marker not in api.services
+
+
 def test_a_read_answered_after_our_remove_could_land_but_sent_before_proves_nothing(clock):
     """A release's remove gets no answer and may land until lands_by. A read sent just before its landing but
     answered after lands_by still shows our lock: it saw the server before the remove landed, so the remove

@@ -95,7 +95,9 @@ class ReleaseLoop:
             added = mark.set_attributes([(protocol.ATTR_OWNER, self.marker)])
         if added.ok or added.may_have_committed or added.may_land_later:
             op.releasing_mark = mark
-            if not added.ok:
+            # An add that succeeded may still have an earlier copy on its way (the client re-sent it): that
+            # copy could land after our remove of the marker, so it is watched as a failed add is.
+            if not added.ok or added.may_land_later:
                 op.releasing_mark_lands_by = added.lands_by(core.options.request_lifetime)
         else:
             core.news.log(logging.DEBUG, "could not mark %s as releasing: %s", core.name, added.failure)
