@@ -26,12 +26,16 @@ PYTEST_ARGS ?=
 # pytest workers (pytest-xdist) run it in about 5.5 minutes on two cores. PYTEST_WORKERS=0: one process.
 PYTEST_WORKERS ?= 4
 # make bench: the decide plan (about 25 minutes: the default lock's targets, and the workloads sites run -
-# setup bursts, a long hold, the stress run's throughput - judged) by default; BENCH=site those workloads
+# setup bursts, a long hold, the stress run's throughput - judged), then the stalls (about 16 minutes) by
+# default; BENCH=site those workloads
 # alone (about ten minutes); BENCH=full the whole matrix (hours), then the cohort and readers-and-writers
 # benches; BENCH=quick short windows (ten minutes), BENCH=quick,targets or quick,budget with more of N=8 and 32.
 BENCH ?= decide
 # ... and the cohort benchmark's plan (bench/cohort.py: quick, full, slice, smoke), run with BENCH=full.
 COHORT_BENCH ?= quick
+# The stalls (bench/stalls.py: dead, slow and unlucky parties, the default against fair=False), run with
+# BENCH=decide and full; e.g. STALLS_ARGS="--scenarios bimodal --repeats 3".
+STALLS_ARGS ?=
 comma := ,
 
 .PHONY: help venv venv39 test test-py39 test-oldest-client test-live test-dist stress chaos lint clean emulator package dist demo bench
@@ -149,6 +153,9 @@ demo: venv
 bench: venv
 	$(BIN)/python -m cloudshell_mutex.bench --plan $(BENCH)
 	$(BIN)/python -m cloudshell_mutex.demo --doc docs/benchmarks.md
+ifneq ($(filter decide full,$(subst $(comma), ,$(BENCH))),)
+	$(BIN)/python -m cloudshell_mutex.bench.stalls --doc docs/benchmarks.md $(STALLS_ARGS)
+endif
 ifneq ($(filter full,$(subst $(comma), ,$(BENCH))),)
 	$(BIN)/python -m cloudshell_mutex.bench.cohort --plan $(COHORT_BENCH)
 	$(BIN)/python -m cloudshell_mutex.bench.rwmix --reads 0.9,0.5 --doc docs/benchmarks.md

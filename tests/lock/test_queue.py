@@ -713,6 +713,28 @@ def test_a_dead_head_passed_by_every_waiter_is_still_judged_across_this_process_
     assert removed_at and start + TICKET_LEASE + margin <= removed_at[0] < start + TICKET_LEASE + margin + 30
 
 
+def test_a_waiter_in_line_that_breaks_a_stale_holder_adds_at_once_past_a_dead_head(clock) -> None:
+    # One execution server died: the holder (its lease runs out) and the head of the queue with it. The waiter
+    # behind judges the holder stale on its own clock, breaks it and adds at once; going back to its place
+    # behind the dead head, which nobody polls for, it would leave the lock free until the fallback.
+    api = RecordingApi(attributes=(protocol.ATTR_OWNER, *protocol.LEASE_ATTRIBUTES))
+    api.services[MUTEX] = {
+        protocol.ATTR_OWNER: "Crashed driver@exec-01:4242:deadbeef",
+        protocol.ATTR_LEASE_SECONDS: "2",
+        protocol.ATTR_HEARTBEAT: "deadbeef:aa01:3",
+    }
+    queue_up(api, 0, HEAD)  # the head that died with it
+    lock = make(api, clock, fair=True, lease=2, timeout=60)
+    assert lock.acquire() is True
+    (broke_at,) = [at for at, alias in api.adds if alias == protocol.breaker_alias(MUTEX)]
+    granted_at = mutex_adds(api)[-1]
+    assert api.services[MUTEX][protocol.ATTR_OWNER] == lock.token
+    # The breaker's own wait for reads that may lag, then our add; not the fallback on top (4.3 s before).
+    assert granted_at - broke_at < FRESH_READ_LAG + FALLBACK_AFTER / 2, (broke_at, granted_at)
+    assert ticket_alias(MUTEX, 0) in tickets(api)  # the dead head's ticket waits for its own lease
+    lock.release()
+
+
 def _view(at: float, holder: Optional[str], *waiting: Tuple[int, str], releasing: bool = False) -> QueueView:
     services = {}
     if holder is not None:

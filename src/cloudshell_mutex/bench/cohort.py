@@ -40,14 +40,14 @@ from ..lock.cohort.cohort import (
     DEFAULT_YIELD_SECONDS,
     CohortMutex,
 )
+from . import sections
 from .contenders import Contender, Seat, default_lock
 from .metrics import BenchDataError, Distribution
 from .plans import REACQUIRE, Cell
 from .runner import Bench, BenchError, Execution
 
 #: The markers of the cohort section in docs/benchmarks.md (report.py keeps what is between them).
-SECTION_START = "<!-- cohort bench: start -->"
-SECTION_END = "<!-- cohort bench: end -->"
+SECTION_START, SECTION_END = sections.COHORT
 FORMAT = 1
 
 #: The targets (issue 16): local gap p50, throughput ratio, server calls/s, min/mean holds per server.
@@ -316,20 +316,12 @@ def render_section(results: Sequence[CohortMetrics], plan_name: str, seconds: fl
 
 def insert_section(document: str, section: str) -> str:
     """``document`` with its cohort section replaced by ``section`` (appended when it has none)."""
-    if SECTION_START in document and SECTION_END in document:
-        head, rest = document.split(SECTION_START, 1)
-        _, tail = rest.split(SECTION_END, 1)
-        return head + section.rstrip("\n") + tail
-    return document.rstrip("\n") + "\n\n" + section
+    return sections.replace_section(document, sections.COHORT, section)
 
 
 def existing_section(document: str) -> str:
     """The cohort section of ``document`` with its markers, or "" (report.py keeps it across rewrites)."""
-    if SECTION_START in document and SECTION_END in document:
-        return (
-            SECTION_START + document.split(SECTION_START, 1)[1].split(SECTION_END, 1)[0] + SECTION_END + "\n"
-        )
-    return ""
+    return sections.section_of(document, sections.COHORT)
 
 
 def save(path: Path, results: Sequence[CohortMetrics], plan: str, seconds: float) -> None:

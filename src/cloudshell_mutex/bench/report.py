@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from ..demo.__main__ import SECTION_END as DEMO_END
 from ..demo.__main__ import SECTION_START as DEMO_START
 from ..lock.queue import tickets
-from .cohort import existing_section
+from . import sections
 from .contenders import BASELINE, CONTENDERS, PLAIN_POLLING
 from .metrics import (
     HELD_CALLS_PER_SECOND_MAX,
@@ -45,8 +45,6 @@ from .plans import (
     Plan,
 )
 from .runner import RunResult
-from .rwmix import MARK_END as RWMIX_END
-from .rwmix import MARK_START as RWMIX_START
 from .summary import (
     SHORT_WORKLOADS,
     Metric,
@@ -580,7 +578,8 @@ def render(
         "  (`BENCH=full` runs plain polling, `fair=False`, beside them); then the workloads sites run",
         "  (setup bursts, a job's long hold, the stress run's throughput) against plain polling and the",
         "  original in the same run. `python -m cloudshell_mutex.bench --plan site` runs those alone (about",
-        "  ten minutes).",
+        "  ten minutes). Then the stalls (`python -m cloudshell_mutex.bench.stalls`, about 16 minutes; the",
+        "  section near the end of this page): dead, slow and unlucky parties, against `fair=False`.",
         "* `make bench BENCH=full`: the whole matrix (N = 1, 2, 8, 32; hold 0.1, 1, 10 s; every contender;",
         "  hours), then the cohort and the readers-and-writers benchmarks.",
         "* `make bench BENCH=quick`: short windows in ten minutes (indications, not verdicts);",
@@ -678,14 +677,10 @@ def _latency_text() -> str:
 
 
 def kept_sections(document: str) -> str:
-    """The sections of ``document`` that other benches wrote (cohort.py, rwmix.py, the demo), markers
-    included."""
-    kept = existing_section(document)
-    for start, end in ((RWMIX_START, RWMIX_END), (DEMO_START, DEMO_END)):
-        if start in document and end in document:
-            body = document.split(start, 1)[1].split(end, 1)[0]
-            kept += ("\n" if kept else "") + start + body + end + "\n"
-    return kept
+    """The sections of ``document`` that other benches wrote (cohort.py, rwmix.py, stalls.py, the demo),
+    markers included, in the page's order."""
+    markers = (sections.COHORT, sections.RWMIX, sections.STALLS, (DEMO_START, DEMO_END))
+    return "\n".join(found for found in (sections.section_of(document, m) for m in markers) if found)
 
 
 def write_report(
@@ -698,7 +693,7 @@ def write_report(
     """Write the markdown document (and the plots, unless ``plots_folder`` is None); return the files."""
     plots = plot(summarise(results), plots_folder) if plots_folder is not None else []
     doc.parent.mkdir(parents=True, exist_ok=True)
-    # The cohort and readers-and-writers benches and the demo write their own sections: keep them.
+    # The cohort, readers-and-writers and stalls benches and the demo write their own sections: keep them.
     kept = kept_sections(doc.read_text(encoding="utf-8")) if doc.exists() else ""
     text = render(results, plans, seconds, plots, doc)
     doc.write_text(text + ("\n" + kept if kept else ""), encoding="utf-8")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import random
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,15 +23,15 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..emulator import Emulator
 from ..lock import protocol
+from . import sections
 from .plans import LATENCY
+from .worker import Address, admin_address
 
 #: The contenders: the RW lock, and the plain mutex for every section.
 CONTENDERS = ("mutex", "rwlock")
-MARK_START, MARK_END = "<!-- rwmix:start -->", "<!-- rwmix:end -->"
+MARK_START, MARK_END = sections.RWMIX
 STARTUP_TIMEOUT = 180.0
 LEAD_SECONDS = 1.0
-
-Address = Tuple[str, int, str, str, str]
 
 
 @dataclass(frozen=True)
@@ -134,13 +133,7 @@ def run_mix(
     try:
         emulator.add_service_model(protocol.SERVICE_MODEL, {protocol.ATTR_OWNER: ""})
         rid = emulator.create_reservation(f"rw mix {contender}")
-        address = (
-            emulator.host,
-            emulator.port,
-            emulator.admin_user,
-            emulator.admin_password,
-            emulator.admin_domain,
-        )
+        address = admin_address(emulator)
         ctx = multiprocessing.get_context("spawn")
         results = ctx.Queue()
         commands = [ctx.Queue() for _ in range(clients)]
@@ -217,13 +210,7 @@ def write_section(doc: Path, results: Sequence[MixResult], window: float) -> Non
         *table(results),
         MARK_END,
     ]
-    text = doc.read_text(encoding="utf-8") if doc.exists() else ""
-    section = "\n".join(body)
-    pattern = re.compile(re.escape(MARK_START) + ".*?" + re.escape(MARK_END), re.S)
-    text = (
-        pattern.sub(lambda _: section, text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + section
-    )
-    doc.write_text(text.rstrip("\n") + "\n", encoding="utf-8")
+    sections.write_section(doc, sections.RWMIX, "\n".join(body))
 
 
 def main(argv: Optional[List[str]] = None) -> int:

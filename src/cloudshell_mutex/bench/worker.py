@@ -27,6 +27,11 @@ from .plans import FINITE, JOB_CONTENDER, role, schedule
 Address = Tuple[str, int, str, str, str]
 
 
+def admin_address(emulator: Any) -> Address:
+    """The emulated server's address with its admin's credentials, for a client process to log on with."""
+    return (emulator.host, emulator.port, emulator.admin_user, emulator.admin_password, emulator.admin_domain)
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """One run for one client: the reservation, the contender, the workload, the window and how many

@@ -9,11 +9,11 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import re
 import sys
 from pathlib import Path
 from typing import List, Optional, TextIO
 
+from cloudshell_mutex.bench import sections
 from cloudshell_mutex.demo.race import GOAL, START, DemoResult, ModeResult, ProgressHook, run_demo
 
 
@@ -99,13 +99,7 @@ def doc_section(result: DemoResult, rounds: int) -> str:
 
 def write_doc_section(doc: Path, section: str) -> None:
     """Replace the demo's section of ``doc`` (or append it)."""
-    text = doc.read_text(encoding="utf-8") if doc.exists() else ""
-    pattern = re.compile(re.escape(SECTION_START) + ".*?" + re.escape(SECTION_END), re.S)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section, text)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    doc.write_text(text.rstrip("\n") + "\n", encoding="utf-8")
+    sections.write_section(doc, (SECTION_START, SECTION_END), section)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -63,6 +63,7 @@ class MutexAttempt:
         self._in_line = False
         self._first_turn = False
         self._line_default = 0.0
+        self._add_next = False  # this waiter broke a stale holder: its next try is an add, even in line
 
     # ------------------------------------------------------------------ the engine's attempt
 
@@ -76,12 +77,13 @@ class MutexAttempt:
             self._in_line = self._first_turn = self.queue is not None and self.queue.lines_up_first()
         # In line, each try is a look; but a holder whose lease has run out on this waiter's clock is judged
         # by an add (and the read after it), by every waiter: a dead head must not leave a dead holder be.
-        if self._in_line and not self._turned_stale(core.runtime.clock()):
+        if self._in_line and not self._add_next and not self._turned_stale(core.runtime.clock()):
             delay = self._turn()
             if delay is not None:  # the next look, or (the turn has come) the pause before the add
                 return self._until_progress(self._until_stale(delay))
         # Step 1: the add. Its success is the lock; the owner token travels in the same call.
         op.add_sent()
+        self._add_next = False
         add = core.alias.add_owner(
             op.token,
             core.owner,
@@ -104,7 +106,12 @@ class MutexAttempt:
             if self._on_contention(add):
                 return self._held(op.last_read_at or add.sent_at, resolved=True)
             # Freed since the add failed (the read found nobody), or a stale holder broken: retry at once.
-            freed = (op.read_since_add and op.holder is None) or self._break_if_stale()
+            found_free = op.read_since_add and op.holder is None
+            broke = not found_free and self._break_if_stale()
+            freed = found_free or broke
+            # One that broke it adds even from a place in line: the head may have died with the holder (one
+            # execution server), and the lock would stand free until the fallback passed it.
+            self._add_next = broke
             delay = 0.0 if freed else op.next_pause(core.pacing, core.runtime.rng)
             if self.record is not None and not freed:
                 delay = self.record.after_busy(op, delay)

@@ -99,7 +99,11 @@ class LockCore:
         self._took(op, result)
         op.seen_in_line = True
         holder = result.holder if result.ok else None
-        if holder is not None and not op.is_ours(holder):
+        if holder is not None and op.is_ours(holder):
+            # An add of ours landed late: the queue stops waiting, and the next busy add must read to settle
+            # it (a read in line counts as a holder check, so none would be due: the add would spin).
+            op.add_may_be_pending(True)
+        elif holder is not None:
             # Silently: a waiter in line sees every hand-off, and says so only in its progress.
             op.see_holder(holder, result.sent_at)
             self.watch.observe(holder, result.answered_at)

@@ -464,7 +464,8 @@ class FairQueue:
                     )
             if self._holds:
                 self._find_deadlock(op, result)
-        elif self.ticket is not None:
+        elif self.ticket is not None and not (view.holder is not None and view.holder.token == op.token):
+            # (Every view hides the holder's ticket: when an add of ours landed late, ours stays ours.)
             # Removed (judged stale by a waiter behind us), or a read that lags: join again, at the back,
             # and leave the old one to the late-add watcher at the end, which removes it if it is there.
             self._dropped.append(self.ticket)

@@ -1,0 +1,103 @@
+"""The stalls bench (bench/stalls.py): its verdicts, its section of the report, and short end-to-end runs
+(separate processes killed for real, the emulator, the real client)."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+from cloudshell_mutex.bench import stalls
+from cloudshell_mutex.bench.report import kept_sections
+from cloudshell_mutex.bench.stalls import (
+    MARK_END,
+    MARK_START,
+    SCENARIOS,
+    ClientPlan,
+    Harness,
+    Outcome,
+    ScenarioResult,
+    client_of,
+    table,
+    write_section,
+)
+
+
+def result(name: str, default, plain) -> ScenarioResult:
+    return ScenarioResult(SCENARIOS[name], [Outcome(*d) for d in default], [Outcome(*p) for p in plain])
+
+
+def test_recovery_is_met_within_the_slack_and_missed_beyond_it_in_every_repeat():
+    assert result("dead-holder-and-head", [(8.4,), (9.0,)], [(8.0,), (8.6,)]).verdict() == "met"
+    assert result("dead-holder-and-head", [(11.0,), (12.0,)], [(8.0,), (8.6,)]).verdict() == "missed"
+    assert result("dead-holder-and-head", [(8.0,), (12.0,)], [(8.0,), (8.6,)]).verdict() == "not judged"
+
+
+def test_throughput_is_held_to_a_share_of_plain_pollings_and_runs_off_their_script_are_not_judged():
+    assert result("bimodal", [(39.0,), (40.0,)], [(40.0,), (41.0,)]).verdict() == "met"
+    assert result("bimodal", [(30.0,), (31.0,)], [(40.0,), (41.0,)]).verdict() == "missed"
+    off_script = result("dead-waiters", [(0.0, "the kill hit the holder", False)], [(300.0,)])
+    assert off_script.verdict() == "not judged"
+    assert "(the kill hit the holder)" in table([off_script])[2]
+
+
+def test_the_section_replaces_itself_and_the_main_report_keeps_it(tmp_path):
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("# Benchmarks\n\nmain report\n", encoding="utf-8")
+    write_section(doc, [result("bimodal", [(39.0,)], [(40.0,)])], seed=0, scale=1.0)
+    write_section(doc, [result("slow-client", [(300.0,)], [(200.0,)])], seed=0, scale=1.0)
+    text = doc.read_text(encoding="utf-8")
+    assert text.startswith("# Benchmarks\n\nmain report\n")
+    assert text.count(MARK_START) == 1 and text.count(MARK_END) == 1
+    assert "slow-client" in text and "**bimodal**" not in text
+    kept = kept_sections(text)
+    assert kept.startswith(MARK_START) and "| **slow-client**" in kept and kept.endswith(MARK_END + "\n")
+
+
+def test_a_plan_draws_its_holds_by_their_shares_and_tokens_name_their_client():
+    plan = ClientPlan(True, 6.0, ((0.7, 2.0), (0.3, 0.01)))
+    rng = random.Random(1)
+    draws = [plan.hold(rng) for _ in range(2000)]
+    assert set(draws) == {2.0, 0.01}
+    assert 0.65 < draws.count(2.0) / len(draws) < 0.75
+    assert client_of("stall-client-11@host:42:0123abcd") == 11
+    assert client_of("warm-up@host:42:0123abcd") is None and client_of("") is None
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_killed_waiter_is_gone_and_the_survivors_go_on():
+    plans = [ClientPlan(True, 6.0, ((1.0, 0.1),)) for _ in range(3)]
+    with Harness(plans, seed=0) as h:
+        start = h.open(window=8.0)
+        h.drain(start + 2.0)
+        holding = h.holding()
+        victim = next(c for c in range(3) if not holding.get(c, False))
+        killed_at = h.kill(victim)
+        h.drain(killed_at + 4.0)
+        assert h.holder() != victim
+        assert h.grants(killed_at + 0.5, killed_at + 4.0) == h.grants(
+            killed_at + 0.5, killed_at + 4.0, excluded=(victim,)
+        )
+        assert h.grants(killed_at, killed_at + 4.0, excluded=(victim,)) > 0
+        assert not h.holding().get(victim, False)  # it died waiting
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_the_cli_runs_a_scenario_with_both_locks_and_writes_its_section(tmp_path, capsys):
+    doc = tmp_path / "benchmarks.md"
+    began = time.monotonic()
+    code = stalls.main(["--scenarios", "dead-ticket", "--repeats", "1", "--scale", "0.15", "--doc", str(doc)])
+    assert code == 0 and time.monotonic() - began < 120
+    text = doc.read_text(encoding="utf-8")
+    row = next(line for line in text.splitlines() if line.startswith("| **dead-ticket**"))
+    assert "grants/min" in row and "(" not in row.split("|")[2]  # the default's run went by its script
+    assert "dead-ticket, default, repeat 1: " in text and "added before" in text
+
+
+def test_unknown_scenarios_are_refused_with_the_known_ones_named(capsys):
+    with pytest.raises(SystemExit):
+        stalls.main(["--scenarios", "dead-head"])
+    assert "dead-holder-and-head" in capsys.readouterr().err
