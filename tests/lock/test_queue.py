@@ -735,6 +735,46 @@ def test_a_waiter_in_line_that_breaks_a_stale_holder_adds_at_once_past_a_dead_he
     lock.release()
 
 
+def test_a_ticket_of_ours_gone_and_taken_by_another_when_our_late_add_lands_is_not_kept(clock) -> None:
+    # Our add lands late while we wait in line; meanwhile our ticket was removed (an operator, or judged stale
+    # after a long pause) and a newcomer took its number. The read that shows us holding hides the holder's
+    # ticket, so it must be checked before it is kept: the release below removes without a read
+    # (release_check_after) and would take the newcomer's place with the lock.
+    api = RecordingApi(attributes=(protocol.ATTR_OWNER, *protocol.LEASE_ATTRIBUTES), clock=clock)
+    api.services[MUTEX] = {
+        protocol.ATTR_OWNER: "Crashed driver@exec-01:4242:deadbeef",
+        protocol.ATTR_LEASE_SECONDS: "2",
+        protocol.ATTR_HEARTBEAT: "deadbeef:aa01:3",
+    }
+    queue_up(api, 0, HEAD)
+    lock = make(api, clock, fair=True, lease=2, holder_check_interval=0.5, timeout=60, release_check_after=5)
+    late: List[float] = []
+    newcomer = "Newcomer@host:9:0000beef"
+
+    def land_and_lose_our_place(reservation_id, model, alias, attributes) -> None:
+        api.commit_add(reservation_id, model, alias, list(attributes))
+        ours = [a for a in tickets(api) if a != ticket_alias(MUTEX, 0)]
+        for alias_ in ours:  # removed by someone; the newcomer joins on the number
+            api.services[alias_] = {protocol.ATTR_OWNER: ticket_value(newcomer, TICKET_LEASE, 0)}
+
+    def lost_reply(reservation_id, model, alias, attributes) -> bool:
+        if alias == MUTEX and MUTEX not in api.services and not late:
+            late.append(clock.now)
+            landing = (reservation_id, model, alias, attributes)
+            api.later(clock.now + 1.0, lambda: land_and_lose_our_place(*landing))
+            raise ProtocolError("Connection aborted.", ConnectionResetError())
+        return False
+
+    api.faults["AddServiceToReservation"] = [lost_reply] * 100
+    assert lock.acquire()
+    assert late, "the scenario never happened: no add after the break"
+    lock.release()
+    api.land_due()
+    taken = [a for a in tickets(api) if a != ticket_alias(MUTEX, 0)]
+    assert taken and all(newcomer in api.services[a][protocol.ATTR_OWNER] for a in taken)
+    assert MUTEX not in api.services
+
+
 def _view(at: float, holder: Optional[str], *waiting: Tuple[int, str], releasing: bool = False) -> QueueView:
     services = {}
     if holder is not None:

@@ -61,7 +61,7 @@ from .. import protocol
 from ..engine import Runtime
 from ..holder import is_read_group
 from ..lease import lease
-from ..lease.lease import ticket_value
+from ..lease.lease import parse_ticket, ticket_value
 from ..operation import LANDING_READ_INTERVAL, Operation
 from ..options import FRESH_READ_LAG, default_logger
 from ..protocol import ticket_alias, ticket_number
@@ -209,7 +209,9 @@ class FairQueue:
             return default
         if self.ticket is not None and self.head:
             if self._clock() - self._beat_at >= self.ticket_lease / 3 or self._detect_due(op):
-                self._look_and_beat(op)
+                view = self._look_and_beat(op)
+                if view is not None and view.holder is not None and view.holder.token == op.token:
+                    return 0.0  # an add of ours landed late: the next add reads and settles it, no sleep
             if self.ticket is not None:
                 return self._detecting(op, self._head_delay(default, op.add_sent_at))
         return None
@@ -464,14 +466,23 @@ class FairQueue:
                     )
             if self._holds:
                 self._find_deadlock(op, result)
-        elif self.ticket is not None and not (view.holder is not None and view.holder.token == op.token):
-            # (Every view hides the holder's ticket: when an add of ours landed late, ours stays ours.)
+        elif self.ticket is not None and not self._kept_under_our_hold(view, result, op.token):
             # Removed (judged stale by a waiter behind us), or a read that lags: join again, at the back,
             # and leave the old one to the late-add watcher at the end, which removes it if it is there.
             self._dropped.append(self.ticket)
             self.ticket = None
             self.head = False
         return view
+
+    def _kept_under_our_hold(self, view: QueueView, result: CallResult, token: str) -> bool:
+        """True when a read that shows an add of ours landed late (we hold the lock) shows our ticket too,
+        still with our token: every view hides the holder's ticket, but it stays ours, for the release to
+        remove with the lock. Gone or someone else's by now: dropped, as any ticket a read does not show."""
+        if self.ticket is None or view.holder is None or view.holder.token != token:
+            return False
+        shown = (result.services or {}).get(self.ticket.alias)
+        parsed = parse_ticket(shown.token) if shown is not None else None
+        return parsed is not None and parsed[0] == token
 
     def _join(self, op: Operation, view: QueueView) -> bool:
         """Add a ticket after the highest number seen; False when the model refuses tickets."""
@@ -552,12 +563,13 @@ class FairQueue:
                 dead.holder.label,
             )
 
-    def _look_and_beat(self, op: Operation) -> None:
+    def _look_and_beat(self, op: Operation) -> Optional[QueueView]:
         view = self._look(op)
         if view is not None:
             self._beat(op)
             if self.head:
                 self._judge_ahead(op, view, 1)  # the tickets the head passed go by the lease
+        return view
 
     def _beat(self, op: Operation, now: bool = False) -> None:
         """Rewrite our ticket's heartbeat every lease/3 (``now``: at once, for a deadlock's other members to
