@@ -66,6 +66,15 @@ def tickets(api: FakeApi) -> List[str]:
     return sorted(alias for alias in api.services if ticket_number(alias, MUTEX) is not None)
 
 
+def crashed_holder(api: FakeApi) -> None:
+    """A holder with a 2 s lease that died: its heartbeat never moves again."""
+    api.services[MUTEX] = {
+        protocol.ATTR_OWNER: "Crashed driver@exec-01:4242:deadbeef",
+        protocol.ATTR_LEASE_SECONDS: "2",
+        protocol.ATTR_HEARTBEAT: "deadbeef:aa01:3",
+    }
+
+
 def mutex_adds(api: RecordingApi) -> List[float]:
     return [at for at, alias in api.adds if alias == MUTEX]
 
@@ -718,11 +727,7 @@ def test_a_waiter_in_line_that_breaks_a_stale_holder_adds_at_once_past_a_dead_he
     # behind judges the holder stale on its own clock, breaks it and adds at once; going back to its place
     # behind the dead head, which nobody polls for, it would leave the lock free until the fallback.
     api = RecordingApi(attributes=(protocol.ATTR_OWNER, *protocol.LEASE_ATTRIBUTES))
-    api.services[MUTEX] = {
-        protocol.ATTR_OWNER: "Crashed driver@exec-01:4242:deadbeef",
-        protocol.ATTR_LEASE_SECONDS: "2",
-        protocol.ATTR_HEARTBEAT: "deadbeef:aa01:3",
-    }
+    crashed_holder(api)
     queue_up(api, 0, HEAD)  # the head that died with it
     lock = make(api, clock, fair=True, lease=2, timeout=60)
     assert lock.acquire() is True
@@ -741,11 +746,7 @@ def test_a_ticket_of_ours_gone_and_taken_by_another_when_our_late_add_lands_is_n
     # ticket, so it must be checked before it is kept: the release below removes without a read
     # (release_check_after) and would take the newcomer's place with the lock.
     api = RecordingApi(attributes=(protocol.ATTR_OWNER, *protocol.LEASE_ATTRIBUTES), clock=clock)
-    api.services[MUTEX] = {
-        protocol.ATTR_OWNER: "Crashed driver@exec-01:4242:deadbeef",
-        protocol.ATTR_LEASE_SECONDS: "2",
-        protocol.ATTR_HEARTBEAT: "deadbeef:aa01:3",
-    }
+    crashed_holder(api)
     queue_up(api, 0, HEAD)
     lock = make(api, clock, fair=True, lease=2, holder_check_interval=0.5, timeout=60, release_check_after=5)
     late: List[float] = []
@@ -1211,11 +1212,7 @@ def test_a_waiter_in_line_breaks_a_stale_holder_and_its_add_that_lands_late_is_i
     # add it sends once the holder is broken gets no reply and lands a second later, after the reply's
     # error: the waiter must end up holding it (not waiting on for the dead head), and leave nothing behind.
     api = RecordingApi(attributes=(protocol.ATTR_OWNER, *protocol.LEASE_ATTRIBUTES), clock=clock)
-    api.services[MUTEX] = {
-        protocol.ATTR_OWNER: "Crashed driver@exec-01:4242:deadbeef",
-        protocol.ATTR_LEASE_SECONDS: "2",
-        protocol.ATTR_HEARTBEAT: "deadbeef:aa01:3",
-    }
+    crashed_holder(api)
     queue_up(api, 0, HEAD)  # the dead head: nobody polls for it
     lock = make(api, clock, fair=True, lease=2, holder_check_interval=0.5, timeout=60)
     late: List[float] = []
