@@ -24,8 +24,8 @@ from cloudshell_mutex.lock.pacing import CallBudget
 from cloudshell_mutex.lock.protocol import ticket_alias, ticket_number
 from cloudshell_mutex.lock.queue import queue
 from cloudshell_mutex.lock.queue import tickets as queue_values
-from cloudshell_mutex.lock.queue.queue import FALLBACK_AFTER
 from cloudshell_mutex.lock.queue.tickets import (
+    FALLBACK_AFTER,
     LOCK_BUDGET,
     TICKET_LEASE,
     QueueView,
@@ -1173,6 +1173,34 @@ def test_the_head_polls_by_its_interval_from_each_adds_send_and_rests_after_a_sl
         expected = max(interval * (1 - queue.JITTER), add_seconds + queue_values.HEAD_REST)
         latest = max(interval * (1 + queue.JITTER), add_seconds + queue_values.HEAD_REST)
         assert expected - 1e-6 <= gap <= latest + 1e-6, (gaps, add_seconds)
+
+
+def test_once_the_pace_is_known_a_head_that_does_not_come_is_passed_after_two_cadences(clock) -> None:
+    """A process that saw the line move a grant every 0.3 s passes a head that leaves the lock free after
+    FALLBACK_FLOOR (0.75 s), not FALLBACK_AFTER (3 s): at short holds the fixed fallback left the lock
+    idle for ten hand-offs per dead head."""
+    api = RecordingApi()
+    memory = queue_values.memory_for(api, RES, MUTEX)
+    now = clock.now
+    a, b, c, d = "A@h:1:0000000a", "B@h:2:0000000b", "C@h:3:0000000c", "D@h:4:0000000d"
+    memory.update(_view(now - 0.9, a, (1, b), (2, c), (3, d)), None)
+    memory.update(_view(now - 0.6, b, (2, c), (3, d)), None)
+    memory.update(_view(now - 0.3, c, (3, d)), None)  # the line moved a grant every 0.3 s
+    memory.update(_view(now, None), None)
+    assert memory.fallback_after() == queue_values.FALLBACK_FLOOR
+    lock = make(api, clock, fair=True, timeout=60)
+    lock.acquire()
+    queue_up(api, 0, HEAD)  # a head that never polls
+    lock.release()
+    api.adds.clear()
+    again = make(api, clock, fair=True, timeout=60)
+    start = clock.now
+    again.acquire()
+    assert api.adds[0] == (start, ticket_alias(MUTEX, 1))
+    added = mutex_adds(api)[0] - start
+    assert queue_values.FALLBACK_FLOOR <= added < FALLBACK_AFTER / 2, added
+    again.release()
+    assert tickets(api) == [ticket_alias(MUTEX, 0)]
 
 
 def test_a_deadline_in_line_before_the_first_add_still_tries_the_add_once(clock) -> None:

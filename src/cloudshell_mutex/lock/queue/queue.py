@@ -68,7 +68,6 @@ from ..protocol import ticket_alias, ticket_number
 from ..server.alias import CallResult, LockAlias, Status
 from . import waitfor
 from .tickets import (
-    FALLBACK_AFTER,
     HEAD_MIN,
     HEAD_REST,
     LOCK_BUDGET,
@@ -532,7 +531,8 @@ class FairQueue:
         return alias
 
     def _head_seems_gone(self, view: QueueView) -> bool:
-        """The lock free at two reads FALLBACK_AFTER apart, with the same head: add without waiting for it."""
+        """The lock free at two reads :meth:`~.tickets.LockMemory.fallback_after` apart, with the same
+        head: add without waiting for it."""
         if view.holder is not None or not view.tickets:
             self._free_seen = None
             return False
@@ -540,7 +540,7 @@ class FairQueue:
         if self._free_seen is None or self._free_seen[1] != head:
             self._free_seen = (view.at, head)
             return False
-        return view.at - self._free_seen[0] >= FALLBACK_AFTER
+        return view.at - self._free_seen[0] >= self.memory.fallback_after()
 
     def _judge_ahead(self, op: Operation, view: QueueView, position: int) -> None:
         """Break the first ticket ahead of ours that this process has seen unchanged for its lease + margin

@@ -53,6 +53,10 @@ MEMORY_SECONDS = 60.0
 #: A waiter that saw the lock free at two reads this far apart, with the same head both times, adds
 #: anyway: the head is gone or stuck, and the queue must not stall the lock (it is only advisory).
 FALLBACK_AFTER = 3.0
+#: Once the line was seen to move, the fallback comes after this many cadences (a live head polls the add
+#: about once a cadence at that pace), never sooner than FALLBACK_FLOOR seconds nor later than FALLBACK_AFTER.
+FALLBACK_CADENCES = 2.0
+FALLBACK_FLOOR = 0.75
 #: A head that stood through this many grants to others is passed (its waiter is gone, stopped or too slow):
 #: one such grant is no sign, as waiters that spin before they park poll the lock too.
 PASS_AFTER = 2
@@ -308,7 +312,7 @@ class LockMemory:
         """The head polls the lock from the moment it is the head, so a waiter served past a ticket that
         stayed, with the same heartbeat, from one read to the next says its waiter is not polling: gone (a
         crash leaves its ticket for a lease, 150 s), stopped, or beaten by code that does not queue. Waiting
-        for it would cost every hand-off the fallback's 3 s; this process passes it instead, until its
+        for it would cost every hand-off the fallback; this process passes it instead, until its
         heartbeat moves. Only speed is at stake: a passed waiter that is alive still polls as the head, and
         exclusion rests on the add alone."""
         present = {t.alias: _beat_of(t) for t in view.tickets}
@@ -403,6 +407,15 @@ class LockMemory:
         if self.tenure is None:
             return self.period
         return min(self.period, self.tenure + HANDOFF)
+
+    def fallback_after(self) -> float:
+        """How long the lock must stay free with the same head before a waiter behind it adds anyway:
+        :data:`FALLBACK_AFTER` until this process has seen the line move, then a couple of cadences (a
+        dead head at short holds would otherwise leave the lock idle for ten hand-offs). Its own holds
+        alone are no pace of the line: a head that polls an old hold by the pacing is slower than they."""
+        if not self.period_samples:
+            return FALLBACK_AFTER
+        return min(FALLBACK_AFTER, max(FALLBACK_FLOOR, FALLBACK_CADENCES * self.cadence()))
 
     def knows_pace(self) -> bool:
         """True once this process has seen the queue move, or timed holds shorter than the period it
