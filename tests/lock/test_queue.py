@@ -1175,10 +1175,14 @@ def test_the_head_polls_by_its_interval_from_each_adds_send_and_rests_after_a_sl
         assert expected - 1e-6 <= gap <= latest + 1e-6, (gaps, add_seconds)
 
 
-def test_once_the_pace_is_known_a_head_that_does_not_come_is_passed_after_two_cadences(clock) -> None:
-    """A process that saw the line move a grant every 0.3 s passes a head that leaves the lock free after
-    FALLBACK_FLOOR (0.75 s), not FALLBACK_AFTER (3 s): at short holds the fixed fallback left the lock
-    idle for ten hand-offs per dead head."""
+@pytest.mark.parametrize("hold, fallback", [(0.5, queue_values.FALLBACK_FLOOR), (6.0, FALLBACK_AFTER)])
+def test_once_the_pace_is_known_a_head_that_does_not_come_after_a_young_hold_is_passed_sooner(
+    clock, hold: float, fallback: float
+) -> None:
+    """A process that saw the line move a grant every 0.3 s, and holds 0.3 s itself, passes a head that
+    leaves the lock free after a young hold in FALLBACK_FLOOR (1 s), not FALLBACK_AFTER (3 s): at short
+    holds the fixed fallback left the lock idle for ten hand-offs per dead head. After a hold of 3 holds
+    or more (one a live head polls by the pacing, a second or more apart) it still waits FALLBACK_AFTER."""
     api = RecordingApi()
     memory = queue_values.memory_for(api, RES, MUTEX)
     now = clock.now
@@ -1186,19 +1190,21 @@ def test_once_the_pace_is_known_a_head_that_does_not_come_is_passed_after_two_ca
     memory.update(_view(now - 0.9, a, (1, b), (2, c), (3, d)), None)
     memory.update(_view(now - 0.6, b, (2, c), (3, d)), None)
     memory.update(_view(now - 0.3, c, (3, d)), None)  # the line moved a grant every 0.3 s
-    memory.update(_view(now, None), None)
     assert memory.fallback_after() == queue_values.FALLBACK_FLOOR
     lock = make(api, clock, fair=True, timeout=60)
     lock.acquire()
+    clock.sleep(0.3)
     queue_up(api, 0, HEAD)  # a head that never polls
     lock.release()
+    api.services[MUTEX] = {protocol.ATTR_OWNER: "E@h:5:0000000e"}  # the lock goes to a waiter that spun
+    released_at = clock.now + hold
+    api.later(released_at, lambda: api.services.pop(MUTEX))
     api.adds.clear()
     again = make(api, clock, fair=True, timeout=60)
-    start = clock.now
     again.acquire()
-    assert api.adds[0] == (start, ticket_alias(MUTEX, 1))
-    added = mutex_adds(api)[0] - start
-    assert queue_values.FALLBACK_FLOOR <= added < FALLBACK_AFTER / 2, added
+    assert ticket_number(api.adds[0][1], MUTEX) is not None  # parked behind the head
+    added = mutex_adds(api)[0] - released_at
+    assert fallback <= added < fallback + 0.75, added
     again.release()
     assert tickets(api) == [ticket_alias(MUTEX, 0)]
 

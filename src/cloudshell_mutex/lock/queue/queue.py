@@ -540,7 +540,9 @@ class FairQueue:
         if self._free_seen is None or self._free_seen[1] != head:
             self._free_seen = (view.at, head)
             return False
-        return view.at - self._free_seen[0] >= self.memory.fallback_after()
+        # A hold the head watched as old (SPIN_HOLDS holds, as _old_hold judges it) was polled by the pacing.
+        ended_old = self.memory.ended_hold_in_holds >= SPIN_HOLDS
+        return view.at - self._free_seen[0] >= self.memory.fallback_after(after_old_hold=ended_old)
 
     def _judge_ahead(self, op: Operation, view: QueueView, position: int) -> None:
         """Break the first ticket ahead of ours that this process has seen unchanged for its lease + margin

@@ -56,7 +56,7 @@ FALLBACK_AFTER = 3.0
 #: Once the line was seen to move, the fallback comes after this many cadences (a live head polls the add
 #: about once a cadence at that pace), never sooner than FALLBACK_FLOOR seconds nor later than FALLBACK_AFTER.
 FALLBACK_CADENCES = 2.0
-FALLBACK_FLOOR = 0.75
+FALLBACK_FLOOR = 1.0
 #: A head that stood through this many grants to others is passed (its waiter is gone, stopped or too slow):
 #: one such grant is no sign, as waiters that spin before they park poll the lock too.
 PASS_AFTER = 2
@@ -242,6 +242,10 @@ class LockMemory:
     holder_hi: float = -math.inf
     #: ... and the last read that showed it.
     holder_seen_to: float = -math.inf
+    #: How many holds (by the estimate then) the holder before it was seen holding, at least (from its
+    #: grant, or the first read that showed it, to the last read that showed it): a head polls an old
+    #: hold rarely, so after one the lock may stand free a while before a live head comes.
+    ended_hold_in_holds: float = 0.0
     #: How long holders hold the lock (seconds; None: not seen yet), from holders seen to come and go
     #: between reads close enough together to tell: the head times its polls by it.
     tenure: Optional[float] = None
@@ -352,10 +356,14 @@ class LockMemory:
 
     def _observe_holder(self, view: QueueView) -> None:
         token = view.holder.token if view.holder is not None else None
-        self.holder_seen_to = view.at
         if token == self.holder:
+            self.holder_seen_to = view.at
             self.stretched = self.stretched or view.releasing
             return
+        if self.holder is not None:
+            held, estimate = self.holder_age(self.holder_seen_to), self.hold_estimate()
+            self.ended_hold_in_holds = held / estimate if estimate > 0 else math.inf
+        self.holder_seen_to = view.at
         if token is not None:
             self.former_holders.append(token)
         granted_after = self.seen_at
@@ -408,12 +416,13 @@ class LockMemory:
             return self.period
         return min(self.period, self.tenure + HANDOFF)
 
-    def fallback_after(self) -> float:
+    def fallback_after(self, after_old_hold: bool = False) -> float:
         """How long the lock must stay free with the same head before a waiter behind it adds anyway:
-        :data:`FALLBACK_AFTER` until this process has seen the line move, then a couple of cadences (a
-        dead head at short holds would otherwise leave the lock idle for ten hand-offs). Its own holds
-        alone are no pace of the line: a head that polls an old hold by the pacing is slower than they."""
-        if not self.period_samples:
+        :data:`FALLBACK_AFTER` until this process has seen the line move, or after a hold the head watched
+        as old (it polls such a hold by the lock's pacing, a second or more apart); else a couple of
+        cadences (a dead head at short holds would otherwise leave the lock idle for ten hand-offs). Its
+        own holds alone are no pace of the line."""
+        if after_old_hold or not self.period_samples:
             return FALLBACK_AFTER
         return min(FALLBACK_AFTER, max(FALLBACK_FLOOR, FALLBACK_CADENCES * self.cadence()))
 
