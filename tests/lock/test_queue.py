@@ -1209,6 +1209,41 @@ def test_once_the_pace_is_known_a_head_that_does_not_come_after_a_young_hold_is_
     assert tickets(api) == [ticket_alias(MUTEX, 0)]
 
 
+def test_the_paced_fallbacks_add_that_lands_late_after_its_error_is_its_own(clock) -> None:
+    """The add sent by the paced fallback past a dead head gets no reply and lands a second after its
+    error: the waiter ends up holding the lock (not waiting on for the dead head), and leaves nothing."""
+    api = RecordingApi()
+    memory = queue_values.memory_for(api, RES, MUTEX)
+    now = clock.now
+    a, b, c, d = "A@h:1:0000000a", "B@h:2:0000000b", "C@h:3:0000000c", "D@h:4:0000000d"
+    memory.update(_view(now - 0.9, a, (1, b), (2, c), (3, d)), None)
+    memory.update(_view(now - 0.6, b, (2, c), (3, d)), None)
+    memory.update(_view(now - 0.3, c, (3, d)), None)  # the line moved a grant every 0.3 s
+    lock = make(api, clock, fair=True, timeout=60)
+    lock.acquire()
+    clock.sleep(0.3)
+    queue_up(api, 0, HEAD)  # a head that never polls
+    lock.release()
+    late: List[float] = []
+
+    def lost_reply(reservation_id, model, alias, attributes) -> bool:
+        if alias == MUTEX and MUTEX not in api.services and not late:
+            late.append(clock.now)
+            api.later(clock.now + 1.0, lambda: api.commit_add(reservation_id, model, alias, list(attributes)))
+            raise ProtocolError("Connection aborted.", ConnectionResetError())
+        return False
+
+    api.faults["AddServiceToReservation"] = [lost_reply] * 100
+    again = make(api, clock, fair=True, timeout=60)
+    start = clock.now
+    assert again.acquire()
+    assert late and late[0] - start < FALLBACK_AFTER, (late, start)  # the paced fallback sent it
+    assert api.services[MUTEX][protocol.ATTR_OWNER] == again.token
+    again.release()
+    api.land_due()
+    assert MUTEX not in api.services and tickets(api) == [ticket_alias(MUTEX, 0)]  # only the dead head's
+
+
 def test_a_deadline_in_line_before_the_first_add_still_tries_the_add_once(clock) -> None:
     """Lined up before the first add (others were seen waiting), the deadline comes while in line: the
     first add is still tried once, as the turn comes or the deadline does (here the lock is free: ours)."""
