@@ -95,19 +95,25 @@ def test_the_waiters_killed_leave_out_the_holder_the_server_shows_before_their_r
 
 def test_a_killed_waiter_is_gone_and_the_survivors_go_on():
     plans = [ClientPlan(True, 6.0, ((1.0, 0.1),)) for _ in range(3)]
-    with Harness(plans, seed=0) as h:
-        start = h.open(window=8.0)
-        h.drain(start + 2.0)
-        holding = h.holding()
-        victim = next(c for c in range(3) if not holding.get(c, False))
-        killed_at = h.kill(victim)
-        h.drain(killed_at + 4.0)
-        assert h.holder() != victim
-        assert h.grants(killed_at + 0.5, killed_at + 4.0) == h.grants(
-            killed_at + 0.5, killed_at + 4.0, excluded=(victim,)
-        )
-        assert h.grants(killed_at, killed_at + 4.0, excluded=(victim,)) > 0
-        assert not h.holding().get(victim, False)  # it died waiting
+    # The clients' reports lag a grant, and a hand-off comes every few tenths of a second: the kill may hit a
+    # client granted a moment ago (kill_waiters says so; a holder's death is another scenario). Try again.
+    for seed in range(3):
+        with Harness(plans, seed=seed) as h:
+            start = h.open(window=8.0)
+            h.drain(start + 2.0)
+            killed_at, _, waited = stalls.kill_waiters(h, seed, count=1)
+            if not waited:
+                continue
+            (victim,) = h.killed
+            h.drain(killed_at + 4.0)
+            assert h.holder() != victim
+            assert h.grants(killed_at + 0.5, killed_at + 4.0) == h.grants(
+                killed_at + 0.5, killed_at + 4.0, excluded=(victim,)
+            )
+            assert h.grants(killed_at, killed_at + 4.0, excluded=(victim,)) > 0
+            assert not h.holding().get(victim, False)  # it died waiting
+            return
+    pytest.fail("every kill hit the holder")
 
 
 @pytest.mark.integration

@@ -903,46 +903,68 @@ def test_a_new_holder_was_granted_about_when_the_one_before_was_expected_to_rele
     assert memory.expected_release() == pytest.approx((memory.holder_lo + 11.6) / 2 + 1.0)
 
 
-def test_a_head_that_let_the_lock_go_to_another_is_passed_until_its_heartbeat_moves() -> None:
+def test_a_head_that_waiters_in_line_were_served_past_is_passed_until_its_heartbeat_moves() -> None:
     memory = queue_values.LockMemory()
-    a, b, c = "A@h:1:0000000a", "B@h:2:0000000b", "C@h:3:0000000c"
-    d = "D@h:4:0000000d"  # a waiter (A held the lock: an acquisition waits once, so A never queues again)
+    a, b = "A@h:1:0000000a", "B@h:2:0000000b"
+    # Waiters (A held the lock: an acquisition waits once, so A never queues again).
+    d, e, f, g, h = (f"{name}@h:{n}:0000000{n}" for n, name in enumerate("DEFGH", start=4))
     memory.update(_view(10.0, a, (1, HEAD), (2, SECOND)), None)
     # The head itself granted: its ticket is the holder's, nothing passed.
     view = memory.update(_view(10.5, HEAD, (1, HEAD), (2, SECOND)), None)
     assert [t.token for t in view.tickets] == [SECOND] and not memory.passed
-    # SECOND is the head; the lock goes to B while it stays the head: one hand-off lost (a waiter that spins
-    # may win one), not passed yet; the lock goes to A2 too: passed, by this process.
-    memory.update(_view(11.0, None, (2, SECOND), (3, d)), None)
-    view = memory.update(_view(11.3, "A2@h:5:000000a2", (2, SECOND), (3, d)), None)
-    assert [t.token for t in view.tickets] == [SECOND, d] and not memory.passed
-    view = memory.update(_view(11.5, b, (2, SECOND), (3, d)), None)
-    assert [t.token for t in view.tickets] == [d] and [t.token for t in view.passed] == [SECOND]
-    assert memory.others == 2  # still waiting, for crowded(): a releaser goes behind a passed head too
+    # SECOND is the head; the lock goes to B, then to A2, acquisitions with no ticket (waiters that spin, or
+    # code that does not queue): they win hand-offs from a live head that polls too. No sign: not passed.
+    line = ((2, SECOND), (3, d), (4, e), (5, f), (6, g), (7, h))
+    memory.update(_view(11.0, None, *line), None)
+    memory.update(_view(11.3, "A2@h:5:000000a2", *line), None)
+    view = memory.update(_view(11.5, b, *line), None)
+    assert [t.token for t in view.tickets] == [SECOND, d, e, f, g, h] and not memory.passed
+    # D, behind it in line, is served past it (D's ticket is the holder's now): once is no sign (the next in
+    # line may fall back past a head asleep on the hint); E served too: passed, by this process.
+    view = memory.update(_view(11.8, d, *line), None)
+    assert [t.token for t in view.tickets] == [SECOND, e, f, g, h] and not memory.passed
+    view = memory.update(_view(12.0, e, (2, SECOND), (5, f), (6, g), (7, h)), None)
+    assert [t.token for t in view.tickets] == [f, g, h] and [t.token for t in view.passed] == [SECOND]
+    assert memory.others == 4  # still waiting, for crowded(): a releaser goes behind a passed head too
     # Its own waiter never passes itself.
-    assert [t.token for t in memory.update(_view(11.6, b, (2, SECOND), (3, d)), SECOND).tickets] == [
-        SECOND,
-        d,
-    ]
-    # The lock goes to C and then to B again while D (the new head, here) stays: D is passed too.
-    memory.update(_view(11.8, c, (2, SECOND), (3, d)), None)
-    view = memory.update(_view(12.0, b, (2, SECOND), (3, d)), None)
-    assert view.tickets == () and {t.token for t in view.passed} == {SECOND, d}
+    mine = memory.update(_view(12.1, e, (2, SECOND), (5, f), (6, g), (7, h)), SECOND)
+    assert [t.token for t in mine.tickets] == [SECOND, f, g, h]
+    # G and then H are served while F (the new head, here) stays: F is passed too.
+    memory.update(_view(12.3, g, (2, SECOND), (5, f), (6, g), (7, h)), None)
+    view = memory.update(_view(12.6, h, (2, SECOND), (5, f), (7, h)), None)
+    assert view.tickets == () and {t.token for t in view.passed} == {SECOND, f}
     # SECOND's heartbeat moves (its waiter is alive): it is the head again.
     alive = queue_view(
         {
-            MUTEX: _holder(MUTEX, c),
+            MUTEX: _holder(MUTEX, h),
             ticket_alias(MUTEX, 2): _holder(ticket_alias(MUTEX, 2), ticket_value(SECOND, TICKET_LEASE, 1)),
-            ticket_alias(MUTEX, 3): _holder(ticket_alias(MUTEX, 3), ticket_value(d, TICKET_LEASE, 0)),
+            ticket_alias(MUTEX, 5): _holder(ticket_alias(MUTEX, 5), ticket_value(f, TICKET_LEASE, 0)),
         },
         MUTEX,
         13.0,
     )
     view = memory.update(alive, None)
-    assert [t.token for t in view.tickets] == [SECOND] and [t.token for t in view.passed] == [d]
+    assert [t.token for t in view.tickets] == [SECOND] and [t.token for t in view.passed] == [f]
     # A ticket gone is forgotten.
-    memory.update(_view(14.0, c, (2, SECOND)), None)
+    memory.update(_view(14.0, h, (2, SECOND)), None)
     assert memory.passed == {}
+
+
+def test_a_head_that_code_which_does_not_queue_keeps_beating_is_passed_once_no_spinner_can_be_left() -> None:
+    # Grants to acquisitions with no ticket count against the head only once its ticket has stood longer
+    # than any spin (TICKETLESS_AFTER): a spinner started before it landed has parked by then, and one that
+    # started after sees the line and parks at once. After that they are code that does not queue (v1, or
+    # fair=False) beating a dead head, which the line behind it would otherwise wait for until its lease.
+    memory = queue_values.LockMemory()
+    a, d = "A@h:1:0000000a", "D@h:4:0000000d"
+    memory.update(_view(10.0, a, (1, HEAD), (2, d)), None)
+    after = 10.0 + queue_values.TICKETLESS_AFTER
+    memory.update(_view(after - 0.5, "Spinner@h:2:0000000b", (1, HEAD), (2, d)), None)
+    memory.update(_view(after, a, (1, HEAD), (2, d)), None)  # a spinner's grant, within the spin: no sign
+    assert not memory.overtaken
+    memory.update(_view(after + 0.5, "V1a@h:5:000000a5", (1, HEAD), (2, d)), None)
+    view = memory.update(_view(after + 1.0, "V1b@h:6:000000a6", (1, HEAD), (2, d)), None)
+    assert [t.token for t in view.tickets] == [d] and [t.token for t in view.passed] == [HEAD]
 
 
 def test_waiters_that_died_together_are_passed_by_the_same_two_grants() -> None:
@@ -1035,12 +1057,14 @@ def test_a_ticket_a_lagging_read_did_not_show_is_still_removed_in_the_end(clock)
 
 
 def test_a_releaser_that_passed_a_live_head_still_goes_behind_it() -> None:
-    # The head let one hand-off go (a v1 peer was faster, say): this process passes it, but it still waits,
-    # so this process's next acquisition lines up (behind it, in its own view ahead of it) instead of racing.
+    # The head let two hand-offs go to waiters behind it (it was slow, say): this process passes it, but it
+    # still waits, so this process's next acquisition lines up (behind it, in its own view ahead of it)
+    # instead of racing.
     memory = queue_values.LockMemory()
-    memory.update(_view(10.0, "A@h:1:0000000a", (1, HEAD)), None)
-    memory.update(_view(10.3, "C@h:3:0000000c", (1, HEAD)), None)
-    view = memory.update(_view(10.5, "B@h:2:0000000b", (1, HEAD)), None)
+    c, d = "C@h:3:0000000c", "D@h:4:0000000d"
+    memory.update(_view(10.0, "A@h:1:0000000a", (1, HEAD), (2, c), (3, d)), None)
+    memory.update(_view(10.3, c, (1, HEAD), (2, c), (3, d)), None)
+    view = memory.update(_view(10.5, d, (1, HEAD), (3, d)), None)
     assert view.tickets == () and [t.token for t in view.passed] == [HEAD]
     assert memory.crowded(10.6)
 

@@ -6,6 +6,7 @@
   v1 and v2 processes (which know nothing of the queue) and plain polling (``fair=False``) share one lock:
   no overlap in the server's event log, no lost update (the race of test_exclusion.py), and no ticket left
   behind.
+* **A newcomer that finds others in line** joins them at once, with no spin of adds.
 * **A dead waiter at the head** is waited for once per process, not at every hand-off.
 * **Re-acquire at once:** processes that ask again the moment they release (a driver working through a list)
   take turns: a releaser goes to the back of the queue, so nobody gets two grants ahead of another.
@@ -23,6 +24,7 @@ from test_exclusion import run_race
 from test_rwlock_processes import collect
 
 from cloudshell_mutex import ReservationMutex, protocol
+from cloudshell_mutex.bench.worker import record_calls
 from cloudshell_mutex.lock.lease.lease import parse_ticket, ticket_value
 from cloudshell_mutex.lock.protocol import ticket_alias, ticket_number
 from cloudshell_mutex.lock.queue.tickets import FALLBACK_AFTER, TICKET_LEASE
@@ -35,12 +37,14 @@ HOLD = 0.2
 
 
 def waiter(index: int, address: Tuple[str, int, str, str, str], rid: str, go, results) -> None:
-    """One process: when told to, acquire the lock (default options), hold it a moment, release it."""
-    report: Dict[str, Any] = {"index": index, "error": None}
+    """One process: when told to, acquire the lock (default options), hold it a moment, release it; report
+    the methods of its calls with their times (one machine: its monotonic clock is the parent's)."""
+    report: Dict[str, Any] = {"index": index, "error": None, "calls": []}
     try:
         host, port, user, password, domain = address
         api = CloudShellAPISession(host, user, password, domain, port=port)
         lock = ReservationMutex(api, rid, owner=f"waiter {index}", timeout=120)
+        report["calls"] = record_calls(api)
         results.put(("ready", index))
         go.wait(timeout=120)
         with lock:
@@ -73,18 +77,18 @@ def granted(emu, rid: str) -> List[str]:
     ]
 
 
-def test_waiters_get_the_lock_in_the_order_they_queued(cloudshell_emulator_factory, original_package_zip):
-    emu = cloudshell_emulator_factory(packages=[original_package_zip])
+def queue_one_by_one(emu, rid: str, count: int) -> Tuple[List[str], float, List[Dict[str, Any]]]:
+    """A first holder takes the lock; ``count`` waiter processes are let in one at a time, each once the
+    ticket of the one before shows; then the holder releases. Returns the owners of the tickets queued (in
+    queue order), when the holder released, and the waiters' reports."""
     api = emu.session()
-    rid = emu.create_reservation("fair order")
-    emu.control.configure(latency=LATENCY)
     address = (emu.host, emu.port, emu.admin_user, emu.admin_password, emu.admin_domain)
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
-    gates = [ctx.Event() for _ in range(WAITERS)]
+    gates = [ctx.Event() for _ in range(count)]
     processes = [
         ctx.Process(target=waiter, args=(index, address, rid, gates[index], results))
-        for index in range(WAITERS)
+        for index in range(count)
     ]
     holder = ReservationMutex(api, rid, owner="first holder", timeout=30)
     holder.acquire()
@@ -94,7 +98,6 @@ def test_waiters_get_the_lock_in_the_order_they_queued(cloudshell_emulator_facto
     try:
         for _ in processes:
             assert results.get(timeout=120)[0] == "ready"
-        # Let them in one at a time: each queues (its ticket shows) before the next starts.
         for index, gate in enumerate(gates):
             gate.set()
             deadline = time.monotonic() + 60
@@ -102,7 +105,7 @@ def test_waiters_get_the_lock_in_the_order_they_queued(cloudshell_emulator_facto
                 assert time.monotonic() < deadline, f"waiter {index} did not queue"
                 time.sleep(0.05)
         queued = _tickets(api, rid)
-        assert [owner.split("@")[0] for owner in queued] == [f"waiter {i}" for i in range(WAITERS)]
+        released = time.monotonic()
         holder.release()
         for _ in processes:
             _, report = results.get(timeout=120)
@@ -113,10 +116,43 @@ def test_waiters_get_the_lock_in_the_order_they_queued(cloudshell_emulator_facto
             if process.is_alive():
                 process.kill()
     assert not [r["error"] for r in reports if r["error"]]
+    return queued, released, reports
+
+
+def test_waiters_get_the_lock_in_the_order_they_queued(cloudshell_emulator_factory, original_package_zip):
+    emu = cloudshell_emulator_factory(packages=[original_package_zip])
+    rid = emu.create_reservation("fair order")
+    emu.control.configure(latency=LATENCY)
+    # Let them in one at a time: each queues (its ticket shows) before the next starts.
+    queued, _, _ = queue_one_by_one(emu, rid, WAITERS)
+    assert [owner.split("@")[0] for owner in queued] == [f"waiter {i}" for i in range(WAITERS)]
     grants = granted(emu, rid)
     # The server's order of grants: the first holder, then the waiters in the order they queued.
     assert grants == ["first holder"] + [f"waiter {i}" for i in range(WAITERS)]
-    assert _tickets(api, rid) == []  # every ticket removed
+    assert _tickets(emu.session(), rid) == []  # every ticket removed
+
+
+def test_a_newcomer_that_finds_others_in_line_parks_at_once(
+    cloudshell_emulator_factory, original_package_zip
+):
+    # The first waiter finds nobody in line: it spins (polls the add) before it parks. Each one after it finds
+    # a ticket at its first read and joins the line at once, with no spin of adds: a spin would race the
+    # parked waiters for the next hand-off. All are served in the order they queued.
+    emu = cloudshell_emulator_factory(packages=[original_package_zip])
+    rid = emu.create_reservation("newcomers")
+    emu.control.configure(latency=LATENCY)
+    count = 3
+    _, released, reports = queue_one_by_one(emu, rid, count)
+    # The adds each sent after its first read (the read that follows its first busy add) until the release.
+    adds = {}
+    for r in reports:
+        methods = [method for at, method in r["calls"] if at < released]
+        first_read = methods.index("GetReservationDetails")
+        adds[r["index"]] = methods[first_read:].count("AddServiceToReservation")
+    assert adds[0] > 1, adds  # it spun: the test tells a spin from parking at once
+    assert [adds[index] for index in range(1, count)] == [1] * (count - 1), adds  # its ticket alone
+    assert granted(emu, rid) == ["first holder"] + [f"waiter {i}" for i in range(count)]
+    assert _tickets(emu.session(), rid) == []
 
 
 def test_the_queue_excludes_with_the_original_code_and_plain_polling_beside_it(

@@ -88,6 +88,26 @@ def test_a_waiter_that_holds_another_lock_parks_at_once(clock) -> None:
     outer.release()
 
 
+def test_a_waiter_that_finds_others_in_line_parks_at_once(clock) -> None:
+    # A spin would race the waiters already parked for the next hand-off (a newcomer winning it overtakes
+    # them), or let a releaser that lines up first go ahead of it: it joins the line behind them instead.
+    api = TimedApi(clock=clock)
+    other_holds(api)
+    head = ticket_alias(MUTEX, 0)
+    api.services[head] = {protocol.ATTR_OWNER: ticket_value("Head@host:7:0badcafe", TICKET_LEASE, 0)}
+    lock = make(api, clock, fair=True, timeout=60)
+    start = clock.now
+    api.later(start + 3, lambda: (api.services.pop(MUTEX), api.services.pop(head)))
+    lock.acquire()
+    # One busy add and the read after it (it shows the ticket), then our ticket: no spin of adds.
+    calls = [(kind, protocol.TICKET_INFIX in alias) for _, kind, alias in api.log]
+    assert calls[:3] == [("add", False), ("read", False), ("add", True)], calls[:8]
+    [parked] = api.ticket_adds()
+    assert parked < start + queue.SPIN_MIN
+    lock.release()
+    assert not api.services  # our ticket went with the lock
+
+
 @pytest.mark.parametrize("fault", [None, "reply lost, lands 30 s later"])
 def test_a_waiter_behind_a_read_group_parks_at_once(clock, fault) -> None:
     # Readers join a group while no ticket is queued (rw/readview.py, waiter_queued): a spin would only let

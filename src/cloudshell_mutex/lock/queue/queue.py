@@ -8,8 +8,10 @@ protocol (which knows nothing of tickets) keeps competing with the head as befor
 * **Spin, then park.** After a busy add a waiter polls the add by the lock's pacing, with no ticket, for a
   few holds (:data:`SPIN_HOLDS`, within :data:`SPIN_MIN` and :data:`SPIN_MAX`): short waits cost what plain
   polling costs and leave no idle hand-off. A wait that grows past that takes a ticket (*parks*), and from
-  then on is served in order. A waiter that holds other locks of the reservation parks at once, and so does
-  one that finds a read group holding the lock (readers keep joining a group until a ticket is queued).
+  then on is served in order. A waiter parks at once when its process saw others in line at its last read
+  (usually the one after its first busy add: a spin would race them), when it holds other locks of the
+  reservation, or when it finds a read group holding the lock (readers keep joining a group until a ticket
+  is queued).
 * **Long holds** are watched ever more rarely: a hold that has lasted T is likely to last a good part of
   T more, so the head polls no more often than every :data:`AGE_FRACTION` x T (on an old hold, slowing to
   one poll every :data:`OLD_HOLD_POLL` first), and the waiters behind it read every
@@ -72,6 +74,8 @@ from .tickets import (
     HEAD_REST,
     LOCK_BUDGET,
     MIN_INTERVAL,
+    SPIN_MAX,
+    SPIN_MIN,
     TICKET_LEASE,
     QueueView,
     TicketAlias,
@@ -95,7 +99,6 @@ JITTER = 0.2
 #: ticket. Only a wait that grows past this many holds (within SPIN_MIN and SPIN_MAX seconds) *parks* it in
 #: the queue: short waits cost no ticket and leave the lock no idle hand-off; long ones are served in order.
 SPIN_HOLDS = 3.0
-SPIN_MIN, SPIN_MAX = 1.0, 5.0
 #: A waiter that has seen nothing move looks again after this many places at the guessed cadence (1 s): a
 #: line of short holds (a grant every 0.15-0.3 s) is then seen move by its next look, not slept through.
 GUESSED_PLACES = 2
@@ -218,8 +221,14 @@ class FairQueue:
     def _spinning(self, op: Operation) -> bool:
         """True while this waiter spins rather than parks: it holds no other lock of the reservation (such a
         waiter parks at once, its ticket naming them for the deadlock check), the lock is not held by a read
-        group, and it has waited less than SPIN_HOLDS holds, within SPIN_MIN and SPIN_MAX."""
+        group, nobody was queued at this process's last read (:meth:`~.tickets.LockMemory.crowded`), and it
+        has waited less than SPIN_HOLDS holds, within SPIN_MIN and SPIN_MAX."""
         if self._claims():
+            return False
+        if self.memory.crowded(self._clock()):
+            # Others wait in line (this process's last read, usually the one after our first busy add, showed
+            # them): a spin would only race them for the next hand-off, or let a releaser that lines up first
+            # go ahead of us before we park.
             return False
         if is_read_group(op.holder):
             # Readers join a group while no waiter is queued, so no spin outlasts a stream of them: our

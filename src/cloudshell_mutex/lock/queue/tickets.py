@@ -57,9 +57,17 @@ FALLBACK_AFTER = 3.0
 #: about once a cadence at that pace), never sooner than FALLBACK_FLOOR seconds nor later than FALLBACK_AFTER.
 FALLBACK_CADENCES = 2.0
 FALLBACK_FLOOR = 1.0
-#: A head that stood through this many grants to others is passed (its waiter is gone, stopped or too slow):
-#: one such grant is no sign, as waiters that spin before they park poll the lock too.
+#: A waiter spins (polls the add with no ticket, queue.py) for at least SPIN_MIN and at most SPIN_MAX seconds.
+SPIN_MIN, SPIN_MAX = 1.0, 5.0
+#: A ticket that this many waiters were served past is passed (its waiter is gone, stopped or too slow):
+#: one is no sign, as the next in line may fall back past a live head asleep on the hold-time hint, and code
+#: that does not queue may win a hand-off from it.
 PASS_AFTER = 2
+#: A grant to an acquisition with no ticket counts against the head only once this process has seen the
+#: head's ticket unchanged this long (seconds): a waiter that spins parks within SPIN_MAX of its start (and
+#: one pacing interval), and one that starts after the ticket landed sees the line and parks at once, so a
+#: grant after that is code that does not queue, not a spinner that won a hand-off from a live head.
+TICKETLESS_AFTER = SPIN_MAX + 1.0
 
 
 class TicketAlias(LockAlias):
@@ -325,9 +333,10 @@ class LockMemory:
         for ticket in view.tickets:
             if ticket.token in self.former_holders and ticket.token != token:
                 self.passed[ticket.alias] = _beat_of(ticket)  # a lost hold's: nobody polls for it
-        for ticket in self._overtaken(present, view.holder.token if granted and view.holder else None):
-            # A live head may lose one hand-off to a waiter that spins (it polls too): passed only once
-            # PASS_AFTER waiters went past it.
+        grantee = view.holder.token if granted and view.holder is not None else None
+        for ticket in self._overtaken(present, grantee):
+            # A live head may lose one hand-off (to a fallback, or to code that does not queue): passed only
+            # once PASS_AFTER waiters went past it.
             beat = _beat_of(ticket)
             seen, times = self.overtaken.get(ticket.alias, (beat, 0))
             times = times + 1 if seen == beat else 1
@@ -343,15 +352,22 @@ class LockMemory:
         """The tickets of the last read's line, still there unchanged, that a waiter went past since: once for
         each ticket behind them that left the line (granted: the holder's ticket is no waiter's; or
         released and removed; or, rarely, a waiter that gave up), and the head once more for a grant to an
-        acquisition with no ticket there (``grantee``). Grants between reads that no read saw held count
-        too: a read every few short holds still passes the tickets of waiters that died together."""
+        acquisition with no ticket there (``grantee``), once the head's ticket has stood TICKETLESS_AFTER:
+        sooner, waiters that spin win hand-offs from a live head that polls too, and a head passed for that
+        would lose its place to the whole line until its next heartbeat (up to 40 s); later, such grants are
+        mostly code that does not queue (a newcomer's first add landing in a hand-off gap is one too).
+        Grants between reads that no read saw held count too: a read every few short holds still passes the
+        tickets of waiters that died together."""
         stayed = [t for t in self.line if present.get(t.alias) == _beat_of(t)]
         past: List[Ticket] = []
         for left in (t for t in self.line if t.alias not in present):
             past.extend(t for t in stayed if t.number < left.number)
         head = self.line[0] if self.line else None
         if grantee is not None and head in stayed and all(t.token != grantee for t in self.line):
-            past.append(head)
+            # Seen unchanged since ``since``; the grant came after the last read (seen_at) at the earliest.
+            since = self.watches[head.alias].since if head.alias in self.watches else None
+            if since is not None and self.seen_at - since >= TICKETLESS_AFTER:
+                past.append(head)
         return past
 
     def _observe_holder(self, view: QueueView) -> None:
