@@ -88,24 +88,46 @@ def test_a_waiter_that_holds_another_lock_parks_at_once(clock) -> None:
     outer.release()
 
 
-def test_a_waiter_that_finds_others_in_line_parks_at_once(clock) -> None:
+@pytest.mark.parametrize("fault", [None, "reply lost, lands 30 s later"])
+def test_a_waiter_that_finds_others_in_line_parks_at_once(clock, fault) -> None:
     # A spin would race the waiters already parked for the next hand-off (a newcomer winning it overtakes
     # them), or let a releaser that lines up first go ahead of it: it joins the line behind them instead.
+    # Its ticket's add is sent sooner than a spinner's: one whose reply is lost and that lands after the wait
+    # ended is the late-add watcher's, removed once a read shows it.
     api = TimedApi(clock=clock)
     other_holds(api)
     head = ticket_alias(MUTEX, 0)
     api.services[head] = {protocol.ATTR_OWNER: ticket_value("Head@host:7:0badcafe", TICKET_LEASE, 0)}
-    lock = make(api, clock, fair=True, timeout=60)
-    start = clock.now
-    api.later(start + 3, lambda: (api.services.pop(MUTEX), api.services.pop(head)))
-    lock.acquire()
+    lock = make(api, clock, fair=True, timeout=20)
+    start, late, landed = clock.now, [], []
+
+    def lost_reply(reservation_id, model, alias, attributes) -> bool:
+        if protocol.TICKET_INFIX in alias and not late:
+            late.append(alias)
+            copy = list(attributes)
+
+            def land() -> None:
+                api.commit_add(reservation_id, model, alias, copy)
+                landed.append(alias)
+
+            api.later(clock.now + 30, land)  # after the acquire's 20 s timeout
+            raise ProtocolError("Connection aborted.", ConnectionResetError())
+        return False
+
+    if fault:
+        api.faults["AddServiceToReservation"] = [lost_reply] * 100
+    with pytest.raises(MutexTimeout):
+        lock.acquire()  # the holder never leaves
     # One busy add and the read after it (it shows the ticket), then our ticket: no spin of adds.
     calls = [(kind, protocol.TICKET_INFIX in alias) for _, kind, alias in api.log]
     assert calls[:3] == [("add", False), ("read", False), ("add", True)], calls[:8]
-    [parked] = api.ticket_adds()
-    assert parked < start + queue.SPIN_MIN
-    lock.release()
-    assert not api.services  # our ticket went with the lock
+    assert api.ticket_adds()[0] < start + queue.SPIN_MIN
+    watcher = lock.runtime.late_adds
+    while clock.now < start + 45:
+        clock.sleep(1.0)
+        watcher.sweep()
+    assert landed == late and bool(late) == bool(fault)  # the lost add landed, after the wait ended
+    assert [alias for alias in api.services if protocol.TICKET_INFIX in alias] == [head]  # only the head's
 
 
 @pytest.mark.parametrize("fault", [None, "reply lost, lands 30 s later"])
