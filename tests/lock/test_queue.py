@@ -55,6 +55,22 @@ class RecordingApi(FakeApi):
         return super().AddServiceToReservation(reservationId, serviceName, alias, attributes)
 
 
+def lose_the_reply_of_the_add_that_finds_the_lock_free(api: FakeApi, clock: Any) -> List[float]:
+    """The first add of MUTEX sent while the lock is free gets a connection reset and lands 1 s after its
+    error. Returns the list of when it was sent (empty until then)."""
+    late: List[float] = []
+
+    def lost_reply(reservation_id, model, alias, attributes) -> bool:
+        if alias == MUTEX and MUTEX not in api.services and not late:
+            late.append(clock.now)
+            api.later(clock.now + 1.0, lambda: api.commit_add(reservation_id, model, alias, list(attributes)))
+            raise ProtocolError("Connection aborted.", ConnectionResetError())
+        return False
+
+    api.faults["AddServiceToReservation"] = [lost_reply] * 100
+    return late
+
+
 def queue_up(api: FakeApi, number: int, token: str, count: int = 0) -> None:
     """Another waiter's ticket."""
     api.services[ticket_alias(MUTEX, number)] = {
@@ -1248,16 +1264,7 @@ def test_the_paced_fallbacks_add_that_lands_late_after_its_error_is_its_own(cloc
     clock.sleep(0.3)
     queue_up(api, 0, HEAD)  # a head that never polls
     lock.release()
-    late: List[float] = []
-
-    def lost_reply(reservation_id, model, alias, attributes) -> bool:
-        if alias == MUTEX and MUTEX not in api.services and not late:
-            late.append(clock.now)
-            api.later(clock.now + 1.0, lambda: api.commit_add(reservation_id, model, alias, list(attributes)))
-            raise ProtocolError("Connection aborted.", ConnectionResetError())
-        return False
-
-    api.faults["AddServiceToReservation"] = [lost_reply] * 100
+    late = lose_the_reply_of_the_add_that_finds_the_lock_free(api, clock)
     again = make(api, clock, fair=True, timeout=60)
     start = clock.now
     assert again.acquire()
@@ -1308,16 +1315,7 @@ def test_a_waiter_in_line_breaks_a_stale_holder_and_its_add_that_lands_late_is_i
     crashed_holder(api)
     queue_up(api, 0, HEAD)  # the dead head: nobody polls for it
     lock = make(api, clock, fair=True, lease=2, holder_check_interval=0.5, timeout=60)
-    late: List[float] = []
-
-    def lost_reply(reservation_id, model, alias, attributes) -> bool:
-        if alias == MUTEX and MUTEX not in api.services and not late:
-            late.append(clock.now)
-            api.later(clock.now + 1.0, lambda: api.commit_add(reservation_id, model, alias, list(attributes)))
-            raise ProtocolError("Connection aborted.", ConnectionResetError())
-        return False
-
-    api.faults["AddServiceToReservation"] = [lost_reply] * 100
+    late = lose_the_reply_of_the_add_that_finds_the_lock_free(api, clock)
     start = clock.now
     assert lock.acquire()
     assert late, "the scenario never happened: no add after the break"

@@ -45,6 +45,26 @@ class TimedApi(FakeApi):
         return [at for at, kind, alias in self.log if kind == "add" and alias == MUTEX]
 
 
+def lose_the_first_ticket_reply(api: TimedApi, clock: Any, late: List[str], landed: List[str]) -> None:
+    """The first ticket add's reply is lost (a connection reset) and the add lands 30 s later, after the
+    acquire's 20 s timeout: its alias goes to ``late`` at the send, to ``landed`` when it commits."""
+
+    def lost_reply(reservation_id, model, alias, attributes) -> bool:
+        if protocol.TICKET_INFIX in alias and not late:
+            late.append(alias)
+            copy = list(attributes)
+
+            def land() -> None:
+                api.commit_add(reservation_id, model, alias, copy)
+                landed.append(alias)
+
+            api.later(clock.now + 30, land)
+            raise ProtocolError("Connection aborted.", ConnectionResetError())
+        return False
+
+    api.faults["AddServiceToReservation"] = [lost_reply] * 100
+
+
 def test_a_short_wait_is_spun_with_no_ticket(clock) -> None:
     api = TimedApi(clock=clock)
     other_holds(api)
@@ -101,21 +121,8 @@ def test_a_waiter_that_finds_others_in_line_parks_at_once(clock, fault) -> None:
     lock = make(api, clock, fair=True, timeout=20)
     start, late, landed = clock.now, [], []
 
-    def lost_reply(reservation_id, model, alias, attributes) -> bool:
-        if protocol.TICKET_INFIX in alias and not late:
-            late.append(alias)
-            copy = list(attributes)
-
-            def land() -> None:
-                api.commit_add(reservation_id, model, alias, copy)
-                landed.append(alias)
-
-            api.later(clock.now + 30, land)  # after the acquire's 20 s timeout
-            raise ProtocolError("Connection aborted.", ConnectionResetError())
-        return False
-
     if fault:
-        api.faults["AddServiceToReservation"] = [lost_reply] * 100
+        lose_the_first_ticket_reply(api, clock, late, landed)
     with pytest.raises(MutexTimeout):
         lock.acquire()  # the holder never leaves
     # One busy add and the read after it (it shows the ticket), then our ticket: no spin of adds.
@@ -140,21 +147,8 @@ def test_a_waiter_behind_a_read_group_parks_at_once(clock, fault) -> None:
     lock = make(api, clock, fair=True, timeout=20)
     start, late, landed = clock.now, [], []
 
-    def lost_reply(reservation_id, model, alias, attributes) -> bool:
-        if protocol.TICKET_INFIX in alias and not late:
-            late.append(alias)
-            copy = list(attributes)
-
-            def land() -> None:
-                api.commit_add(reservation_id, model, alias, copy)
-                landed.append(alias)
-
-            api.later(clock.now + 30, land)  # after the acquire's 20 s timeout
-            raise ProtocolError("Connection aborted.", ConnectionResetError())
-        return False
-
     if fault:
-        api.faults["AddServiceToReservation"] = [lost_reply] * 100
+        lose_the_first_ticket_reply(api, clock, late, landed)
     with pytest.raises(MutexTimeout):
         lock.acquire()  # the group never leaves
     # One busy add and the read after it, then the ticket: no spin (it would last 1-5 s, polling the add).
