@@ -1138,6 +1138,54 @@ def test_a_look_in_line_takes_the_faster_of_the_rate_it_saw_and_the_cadence(cloc
     assert fair._half_way(17, 3.6) == pytest.approx(16 * 0.3 / 2)
 
 
+def _next_in_line_behind(clock: Any, own_holds: List[float], line_moved: Optional[float] = None) -> Any:
+    """A lock whose process timed ``own_holds`` (and saw the line move every ``line_moved`` s) and saw the
+    holder A granted 0.1 s ago, one waiter in front of our ticket: (the lock's queue, our operation)."""
+    api = RecordingApi(clock=clock)
+    lock = make(api, clock, fair=True, timeout=600)
+    fair, memory = lock._queue, lock._queue.memory
+    for hold in own_holds:
+        memory.own_hold(hold)
+    if line_moved is not None:
+        memory.period, memory.period_samples = line_moved, collections.deque([line_moved])
+    start = clock.now
+    memory.update(_view(start - 0.2, "Z@h:0:00000000", (1, HEAD)), None)
+    memory.update(_view(start, "A@h:1:0000000a", (1, HEAD)), None)  # granted at start - 0.1
+    api.services[MUTEX] = {protocol.ATTR_OWNER: "A@h:1:0000000a"}
+    queue_up(api, 1, HEAD)
+    op = lock._core.operation("Ours@host:9:0000abcd")
+    queue_up(api, 2, op.token)
+    fair.ticket, fair._beat_at = fair._alias(2), start  # in line since before those reads, its ticket new
+    clock.now = start + 0.1
+    return fair, op
+
+
+def test_the_next_in_line_reads_no_sooner_than_the_hold_it_saw_granted_can_be_over(clock) -> None:
+    # Holds of 1 s timed, the holder granted 0.1 s ago: our waiter is the head only once that hold is over and
+    # the head's add has landed. A read every third of a hold before then only shows the line where it was.
+    fair, op = _next_in_line_behind(clock, [1.0, 1.0, 1.0])
+    granted = clock.now - 0.2
+    done, delay = fair.step(op, first=False, default=0.0)
+    assert not done
+    assert clock.now + delay == pytest.approx(granted + 1.0 + queue_values.HANDOFF)
+
+
+def test_the_next_in_line_reads_by_the_pace_of_the_line_not_by_one_long_hold_of_its_own(clock) -> None:
+    # This process held the lock 30 s once; the line has moved every 0.35 s since. A read after 30 s would
+    # sleep through dozens of turns, its own too.
+    fair, op = _next_in_line_behind(clock, [30.0], line_moved=0.35)
+    done, delay = fair.step(op, first=False, default=0.0)
+    assert not done and delay <= 0.35 + queue_values.HANDOFF
+
+
+def test_the_next_in_line_behind_long_holds_still_reads_before_its_ticket_is_due_a_heartbeat(clock) -> None:
+    # Holds of 10 minutes, a grant every 10 minutes: the hold can be over only in 600 s, but the ticket's
+    # heartbeat is due every lease/3 after a read, and the line must not wait longer than MAX_INTERVAL.
+    fair, op = _next_in_line_behind(clock, [600.0], line_moved=600.0)
+    done, delay = fair.step(op, first=False, default=0.0)
+    assert not done and delay <= min(TICKET_LEASE / 3, queue_values.MAX_INTERVAL) * (1 + queue.JITTER)
+
+
 def test_a_long_hold_keeps_the_line_reading_by_the_cadence(clock) -> None:
     # A job's long hold, seen at reads 3.5 s apart: the line does not move, and a look every two places would
     # only cost calls (20 waiters: about 4 calls/s more). Whether this process saw the job come or not.

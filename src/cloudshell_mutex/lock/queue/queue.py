@@ -26,7 +26,8 @@ protocol (which knows nothing of tickets) keeps competing with the head as befor
   free number would not do: a newcomer would take a number that the head just freed, ahead of everyone.)
 * **The head** (the lowest ticket) polls the lock's add; the others only read the reservation, rarely:
   the further back, the rarer, so the whole queue stays within a per-lock call budget
-  (:func:`wait_interval`), but each at least at half the time it expects to need to reach the front.
+  (:func:`wait_interval`), but each at least at half the time it expects to need to reach the front, and
+  none before the hold it saw granted can be over (as short as the shortest hold timed lately).
   The ticket of the acquisition that got the lock is no waiter's any more (every view leaves out the
   ticket whose token the lock shows), so the next ticket is the head from the grant on.
   The holder keeps its ticket until its release removes it with the lock, in the same call: one call less
@@ -70,9 +71,11 @@ from ..protocol import ticket_alias, ticket_number
 from ..server.alias import CallResult, LockAlias, Status
 from . import waitfor
 from .tickets import (
+    HANDOFF,
     HEAD_MIN,
     HEAD_REST,
     LOCK_BUDGET,
+    MAX_INTERVAL,
     MIN_INTERVAL,
     SPIN_MAX,
     SPIN_MIN,
@@ -407,6 +410,7 @@ class FairQueue:
         if position == 2:
             interval = max(interval, self._old_hold_floor(now, default))
         interval = self._jitter(self._aged(interval, LINE_AGE_FRACTION, now))
+        interval = max(interval, self._until_hold_over(now))
         interval = min(interval, max(MIN_INTERVAL, self._judged_by(view, position) - now))
         self._place = (position, now)
         wait = self._detecting(op, interval)
@@ -424,6 +428,20 @@ class FairQueue:
         acquisition before): no need to read again to join."""
         view, self.memory.view = self.memory.view, None
         return view if view is not None and now - view.at < RECENT else None
+
+    def _until_hold_over(self, now: float) -> float:
+        """Seconds until the hold this waiter saw granted can be over and the head's add have landed (0:
+        unknown, or already), at most until the next heartbeat of our ticket is due and MAX_INTERVAL. Until
+        then no ticket leaves the line by a grant, so a look shows the line where it was: the next in line
+        reads when it can be the head, not every third of a hold before that. The hold counts as the
+        shortest timed lately, or the cadence when the line was seen moving faster (this process's one long
+        hold says little of the others')."""
+        granted, shortest = self.memory.granted_at(), self.memory.shortest_hold()
+        if granted is None or shortest is None:
+            return 0.0
+        hold = min(shortest, self.memory.cadence())
+        beat_due = self._beat_at + self.ticket_lease / 3 - now
+        return max(0.0, min(granted + hold + HANDOFF - now, beat_due, MAX_INTERVAL))
 
     def _half_way(self, position: int, now: float) -> float:
         """Half the time until this waiter is the head: each look halves the distance, so a line that moves

@@ -457,6 +457,10 @@ class LockMemory:
         not run dry hands the lock on about once a period)."""
         return self.tenure if self.tenure is not None else self.period
 
+    def shortest_hold(self) -> Optional[float]:
+        """The shortest of the latest holds timed (seconds; None: none timed yet)."""
+        return min(self.tenure_samples) if self.tenure_samples else None
+
     def granted_at(self) -> Optional[float]:
         """When the holder seen last was granted (monotonic: between the read before and the first read
         that showed it), or None when no read saw it come (or there is no holder)."""
