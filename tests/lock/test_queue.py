@@ -19,6 +19,7 @@ from urllib3.exceptions import ProtocolError
 from cloudshell_mutex import MutexError, MutexLostError, MutexTimeout, protocol
 from cloudshell_mutex.lock.holder import Holder, commitment, releasing_value
 from cloudshell_mutex.lock.lease.lease import parse_ticket, ticket_value
+from cloudshell_mutex.lock.operation import LANDING_READ_INTERVAL
 from cloudshell_mutex.lock.options import FRESH_READ_LAG
 from cloudshell_mutex.lock.pacing import CallBudget
 from cloudshell_mutex.lock.protocol import ticket_alias, ticket_number
@@ -1168,6 +1169,29 @@ def test_the_next_in_line_reads_no_sooner_than_the_hold_it_saw_granted_can_be_ov
     done, delay = fair.step(op, first=False, default=0.0)
     assert not done
     assert clock.now + delay == pytest.approx(granted + 1.0 + queue_values.HANDOFF)
+
+
+def test_a_releaser_that_lines_up_again_does_not_wait_out_its_own_hold(clock) -> None:
+    # The release's read showed this process's own hold (1 s timed): the releaser joins behind the head from
+    # that read. Its hold is over, so the head is granted at once: waiting as if that hold could still run
+    # would make its first look late, and the head's grant, timed between its looks, seem later than it was.
+    fair, op = _next_in_line_behind(clock, [1.0, 1.0, 1.0])
+    fair.memory.own_hold(1.0, "A@h:1:0000000a")  # the holder seen is the hold this process just released
+    done, delay = fair.step(op, first=False, default=0.0)
+    assert not done and delay < 1.0
+
+
+def test_the_next_in_line_still_looks_soon_while_an_add_of_ours_may_land_late(clock) -> None:
+    # An add of ours got no answer: the server may apply it seconds later, making the lock ours. The wait for
+    # the hold it saw (1.15 s here) must not delay the look that finds it: a landing 0.4 s after our look is
+    # seen at the next one, within the landing interval, and the lock is taken as ours at once.
+    fair, op = _next_in_line_behind(clock, [1.0, 1.0, 1.0])
+    op.add_in_flight(clock.now + 30.0)
+    done, delay = fair.step(op, first=False, default=0.0)
+    assert not done and delay <= LANDING_READ_INTERVAL
+    fair.lock.api.services[MUTEX] = {protocol.ATTR_OWNER: op.token}  # the add lands meanwhile
+    clock.now += delay
+    assert fair.step(op, first=False, default=0.0) == (True, 0.0)
 
 
 def test_the_next_in_line_reads_by_the_pace_of_the_line_not_by_one_long_hold_of_its_own(clock) -> None:

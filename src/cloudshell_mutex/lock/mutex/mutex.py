@@ -383,7 +383,7 @@ class ReservationMutex(LockFace):
             # add's landing to the remove's, about the release's start plus half its round trips (the add's
             # whole round trip is in op.start - since, and the read's and half the remove's are not). Not a
             # release whose remove got no answer: it waited for a fault (up to request_lifetime), not a hold.
-            self._queue.held_for((op.start + self.runtime.clock()) / 2 - held.since)
+            self._queue.held_for((op.start + self.runtime.clock()) / 2 - held.since, held.token)
         self._ended(op, end)
 
     def _forget(self) -> None:

@@ -113,7 +113,8 @@ AGE_FRACTION = 1 / 40
 LINE_AGE_FRACTION = 1 / 10
 AGE_MAX = 10.0
 #: ... and, from the start of an old hold, the head slows to one poll every OLD_HOLD_POLL seconds as
-#: OLD_HOLD_RAMP x T reaches it: few calls on the minute-long holds of a job, a hand-off gap under a second.
+#: OLD_HOLD_RAMP x T reaches it: few calls on the minute-long holds of a job, a hand-off gap of about 0.8 s
+#: on average (up to 1.8 s: the polls are jittered).
 OLD_HOLD_POLL = 1.5
 OLD_HOLD_RAMP = 1 / 10
 
@@ -213,7 +214,7 @@ class FairQueue:
         if self.ticket is None and self._spinning(op):
             return default
         if self.ticket is not None and self.head:
-            if self._clock() - self._beat_at >= self.ticket_lease / 3 or self._detect_due(op):
+            if self._clock() >= self._beat_due_at() or self._detect_due(op):
                 view = self._look_and_beat(op)
                 if view is not None and view.holder is not None and view.holder.token == op.token:
                     return 0.0  # an add of ours landed late: the next add reads and settles it, no sleep
@@ -303,10 +304,11 @@ class FairQueue:
         watched ever more rarely, its hand-off gap a few % of its length (AGE_FRACTION)."""
         return max(seconds, min(AGE_MAX, fraction * self.memory.holder_age(now)))
 
-    def held_for(self, seconds: float) -> None:
-        """This process held the lock ``seconds`` (from its grant to its release): a sample of the hold time
-        that needs no reads (the others' holds are timed only between reads close enough to tell)."""
-        self.memory.own_hold(seconds)
+    def held_for(self, seconds: float, token: str) -> None:
+        """This process held the lock ``seconds`` (from its grant to its release) as ``token``: a sample of
+        the hold time that needs no reads (the others' holds are timed only between reads close enough to
+        tell)."""
+        self.memory.own_hold(seconds, token)
 
     def leave(self, granted: bool = False) -> Optional[TicketAlias]:
         """The acquire ended (the lock granted, a timeout, an error, Ctrl-C): give up our place, and hand
@@ -437,11 +439,11 @@ class FairQueue:
         shortest timed lately, or the cadence when the line was seen moving faster (this process's one long
         hold says little of the others')."""
         granted, shortest = self.memory.granted_at(), self.memory.shortest_hold()
-        if granted is None or shortest is None:
+        if granted is None or shortest is None or self.memory.holds_own_released():
+            # Our own hold, seen by the release's read: it is over, and the next grant comes at once.
             return 0.0
         hold = min(shortest, self.memory.cadence())
-        beat_due = self._beat_at + self.ticket_lease / 3 - now
-        return max(0.0, min(granted + hold + HANDOFF - now, beat_due, MAX_INTERVAL))
+        return max(0.0, min(granted + hold + HANDOFF - now, self._beat_due_at() - now, MAX_INTERVAL))
 
     def _half_way(self, position: int, now: float) -> float:
         """Half the time until this waiter is the head: each look halves the distance, so a line that moves
@@ -600,10 +602,14 @@ class FairQueue:
                 self._judge_ahead(op, view, 1)  # the tickets the head passed go by the lease
         return view
 
+    def _beat_due_at(self) -> float:
+        """When our ticket's next heartbeat is due: lease/3 after the last one written."""
+        return self._beat_at + self.ticket_lease / 3
+
     def _beat(self, op: Operation, now: bool = False) -> None:
         """Rewrite our ticket's heartbeat every lease/3 (``now``: at once, for a deadlock's other members to
         see us live), right after a read that showed it is ours."""
-        if self.ticket is None or (not now and self._clock() - self._beat_at < self.ticket_lease / 3):
+        if self.ticket is None or (not now and self._clock() < self._beat_due_at()):
             return
         self._beats += 1
         value = ticket_value(op.token, self.ticket_lease, self._beats, self._holds or ())

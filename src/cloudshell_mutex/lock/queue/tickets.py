@@ -280,6 +280,8 @@ class LockMemory:
     #: ``stalled`` also marks a head whose turn began before this process saw the queue (no sample).
     stretched: bool = False
     stalled: bool = False
+    #: The token of this process's hold that ended last: a read before its release still shows it holding.
+    released: Optional[str] = None
 
     def crowded(self, now: float) -> bool:
         """True when others were queued at this process's last read, not long ago."""
@@ -418,8 +420,14 @@ class LockMemory:
         watch = self.watches.get(alias)
         return watch is not None and watch.stale(now)
 
-    def own_hold(self, seconds: float) -> None:
-        """Take in a hold of this process's own, timed from its grant to its release."""
+    def holds_own_released(self) -> bool:
+        """True when the holder seen last is this process's hold that ended last (a read made before its
+        release): that hold is over, whatever the reads say."""
+        return self.released is not None and self.holder == self.released
+
+    def own_hold(self, seconds: float, token: Optional[str] = None) -> None:
+        """Take in a hold of this process's own (``token``'s), timed from its grant to its release."""
+        self.released = token
         if math.isfinite(seconds) and seconds >= 0:
             self.tenure = _median_of(self.tenure_samples, seconds)
 
