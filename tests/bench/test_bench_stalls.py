@@ -118,10 +118,11 @@ def test_a_killed_waiter_is_gone_and_the_survivors_go_on():
             assert h.grants(killed_at + 0.5, killed_at + within) == h.grants(
                 killed_at + 0.5, killed_at + within, excluded=(victim,)
             )
-            assert h.grants(killed_at, killed_at + within, excluded=(victim,)) > 0
+            # Counted once the victim's last request has landed: its ticket may be the head by then.
+            assert h.grants(killed_at + stalls.IN_FLIGHT_SECONDS, killed_at + within, excluded=(victim,)) > 0
             assert not h.holding().get(victim, False)  # it died waiting
             return
-    pytest.fail("every kill hit the holder")
+    pytest.fail("every kill hit the holder, or an add of the victim's landed after it died")
 
 
 @pytest.mark.integration

@@ -50,7 +50,8 @@ MARK_START, MARK_END = sections.STALLS
 CONTENDERS = ("default", "plain")
 STARTUP_TIMEOUT = 180.0
 LEAD_SECONDS = 1.0
-#: A request sent by a client just killed lands within this many seconds (many times the latency's median).
+#: A request sent by a client just killed lands within this many seconds: many times the median of the
+#: bench's LATENCY (a run with a slower latency needs a longer wait).
 IN_FLIGHT_SECONDS = 1.0
 #: The dead-ticket scenario tries this long to place its ticket ahead of every waiter (the run's windows
 #: leave 5 s after the measured one).
@@ -444,6 +445,7 @@ def dead_ticket(fair: bool, seed: int, scale: float) -> Outcome:
                 )
             except Exception as failure:
                 error = f": {failure}"
+                time.sleep(0.05)
                 continue
             return landed_at, f"ticket {number} added before {len(numbers)} waiting", True
         note = f"the dead ticket found no place at the head in {PLACING_SECONDS:g} s{error}"
