@@ -30,6 +30,7 @@ from cloudshell_mutex.lock.engine import Runtime
 from cloudshell_mutex.lock.errors import MutexNotInstalled, MutexPermissionError, ReservationNotActive
 from cloudshell_mutex.lock.holder import parse_token
 from cloudshell_mutex.lock.pacing import CallBudget, FixedPacing
+from cloudshell_mutex.lock.queue.tickets import memory_for
 from cloudshell_mutex.lock.server import catalog
 
 # ---------------------------------------------------------------- the common case
@@ -830,3 +831,26 @@ def test_a_young_hold_is_no_licence_to_skip_the_releases_read(clock):
     other_holds(api)
     skipping.release()
     assert protocol.DEFAULT_ALIAS not in api.services  # removed from under its holder: the cascade
+
+
+def test_only_a_release_whose_remove_was_answered_tells_the_queue_its_hold_is_over(clock):
+    # The queue skips the wait for a hold this process released (LockMemory.released). A remove whose answer
+    # was lost after the server committed it may also land later than its error: that release is no sample,
+    # and the queue keeps waiting as for anyone's hold.
+    api = FakeApi()
+    mutex = make(api, clock, fair=True)
+    mutex.acquire()
+    token = mutex.token
+    mutex.release()
+    memory = memory_for(api, RES, protocol.DEFAULT_ALIAS)
+    assert memory.released == token
+
+    mutex.acquire()
+
+    def commit_then_drop(reservation_id, aliases):
+        api.commit_remove(reservation_id, aliases)
+        raise ProtocolError("Connection aborted.", ConnectionResetError())
+
+    api.faults["RemoveServicesFromReservation"] = [commit_then_drop]
+    mutex.release()
+    assert not mutex.locked() and memory.released == token  # still the first hold's, not this one's
