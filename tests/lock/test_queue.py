@@ -1034,6 +1034,92 @@ def test_the_head_sleeps_until_shortly_before_the_expected_release_then_polls_fa
     assert later[0] > fast and max(later) <= queue_values.head_interval(memory.cadence()) * (1 + queue.JITTER)
 
 
+def _head_behind(api: RecordingApi, clock, lo: float, hi: float, seen_to: float) -> Tuple[Any, Any]:
+    """A head (ticket 0) whose reads showed A, granted between ``lo`` and ``hi`` and last seen at
+    ``seen_to``, holds of 0.5 s; the lock under test and its operation."""
+    lock = make(api, clock, fair=True)
+    fair, memory = lock._queue, lock._queue.memory
+    memory.holder, memory.holder_lo, memory.holder_hi, memory.tenure = "A@h:1:0000000a", lo, hi, 0.5
+    memory.holder_seen_to, memory.seen_at, memory.period = seen_to, seen_to, 0.75
+    op = lock._core.operation("Ours@host:9:0000abcd")
+    fair.token, fair.ticket, fair.head = op.token, fair._alias(0), True
+    queue_up(api, 0, op.token)
+    fair._beat_at = clock.now = seen_to
+    return lock, op
+
+
+def test_the_head_reads_once_before_it_slows_down_for_a_hold_it_saw_young(clock) -> None:
+    # The head polls an old hold (three holds) by the pacing. It times the hold from the reads; between them
+    # the lock may have changed hands (a hand-off it lost), and the holder now is young. So the first poll
+    # that finds the hold old reads first, once: the read shows B granted since, and the head polls at a
+    # young hold's pace again instead of the pacing's 1 s.
+    api = RecordingApi()
+    lock, op = _head_behind(api, clock, 99.0, 101.0, 101.0)
+    fair, memory = lock._queue, lock._queue.memory
+    api.services[MUTEX] = {protocol.ATTR_OWNER: "B@h:2:0000000b"}  # B took over, unseen
+    clock.now = 102.4  # A seen since 101: surely 1.4 s old, young
+    api.calls.clear()
+    fair.after_busy(op, 1.0)
+    assert api.count("GetReservationDetails") == 0  # young: no read
+    clock.now = 102.6  # surely three holds of 0.5 s old by the clock, and no read since
+    delay = fair.after_busy(op, 1.0)
+    assert api.count("GetReservationDetails") == 1  # read once before slowing down
+    assert memory.holder == "B@h:2:0000000b" and not fair._old_hold(clock.now)  # B is young
+    assert delay < 1.0
+    clock.now = 102.7
+    fair.after_busy(op, 1.0)
+    assert api.count("GetReservationDetails") == 1  # and not again while B is young
+
+
+def test_a_hold_counts_as_old_only_from_the_first_read_that_showed_it(clock) -> None:
+    # Reads far apart (a waiter far back that became the head) date A's grant half way between them: 3 s
+    # ago, six holds. But A may have been granted just before the second read, and a young hold polled as
+    # old (every second) leaves the lock free for up to a second at its end.
+    api = RecordingApi()
+    lock, op = _head_behind(api, clock, 95.0, 101.0, 101.0)
+    fair = lock._queue
+    api.services[MUTEX] = {protocol.ATTR_OWNER: "A@h:1:0000000a"}
+    clock.now = 101.2
+    assert fair.memory.holder_age(clock.now) > queue.SPIN_HOLDS * 0.5  # old by the estimate ...
+    assert not fair._old_hold(clock.now)  # ... but surely only 0.2 s
+    assert fair.after_busy(op, 1.0) < 1.0  # polled as a young hold, not by the pacing
+
+
+def test_the_head_reads_once_when_the_hold_turns_old_even_while_reads_fail(clock) -> None:
+    # A failed look is a look: the head does not read before every poll while the server fails reads.
+    api = RecordingApi()
+    lock, op = _head_behind(api, clock, 99.0, 101.0, 101.0)
+    fair = lock._queue
+    api.services[MUTEX] = {protocol.ATTR_OWNER: "A@h:1:0000000a"}
+
+    def failing_read(*args: Any) -> bool:
+        raise http_500()
+
+    api.faults["GetReservationDetails"] = [failing_read] * 10
+    api.calls.clear()
+    for step in range(5):
+        clock.now = 102.6 + step
+        fair.after_busy(op, 1.0)
+    assert api.count("GetReservationDetails") == 1
+
+
+def test_a_head_that_lost_a_hand_off_sleeps_on_the_hint_for_the_new_holder(clock) -> None:
+    # The hint's state (asleep once, the polls missed since) is about one holder's release: a head that
+    # saw B take over from A sleeps until B's expected release, not polling on at A's missed pace.
+    api = RecordingApi()
+    lock, _ = _head_behind(api, clock, 99.0, 101.0, 101.0)
+    fair, memory = lock._queue, lock._queue.memory
+    memory.tenure = 4.0
+    clock.now = 106.0  # past A's expected release (104): missed polls
+    fair._head_delay(1.0)
+    fair._head_delay(1.0)
+    assert fair._misses == 2
+    memory.holder, memory.holder_lo, memory.holder_hi = "B@h:2:0000000b", 105.8, 106.0
+    delay = fair._head_delay(1.0)
+    assert delay == pytest.approx(105.9 + 4.0 - queue.HINT_LEAD * 4.0 - 106.0)  # asleep until B's release
+    assert fair._misses == 0
+
+
 def test_progress_is_written_while_waiting_in_line(clock) -> None:
     api, lock = _waiting(clock)
     lock = make(api, clock, fair=True, timeout=40, progress=True, progress_interval=10)

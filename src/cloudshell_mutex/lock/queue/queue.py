@@ -180,6 +180,7 @@ class FairQueue:
         self._free_seen: Optional[Tuple[float, str]] = None  # (when, head token) the lock was seen free
         self._hinted = False  # the head slept until shortly before the expected release
         self._misses = 0  # the head's polls since then
+        self._hinted_for: Optional[str] = None  # the holder whose release both are about
         self._holds: Optional[Tuple[str, ...]] = None  # what this waiter holds (see _claims)
         self._looked_at = -math.inf  # the last read in line
         self._cycles: Optional[waitfor.CycleWatch] = None  # the cycles through our wait (holding others)
@@ -214,7 +215,8 @@ class FairQueue:
         if self.ticket is None and self._spinning(op):
             return default
         if self.ticket is not None and self.head:
-            if self._clock() >= self._beat_due_at() or self._detect_due(op):
+            now = self._clock()
+            if now >= self._beat_due_at() or self._detect_due(op) or self._old_unseen(now):
                 view = self._look_and_beat(op)
                 if view is not None and view.holder is not None and view.holder.token == op.token:
                     return 0.0  # an add of ours landed late: the next add reads and settles it, no sleep
@@ -266,6 +268,9 @@ class FairQueue:
         release = self.memory.expected_release() if HOLD_HINT else None
         if release is None:
             return polls_every(self._jitter(self._head_aged(regular, now)))
+        if self._hinted_for != self.memory.holder:
+            # Another holder since (a hand-off this head lost): its release is the one to sleep until.
+            self._hinted, self._misses, self._hinted_for = False, 0, self.memory.holder
         hold = self.memory.hold_estimate()
         early = release - HINT_LEAD * hold
         if now < early and not self._hinted:
@@ -282,9 +287,19 @@ class FairQueue:
         missed = min(regular, fast * 2 ** min(self._misses, 8))
         return polls_every(self._jitter(self._head_aged(missed, now)))
 
+    def _old_unseen(self, now: float) -> bool:
+        """True when the head is about to poll a hold as old (by the lock's pacing, a second or more apart)
+        with no look since it turned old: busy adds do not say who holds, and the lock may have changed hands
+        since the read that showed the holder (a hand-off the head lost is a young hold). One look, failed or
+        not; after it, the mutex's holder checks (every ``holder_check_interval``)."""
+        turned_old = self.memory.holder_hi + SPIN_HOLDS * self.memory.hold_estimate()
+        return self._old_hold(now) and max(self._looked_at, self.memory.holder_seen_to) < turned_old
+
     def _old_hold(self, now: float) -> bool:
-        """True once the hold has lasted SPIN_HOLDS holds: from then on it is watched ever more rarely."""
-        return self.memory.holder_age(now) >= SPIN_HOLDS * self.memory.hold_estimate()
+        """True once the hold has surely lasted SPIN_HOLDS holds: from then on it is watched ever more rarely.
+        Counted from the first read that showed the holder: a grant between two reads far apart may be as
+        recent as the second, and a young hold polled as old leaves the lock free a second at its end."""
+        return self.memory.holder_age_at_least(now) >= SPIN_HOLDS * self.memory.hold_estimate()
 
     def _old_hold_floor(self, now: float, default: float) -> float:
         """``default`` (the lock's pacing) on an old hold, else 0: the head of an old hold polls, and the next

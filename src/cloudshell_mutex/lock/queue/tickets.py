@@ -484,6 +484,11 @@ class LockMemory:
         granted = self.granted_at()
         return max(0.0, now - (self.holder_hi if granted is None else granted))
 
+    def holder_age_at_least(self, now: float) -> float:
+        """How long the holder seen last has surely held the lock by ``now``: from the first read that showed
+        it (its grant may lie anywhere between the read before and that one); 0 when none was seen."""
+        return max(0.0, now - self.holder_hi) if self.holder is not None else 0.0
+
     def expected_release(self) -> Optional[float]:
         """When the holder seen last is expected to release (monotonic), or None when unknown. Only holds
         timed from both ends make the estimate: the period between grants includes the time a head sat in
