@@ -216,7 +216,7 @@ class FairQueue:
             return default
         if self.ticket is not None and self.head:
             now = self._clock()
-            if now >= self._beat_due_at() or self._detect_due(op) or self._old_unseen(now):
+            if now >= self._beat_due_at() or self._detect_due(op) or self._look_due_as_old(now):
                 view = self._look_and_beat(op)
                 if view is not None and view.holder is not None and view.holder.token == op.token:
                     return 0.0  # an add of ours landed late: the next add reads and settles it, no sleep
@@ -268,10 +268,12 @@ class FairQueue:
         release = self.memory.expected_release() if HOLD_HINT else None
         if release is None:
             return polls_every(self._jitter(self._head_aged(regular, now)))
-        if self._hinted_for != self.memory.holder:
-            # Another holder since (a hand-off this head lost): its release is the one to sleep until.
-            self._hinted, self._misses, self._hinted_for = False, 0, self.memory.holder
         hold = self.memory.hold_estimate()
+        if self._hinted_for != self.memory.holder:
+            # Another holder since (a hand-off this head lost): its release is the one to poll around, and to
+            # sleep until when reads close together dated its grant (a wide bracket would sleep past it).
+            self._hinted_for, self._misses = self.memory.holder, 0
+            self._hinted = self._hinted and self.memory.holder_hi - self.memory.holder_lo > hold / 2
         early = release - HINT_LEAD * hold
         if now < early and not self._hinted:
             # Asleep until then, but never past a heartbeat of our ticket (a long hold would otherwise let
@@ -287,19 +289,29 @@ class FairQueue:
         missed = min(regular, fast * 2 ** min(self._misses, 8))
         return polls_every(self._jitter(self._head_aged(missed, now)))
 
-    def _old_unseen(self, now: float) -> bool:
-        """True when the head is about to poll a hold as old (by the lock's pacing, a second or more apart)
-        with no look since it turned old: busy adds do not say who holds, and the lock may have changed hands
-        since the read that showed the holder (a hand-off the head lost is a young hold). One look, failed or
-        not; after it, the mutex's holder checks (every ``holder_check_interval``)."""
-        turned_old = self.memory.holder_hi + SPIN_HOLDS * self.memory.hold_estimate()
-        return self._old_hold(now) and max(self._looked_at, self.memory.holder_seen_to) < turned_old
+    def _look_due_as_old(self, now: float) -> bool:
+        """True when the head is to look before it polls a hold as old (by the lock's pacing, a second or
+        more apart): busy adds do not say who holds, and the lock may have changed hands since the read that
+        showed the holder (a hand-off the head lost is a young hold). One look (failed or not) as the hold
+        turns old, then one each time its age doubles since the last look or read: a hand-off lost at the
+        end of a long hold is seen in a fraction of it, for a few reads (the holder checks come on top).
+        Never before the hold is OLD_HOLD_POLL old: a look is worth it only where the polls slow down more
+        than that (holds timed in milliseconds would otherwise make a look of every other poll)."""
+        if not self._old_hold(now):
+            return False
+        first_seen = self.memory.holder_hi
+        looked = max(self._looked_at, self.memory.holder_seen_to)
+        return now >= first_seen + max(self._old_age(), OLD_HOLD_POLL, 2 * (looked - first_seen))
+
+    def _old_age(self) -> float:
+        """The age (seconds) from which a hold counts as old: SPIN_HOLDS holds."""
+        return SPIN_HOLDS * self.memory.hold_estimate()
 
     def _old_hold(self, now: float) -> bool:
         """True once the hold has surely lasted SPIN_HOLDS holds: from then on it is watched ever more rarely.
         Counted from the first read that showed the holder: a grant between two reads far apart may be as
         recent as the second, and a young hold polled as old leaves the lock free a second at its end."""
-        return self.memory.holder_age_at_least(now) >= SPIN_HOLDS * self.memory.hold_estimate()
+        return self.memory.holder_age_at_least(now) >= self._old_age()
 
     def _old_hold_floor(self, now: float, default: float) -> float:
         """``default`` (the lock's pacing) on an old hold, else 0: the head of an old hold polls, and the next
@@ -584,7 +596,8 @@ class FairQueue:
         if self._free_seen is None or self._free_seen[1] != head:
             self._free_seen = (view.at, head)
             return False
-        # A hold the head watched as old (SPIN_HOLDS holds, as _old_hold judges it) was polled by the pacing.
+        # A hold the head watched as old (SPIN_HOLDS holds from its first read, as _old_hold judges it) was
+        # polled by the pacing.
         ended_old = self.memory.ended_hold_in_holds >= SPIN_HOLDS
         return view.at - self._free_seen[0] >= self.memory.fallback_after(after_old_hold=ended_old)
 

@@ -250,9 +250,9 @@ class LockMemory:
     holder_hi: float = -math.inf
     #: ... and the last read that showed it.
     holder_seen_to: float = -math.inf
-    #: How many holds (by the estimate then) the holder before it was seen holding, at least (from its
-    #: grant, or the first read that showed it, to the last read that showed it): a head polls an old
-    #: hold rarely, so after one the lock may stand free a while before a live head comes.
+    #: How many holds (by the estimate then) the holder before it was surely seen holding (from the first
+    #: read that showed it to the last one): a head polls an old hold rarely, so after one the lock may
+    #: stand free a while before a live head comes.
     ended_hold_in_holds: float = 0.0
     #: How long holders hold the lock (seconds; None: not seen yet), from holders seen to come and go
     #: between reads close enough together to tell: the head times its polls by it.
@@ -379,7 +379,7 @@ class LockMemory:
             self.stretched = self.stretched or view.releasing
             return
         if self.holder is not None:
-            held, estimate = self.holder_age(self.holder_seen_to), self.hold_estimate()
+            held, estimate = self.holder_age_at_least(self.holder_seen_to), self.hold_estimate()
             self.ended_hold_in_holds = held / estimate if estimate > 0 else math.inf
         self.holder_seen_to = view.at
         if token is not None:
