@@ -379,7 +379,7 @@ class LockMemory:
             self.stretched = self.stretched or view.releasing
             return
         if self.holder is not None:
-            held, estimate = self.holder_age_at_least(self.holder_seen_to), self.hold_estimate()
+            held, estimate = self.holder_seen_for(), self.hold_estimate()
             self.ended_hold_in_holds = held / estimate if estimate > 0 else math.inf
         self.holder_seen_to = view.at
         if token is not None:
@@ -458,7 +458,7 @@ class LockMemory:
     def holder_seen_for(self) -> float:
         """How long the holder seen last has been seen holding, from the first read that showed it to the
         last one (0 at a single read, or with no holder)."""
-        return max(0.0, self.holder_seen_to - self.holder_hi) if self.holder is not None else 0.0
+        return self.holder_age_at_least(self.holder_seen_to)
 
     def hold_estimate(self) -> float:
         """How long a holder holds: the tenure seen, else the period between grants (a queue that does
