@@ -7,6 +7,8 @@ down as the hold they wait for ages. The queue's own steps, once parked, are tes
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any, List, Tuple
 
 import pytest
@@ -15,12 +17,13 @@ from urllib3.exceptions import ProtocolError
 
 from cloudshell_mutex import MutexTimeout, protocol
 from cloudshell_mutex.lock.lease.lease import ticket_value
-from cloudshell_mutex.lock.pacing import FixedPacing
+from cloudshell_mutex.lock.pacing import DefaultPacing, FixedPacing
 from cloudshell_mutex.lock.protocol import ticket_alias
 from cloudshell_mutex.lock.queue import queue
 from cloudshell_mutex.lock.queue.tickets import TICKET_LEASE
 
 MUTEX = protocol.DEFAULT_ALIAS
+PROTOCOL_MD = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
 
 
 class TimedApi(FakeApi):
@@ -230,3 +233,29 @@ def test_the_next_in_line_reads_no_more_often_than_the_head_of_an_old_hold_polls
     reads = [at - start for at, kind, _ in api.log if kind == "read"]
     window = [at for at in reads if 8 <= at < 18]  # parked by SPIN_MAX; the hold old past 3 holds
     assert 5 <= len(window) <= 10 / (1 - queue.JITTER) + 1, window
+
+
+def _cost_table() -> List[Tuple[int, int, int]]:
+    """protocol.md's "What a waiter costs the server": (wait s, default calls, fair=False calls) per row."""
+    text = PROTOCOL_MD.read_text(encoding="utf-8").split("### What a waiter costs the server", 1)[1]
+    rows = re.findall(r"^\| (\d+) s \| (\d+) \| (\d+) \|", text.split("\n#", 1)[0], re.M)
+    return [(int(wait), int(default), int(plain)) for wait, default, plain in rows]
+
+
+def _waiter_calls(clock: Any, fair: bool, wait: float) -> int:
+    """The calls of one waiter in a fresh process behind a hold of unknown start that ends ``wait`` s after
+    it came, with its release."""
+    api = FakeApi(clock=clock)
+    other_holds(api)
+    lock = make(api, clock, fair=fair, timeout=wait + 100, pacing=DefaultPacing())
+    api.later(clock.now + wait, lambda: api.services.pop(MUTEX))
+    lock.acquire()
+    lock.release()
+    return len(api.calls)
+
+
+def test_protocol_md_says_what_a_waiter_costs(clock) -> None:
+    table = _cost_table()
+    assert [wait for wait, _, _ in table] == [1, 3, 10, 30, 60, 300]
+    for wait, default, plain in table:
+        assert (_waiter_calls(clock, True, wait), _waiter_calls(clock, False, wait)) == (default, plain), wait
