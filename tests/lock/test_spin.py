@@ -23,7 +23,8 @@ from cloudshell_mutex.lock.queue import queue
 from cloudshell_mutex.lock.queue.tickets import TICKET_LEASE
 
 MUTEX = protocol.DEFAULT_ALIAS
-PROTOCOL_MD = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
+ROOT = Path(__file__).resolve().parents[2]
+PROTOCOL_MD = ROOT / "docs" / "protocol.md"
 
 
 class TimedApi(FakeApi):
@@ -259,3 +260,9 @@ def test_protocol_md_says_what_a_waiter_costs(clock) -> None:
     assert [wait for wait, _, _ in table] == [1, 3, 10, 30, 60, 300]
     for wait, default, plain in table:
         assert (_waiter_calls(clock, True, wait), _waiter_calls(clock, False, wait)) == (default, plain), wait
+    # The README rounds the default's column to tens past the first minute.
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    said = re.search(r"about (\d+) calls over a 3 s wait, (\d+) over a minute and (\d+) over five", readme)
+    assert said is not None
+    default = {wait: calls for wait, calls, _ in table}
+    assert tuple(map(int, said.groups())) == (default[3], round(default[60], -1), round(default[300], -1))
