@@ -70,13 +70,16 @@ def test_the_cohorts_polling_figures_follow_from_its_pacing():
 
 def test_the_queues_call_rate_table_follows_from_its_schedule():
     """docs/protocol.md, "The per-lock call budget": the queue's polling for a period and a number of waiters
-    is what the waiters' schedule makes (tickets.queue_calls_per_second)."""
+    is what the waiters' schedule makes (tickets.queue_calls_per_second), and the acquisitions' calls are
+    tickets.ACQUISITION_CALLS a period."""
     section = PROTOCOL.split("### The per-lock call budget", 1)[1].split("\n### ", 1)[0]
     rows = re.findall(r"^\| ([\d.]+) s \| (\d+) \| ([\d.]+)/s \| ([\d.]+)/s \| ([\d.]+)/s \|$", section, re.M)
     assert len(rows) >= 5
+    assert f"at least **{tickets.ACQUISITION_CALLS} calls**" in section
     for period, waiters, queue, acquisitions, total in rows:
         expected = tickets.queue_calls_per_second(int(waiters), float(period))
         assert f"{expected:.1f}" == queue, (period, waiters)
+        assert f"{tickets.ACQUISITION_CALLS / float(period):.1f}" == acquisitions, (period, waiters)
         assert abs(float(queue) + float(acquisitions) - float(total)) <= 0.11, (period, waiters)
 
 

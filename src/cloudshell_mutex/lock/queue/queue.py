@@ -21,9 +21,10 @@ protocol (which knows nothing of tickets) keeps competing with the head as befor
   ``<token>#<lease>#<heartbeat>`` (the acquisition's token; the ticket's lease in seconds; a heartbeat
   value of :mod:`.lease`). Everything lives in ``Mutex Owner``, so the original package's model (that
   attribute only) carries tickets too. A waiter reads the reservation once, then adds the ticket after
-  the highest number it saw, going up by one while the add says "already exists": the atomic add makes
-  the numbers unique, and their order is the queue's order, without comparing any clocks. (The lowest
-  free number would not do: a newcomer would take a number that the head just freed, ahead of everyone.)
+  the highest number it saw, further on (spread at random) while the add says "already exists": the
+  atomic add makes the numbers unique, and their order is the queue's order, without comparing any
+  clocks. (The lowest free number would not do: a newcomer would take a number that the head just freed,
+  ahead of everyone.)
 * **The head** (the lowest ticket) polls the lock's add; the others only read the reservation, rarely:
   the further back, the rarer, so the whole queue stays within a per-lock call budget
   (:func:`wait_interval`), but each at least at half the time it expects to need to reach the front, and
@@ -37,9 +38,10 @@ protocol (which knows nothing of tickets) keeps competing with the head as befor
   the queue before its first add, so a releaser that wants the lock again lines up behind them instead of
   winning the race it would otherwise always win (it asks one round trip after its own release).
 * **Abandoned tickets** (a crashed waiter) are removed with the lease rules of :mod:`.lease`: a waiter
-  judges only its predecessor, stale once it has seen the same ticket and heartbeat unchanged for the
-  ticket's lease + margin on its own clock, and removes it with :func:`.lease.break_stale` (one breaker at
-  a time). Waiters heartbeat their ticket every lease/3 after a read that shows it is still theirs.
+  judges the tickets ahead of its own, each stale once it has seen the same ticket and heartbeat unchanged
+  for the ticket's lease + margin on its own clock, and removes the first stale one with a
+  :class:`.lease.Breaker` (one breaker at a time). Waiters heartbeat their ticket every lease/3 after a
+  read that shows it is still theirs.
 * **Deadlocks** (:mod:`.waitfor`): a waiter that holds other locks of the reservation (``holding``) names
   them in its ticket; once it has waited :data:`~.waitfor.DETECT_AFTER`, it reads at least every
   :data:`~.waitfor.DETECT_INTERVAL` (the head too). A read that shows a wait-for cycle through its own wait
