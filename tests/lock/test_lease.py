@@ -429,6 +429,7 @@ def test_generation_grows_with_every_acquisition_that_asks_and_costs_nothing_oth
         if asks:
             seen.append(mutex.generation)
             calls = len(api.calls)
+            assert calls == 2  # a read, and the add that creates the counter or a write (protocol.md)
             assert mutex.generation == seen[-1]  # asked twice: read and bumped once
             assert len(api.calls) == calls
         else:

@@ -31,7 +31,8 @@ class CounterFailed(Exception):
 
 def bump_generation(counter: LockAlias, lock_alias: str) -> int:
     """Read the counter, add one, write it back; return the new generation. Call it only while holding the
-    lock. 2 calls (3 the first time in a reservation, when the counter is created)."""
+    lock. 2 calls: the read and the write, or the first time in a reservation the read and the add that
+    creates the counter (4 when another creates it at the same moment)."""
     read = counter.read()
     if not read.ok:
         raise CounterFailed(read.failure, "reading the generation counter")

@@ -177,8 +177,8 @@ class ReservationMutex(LockFace):
     def generation(self) -> int:
         """An advisory fencing number: larger for every later acquisition of this lock in this reservation
         that asks for it. The first ask per acquisition reads and bumps a counter service
-        (``<alias>~generation``, ``Mutex Generation``) under the lock: 2 calls (3 the first time in a
-        reservation); an acquisition that never asks costs nothing.
+        (``<alias>~generation``, ``Mutex Generation``) under the lock: 2 calls (a read, and a write or the
+        add that creates the counter); an acquisition that never asks costs nothing.
 
         CloudShell does not check it. A protected resource that wants fencing must remember the largest
         generation it has seen and refuse requests that carry a smaller one (docs/protocol.md, "Fencing").
