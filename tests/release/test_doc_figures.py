@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from cloudshell_mutex import MutexOptions
+from cloudshell_mutex import MutexOptions, __version__
 from cloudshell_mutex.demo.__main__ import SECTION_END, SECTION_START
 from cloudshell_mutex.lock.cohort import cohort
 from cloudshell_mutex.lock.lease.lease import stale_margin
@@ -132,3 +132,22 @@ def test_the_measured_crash_recoveries_stated_keep_within_their_bounds():
     ):
         assert int(bound) == round(exact), (bound, exact)
         assert float(measured) <= int(bound) + 0.5, (measured, bound)
+
+
+def test_every_pinned_range_of_the_library_is_this_versions():
+    """README, docs and the example driver pin `cloudshell-mutex~=<this version>`: a driver that copies the
+    pin takes this release's fixes, never a release that may break it, nor the name from elsewhere."""
+    pinned = [ROOT / "README.md", *sorted(ROOT.glob("docs/*.md")), *sorted(ROOT.glob("examples/**/*.txt"))]
+    pins = [
+        (path.name, pin)
+        for path in pinned
+        for pin in re.findall(r"cloudshell-mutex~=([\w.]+)", path.read_text())
+    ]
+    assert pins and all(pin == __version__ for _, pin in pins), pins
+    for requirements in ROOT.glob("examples/**/requirements.txt"):
+        named = [
+            line
+            for line in requirements.read_text(encoding="utf-8").splitlines()
+            if line.startswith("cloudshell-mutex")
+        ]
+        assert named == [f"cloudshell-mutex~={__version__}"], requirements
