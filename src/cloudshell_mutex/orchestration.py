@@ -162,7 +162,10 @@ def report_left_behind_lock(sandbox: Any, components: Any = None, name: str = "M
     if heartbeat:
         parts.append(f"(last heartbeat {heartbeat})")
     parts.append(f"as seen at {seen_at} (server time)." if seen_at else "as seen now.")
-    parts.append("Teardown only reports it and does not remove it.")
+    parts.append(
+        "Teardown only reports it and does not remove it. If its holder is gone, an admin removes it with "
+        "the Mutex Service's Force Release command (with a reason) or cloudshell-mutex release --force."
+    )
     _report(sandbox, logger, " ".join(parts))
     return holder
 

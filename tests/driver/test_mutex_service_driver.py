@@ -154,6 +154,7 @@ def test_lock_status_then_force_release_from_the_zip_on_python39(venv, driver_zi
     )["results"]
     assert status["ok"] and "held by Router A driver" in status["text"] and lock.token in status["text"]
     assert f"Mutex Owner: {lock.token}" in status["text"]
+    assert "held now" in status["text"] and "--watch" not in status["text"]  # a flag the portal has not
     # Every lock service in the sandbox follows (list_locks): here the one lock, exclusive.
     assert "1 lock service(s) in reservation" in status["text"]
     assert "MUTEX: exclusive, held by Router A driver" in status["text"]

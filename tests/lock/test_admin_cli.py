@@ -52,7 +52,7 @@ def test_status_shows_holder_label_and_token(emu, capsys):
     code, out, _ = run(capsys, ["status", reservation_id])
     assert code == command.EXIT_OK
     assert "is held by Router A driver" in out and lock.token in out
-    assert "held now" in out
+    assert "held now" in out and "--watch SECONDS reads again" in out  # the command line can watch
     code, out, _ = run(capsys, ["status", reservation_id, "--json"])
     data = json.loads(out)
     assert code == 0 and data["outcome"] == "held" and data["holder"]["token"] == lock.token

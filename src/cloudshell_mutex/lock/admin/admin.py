@@ -289,7 +289,7 @@ def lock_status(
         seen = f"seen held for {held_for:.1f} s by this observer ({watched:.1f} s of watching"
         seen += f", {changes} holder change(s))" if changes else ")"
     else:
-        seen = "held now (one read; watch with --watch SECONDS to see for how long)"
+        seen = "held now (one read: it cannot tell since when)"
     message = f"{where} is held by {describe_holder(holder)}: {seen}"
     return AdminReport(
         Outcome.HELD, alias.reservation_id, alias.alias, message, holder, held_for, watched, changes,

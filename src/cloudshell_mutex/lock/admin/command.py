@@ -228,6 +228,8 @@ def run_status(args: argparse.Namespace) -> int:
     code = _show(report, args.json)
     if report.outcome is Outcome.HELD and report.holder is not None and not args.json:
         _show_local(alias, report.holder, args.cohort_dir)
+        if not args.watch:
+            print("  (--watch SECONDS reads again for that long and says how long it stays held)")
     return code
 
 
