@@ -141,7 +141,7 @@ def test_every_pinned_range_of_the_library_is_this_versions():
     pins = [
         (path.name, pin)
         for path in pinned
-        for pin in re.findall(r"cloudshell-mutex~=([\w.]+)", path.read_text())
+        for pin in re.findall(r"cloudshell-mutex~=([\w.]+)", path.read_text(encoding="utf-8"))
     ]
     assert pins and all(pin == __version__ for _, pin in pins), pins
     for requirements in ROOT.glob("examples/**/requirements.txt"):
