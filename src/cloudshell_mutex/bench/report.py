@@ -541,6 +541,11 @@ METHOD = """\
   waits of drivers that arrive while the lock is free. The original's waiters sleep 2-5 s between tries,
   so once few drivers are left the lock often lies free; a long hold shows the other side: how often
   waiters ask while nothing can change.
+* **The release reads before it removes.** The lock's release removes `MUTEX` only after a read shows it
+  is still its own (docs/protocol.md says why it must); the original removes at once. The remove waits
+  for that round trip, and so does the next holder: at short holds it is a good part of every cycle.
+  `release-check-5` (`release_check_after=5`) skips the read on a hold confirmed within 5 s; the rows
+  at hold 0.1 s run it beside the default lock, and the difference is what the read costs.
 """
 
 

@@ -510,6 +510,13 @@ TARGETS: Tuple[Target, ...] = (
         ratio=ratio_at_least(_throughput, 0.9),
         unit=TIMES,
     ),
+    Target(
+        "the same with `release_check_after=5` (no read before the remove): what the read costs",
+        _hold(0.1),
+        ratio=ratio_at_least(_throughput, 0.9),
+        unit=TIMES,
+        contender="release-check-5",
+    ),
     Target("hand-off gap p50 <= 0.25 s", _hold(1.0), gap_p50_at_most(0.25), unit=SECONDS),
     Target(
         "N >= 8: p99 wait <= 0.5 x the original's",
