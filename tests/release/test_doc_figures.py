@@ -8,8 +8,10 @@ docs/benchmarks.md. No test here times anything.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
+from statistics import median
 
 from cloudshell_mutex import MutexOptions, __version__
 from cloudshell_mutex.demo.__main__ import SECTION_END, SECTION_START
@@ -151,3 +153,30 @@ def test_every_pinned_range_of_the_library_is_this_versions():
             if line.startswith("cloudshell-mutex")
         ]
         assert named == [f"cloudshell-mutex~={__version__}"], requirements
+
+
+def test_what_the_releases_read_costs_is_what_make_bench_measured():
+    """protocol.md says what the release's read costs at hold 0.1 s, in `make bench`'s figures: the default
+    lock, the same lock without the read, the original. Each stated figure must lie within the repeats'
+    range in docs/benchmarks/results.json (5 % either side), and the claim they make must hold there: the
+    read is most of what the default lock loses to the original (their medians)."""
+    stated = re.search(
+        r"the default lock made (\d+) grants/min, the same lock without the read\s+"
+        r"\(`release_check_after=5`\) (\d+), and the original (\d+)",
+        one_line(PROTOCOL),
+    )
+    assert stated, "protocol.md states what the release's read costs in make bench's figures"
+    results = json.loads((ROOT / "docs" / "benchmarks" / "results.json").read_text(encoding="utf-8"))
+    measured = {}
+    for name in ("default", "release-check-5", "original-v1"):
+        measured[name] = [
+            run["metrics"]["acquisitions_per_minute"]
+            for run in results["runs"]
+            if run["contender"] == name
+            and run["cell"] == {"clients": 8, "hold": 0.1, "workload": "reacquire", "window": 12.0}
+        ]
+        assert measured[name], f"make bench ran no {name} at N=8, hold 0.1 s: run it again"
+    for name, figure in zip(measured, stated.groups()):
+        assert min(measured[name]) * 0.95 <= float(figure) <= max(measured[name]) * 1.05, (name, figure)
+    default, unread, original = (median(measured[name]) for name in measured)
+    assert unread - default > original - unread, measured
