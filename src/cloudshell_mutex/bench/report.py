@@ -544,8 +544,8 @@ METHOD = """\
 * **The release reads before it removes.** The lock's release removes `MUTEX` only after a read shows it
   is still its own (docs/protocol.md says why it must); the original removes at once. The remove waits
   for that round trip, and so does the next holder: at short holds it is a good part of every cycle.
-  `release-check-5` (`release_check_after=5`) skips the read on a hold confirmed within 5 s; the rows
-  at hold 0.1 s run it beside the default lock, and the difference is what the read costs.
+  `release-check-5` (`release_check_after=5`) skips the read on a hold confirmed within 5 s; the decide
+  plan runs it beside the default lock at hold 0.1 s, and the difference is what the read costs.
 """
 
 

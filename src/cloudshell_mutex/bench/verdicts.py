@@ -511,7 +511,7 @@ TARGETS: Tuple[Target, ...] = (
         unit=TIMES,
     ),
     Target(
-        "the same with `release_check_after=5` (no read before the remove): what the read costs",
+        "the same without the release's read (`release-check-5`): the gap to the row above is what it costs",
         _hold(0.1),
         ratio=ratio_at_least(_throughput, 0.9),
         unit=TIMES,
