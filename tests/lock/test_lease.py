@@ -10,7 +10,7 @@ import pytest
 from fakes import RES, FakeApi, api_error, http_500, make
 from urllib3.exceptions import ProtocolError
 
-from cloudshell_mutex import MutexLostError, MutexTimeout, MutexUsageError, protocol
+from cloudshell_mutex import MutexError, MutexLostError, MutexTimeout, MutexUsageError, protocol
 from cloudshell_mutex.lock.holder import Holder
 from cloudshell_mutex.lock.lease import lease
 from cloudshell_mutex.lock.lease.lease import StaleWatch, stale_margin
@@ -437,6 +437,45 @@ def test_generation_grows_with_every_acquisition_that_asks_and_costs_nothing_oth
         mutex.release()
     assert seen == [1, 2, 3]
     assert api.services[protocol.DEFAULT_ALIAS + "~generation"][protocol.ATTR_GENERATION] == "3"
+
+
+def test_a_counter_add_that_lands_without_an_answer_or_late_keeps_the_generation_growing(clock):
+    """The counter's first add commits and loses its answer: a read finds the counter and the write follows
+    (4 calls). Then, in a fresh reservation's counter, an add that lands 2 s after its error: that ask fails
+    and says so, the late add lands meanwhile, and the next asks still grow."""
+    api = leased_api()
+    api.model_attributes.append(protocol.ATTR_GENERATION)
+    api.clock = clock
+    counter = protocol.DEFAULT_ALIAS + "~generation"
+    mutex = make(api, clock, lease=0)
+
+    def lost_answer(reservation_id, model, alias, attributes):
+        api.commit_add(reservation_id, model, alias, list(attributes))
+        raise http_500()
+
+    mutex.acquire()
+    api.faults["AddServiceToReservation"] = [lost_answer]
+    api.calls.clear()
+    first = mutex.generation
+    assert len(api.calls) == 4 and api.services[counter][protocol.ATTR_GENERATION] == str(first)
+    mutex.release()
+
+    del api.services[counter]
+
+    def lands_late(reservation_id, model, alias, attributes):
+        api.later(clock.now + 2.0, lambda: api.commit_add(reservation_id, model, alias, list(attributes)))
+        raise http_500()
+
+    mutex.acquire()
+    api.faults["AddServiceToReservation"] = [lands_late]
+    with pytest.raises(MutexError, match="generation counter"):
+        mutex.generation  # noqa: B018
+    clock.sleep(3.0)
+    assert mutex.generation == 2  # the late add's 1, bumped
+    mutex.release()
+    mutex.acquire()
+    assert mutex.generation == 3
+    mutex.release()
 
 
 def test_generation_on_the_original_model_says_what_to_install(clock):

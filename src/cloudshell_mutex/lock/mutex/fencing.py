@@ -32,7 +32,7 @@ class CounterFailed(Exception):
 def bump_generation(counter: LockAlias, lock_alias: str) -> int:
     """Read the counter, add one, write it back; return the new generation. Call it only while holding the
     lock. 2 calls: the read and the write, or the first time in a reservation the read and the add that
-    creates the counter (4 when another creates it at the same moment)."""
+    creates the counter (4 when that add finds it there or gets no answer: a read and the write follow)."""
     read = counter.read()
     if not read.ok:
         raise CounterFailed(read.failure, "reading the generation counter")
