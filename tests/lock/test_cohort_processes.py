@@ -332,13 +332,14 @@ def test_the_checks_catch_a_cohort_whose_local_lock_excludes_nobody(
         check_history(emu.control.events(rid))
 
 
-def releasing_victim(addr: Address, rid: str, cohort_dir: str, results) -> None:
-    """Take the cohort lock, say so, then release it to the server (the test holds that remove on the wire)
-    and be killed while it is there."""
+def releasing_victim(addr: Address, rid: str, cohort_dir: str, results, release) -> None:
+    """Take the cohort lock, say so, then, once told (the test has set the fault that holds its remove on the
+    wire), release it to the server and be killed while the remove is there."""
     api = CloudShellAPISession(addr[0], addr[2], addr[3], addr[4], port=addr[1])
     lock = CohortMutex(api, rid, owner="victim", cohort_dir=cohort_dir, lease=LEASE, timeout=60, **FAST)
     lock.acquire()
     results.put(("held", lock.token, os.getpid()))
+    release.wait(60)  # sent before the fault is set, the remove would land at once: nothing held on the wire
     lock.release()  # hangs: its remove is held by the emulator until the test lands it
     results.put(("released", lock.token, os.getpid()))
 
@@ -398,13 +399,14 @@ def test_a_local_holder_killed_while_its_remove_is_on_the_wire_is_never_carried_
     rid, addr = prepare(emu)
     ctx = multiprocessing.get_context("spawn")
     here = str(tmp_path / "exec-1")
-    victim_events, events, go = ctx.Queue(), ctx.Queue(), ctx.Event()
-    victim = _spawn(releasing_victim, addr, rid, here, victim_events)
+    victim_events, events, go, release = ctx.Queue(), ctx.Queue(), ctx.Event(), ctx.Event()
+    victim = _spawn(releasing_victim, addr, rid, here, victim_events, release)
     successor = None
     try:
         kind, token, _pid = victim_events.get(timeout=60)
         assert kind == "held"
         emu.control.inject_fault("RemoveServicesFromReservation", "apply_late", delay=None, reply="hang")
+        release.set()
         deadline = time.monotonic() + 30
         while not emu.control.faults_injected():  # the victim's remove is on the wire, held by the server
             assert time.monotonic() < deadline, "the victim never sent its remove"
